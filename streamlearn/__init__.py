@@ -1,0 +1,16 @@
+"""streamlearn: online hash-embedding transformers trained from Kafka streams.
+
+The public API is deliberately short; everything else is reachable through its module.
+"""
+from ._version import __version__
+from .config import Config, load_config
+from .exceptions import StreamlearnError
+from .hashing import TokenHasher
+
+__all__ = [
+    "Config",
+    "StreamlearnError",
+    "TokenHasher",
+    "__version__",
+    "load_config",
+]

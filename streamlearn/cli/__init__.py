@@ -1,0 +1,55 @@
+"""The ``streamlearn`` command: one entry point, one module per subcommand.
+
+Each module of this package exposes ``register(subparsers)``, which adds its parser
+and sets ``func`` to the function that runs it. Library errors are printed as one line
+(what went wrong and what to change) with exit status 2, never as a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+from .._version import __version__
+from ..exceptions import StreamlearnError
+
+
+
+def command_modules() -> list[str]:
+    """Subcommand module names, sorted (``--help`` lists them in this order)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamlearn",
+        description="Train hash-embedding transformers online from Kafka streams; "
+        "query live snapshots; replay logs for evaluation.",
+    )
+    parser.add_argument("--version", action="version", version=f"streamlearn {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in command_modules():
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except StreamlearnError as exc:
+        print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

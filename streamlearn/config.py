@@ -1,0 +1,257 @@
+"""Configuration: one frozen dataclass per component, composed into :class:`Config`.
+
+A config is loaded from a TOML file whose tables are the sections below, then
+overridden with dotted keys (``model.layers=2``). Unknown sections or keys are rejected
+with the list of valid names, so a typo never silently falls back to a default.
+
+>>> cfg = load_config(overrides=["model.layers=2", "embedding.scheme=bloom"])
+>>> cfg.model.layers, cfg.embedding.scheme
+(2, 'bloom')
+
+Environment variables are read here and nowhere else (:func:`env_overrides`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .exceptions import ConfigError
+
+SCHEMES = (
+    "hash", "bloom", "hashformer-pool", "hashformer-add", "hashformer-proj",
+    "tfree", "hashing-trick", "plain",
+)
+TASKS = ("classify", "mlm", "next-item")
+
+
+@dataclass(frozen=True)
+class HashingConfig:
+    """Tokenization and the seeds of every hash function (all derived from ``seed``)."""
+
+    seed: int = 0
+    tokenizer: str = "words"  # "words": regex words of `text`; "ids": tokens as given
+    lowercase: bool = True
+    ngrams: int = 1  # word n-grams up to this n are added as extra tokens
+    max_tokens: int = 128  # longer token lists are truncated (counted, not an error)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Sizes named as in the papers: K importance rows (D1's range), B shared
+    component vectors, k hashes per token (hash embeddings), m hashes per id (Bloom,
+    T-Free), d the component width.
+    """
+
+    scheme: str = "hash"
+    d: int = 64
+    K: int = 1_000_000
+    B: int = 100_000
+    k: int = 2
+    m: int = 2
+    append_p: bool = False  # concatenate the importance vector p (width d + k)
+    combine: str = "sum"  # "sum" or "concat" of the k weighted components
+    init: str = "paper"  # "paper": E ~ N(0, 0.1), P ~ N(0, 0.0005); see docs/model.md
+    hashformer_hash: str = "md5"  # "md5" (random) or "lsh" (character n-grams)
+    hashformer_bits: int = 128  # T
+    hashformer_pool_bits: int = 10  # k of HashFormers' Pool codewords
+    tfree_rows: int = 32_768  # v
+    plain_vocab: int = 100_000  # bounded dictionary size of the `plain` reference
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The hashed transformer. ``layers=0`` is a bag of embeddings (fastText-like)."""
+
+    layers: int = 1
+    d_model: int = 64
+    heads: int = 4
+    ffn: int = 256
+    dropout: float = 0.0
+    positions: bool = False  # Superbloom treats its input as a set
+    max_labels: int = 1024  # classification label table capacity
+    out_B: int = 50_000  # hashed output space per hash (Superbloom / next-item)
+    out_m: int = 2
+    tie_output: bool = True  # tie hashed output weights to the input table when spaces coincide
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    sparse: str = "adagrad"  # row-wise optimizer for embedding tables: "adagrad" or "lazy-adam"
+    sparse_lr: float = 0.05
+    dense_lr: float = 2e-3
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    task: str = "classify"
+    batch_size: int = 32
+    device: str = "auto"  # "auto" picks CUDA when available, else CPU
+    mask_prob: float = 0.15  # mlm
+    history: int = 10  # next-item: a key's last n items
+    beam: int = 50  # top-k decoding beam width
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    backend: str = "lmdb"  # "lmdb" or "memory"
+    shards: int = 8
+    map_size_gb: float = 4.0
+    grow_map: bool = True  # a full map grows (doubling) instead of failing
+    sync: bool = True  # sync=False: a crash can lose the last commit (never mix two)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    bootstrap: str = "127.0.0.1:9092"
+    group: str = "streamlearn"
+    checkpoint_every: int = 5_000  # records
+    checkpoint_seconds: float = 30.0
+    max_record_bytes: int = 1_000_000
+    dlq_suffix: str = ".dlq"
+    poll_timeout_ms: int = 200
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_tokens: int = 512
+    max_batch: int = 256
+
+
+@dataclass(frozen=True)
+class Config:
+    hashing: HashingConfig = field(default_factory=HashingConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+
+    def __post_init__(self) -> None:
+        if self.embedding.scheme not in SCHEMES:
+            raise ConfigError(f"embedding.scheme={self.embedding.scheme!r}; choose one of {SCHEMES}")
+        if self.learner.task not in TASKS:
+            raise ConfigError(f"learner.task={self.learner.task!r}; choose one of {TASKS}")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "Config":
+        sections = {f.name: f.type for f in fields(cls)}
+        unknown = set(data) - set(sections)
+        if unknown:
+            raise ConfigError(f"unknown config section(s) {sorted(unknown)}; valid: {sorted(sections)}")
+        built = {}
+        for f in fields(cls):
+            section_cls = f.default_factory  # type: ignore[misc]
+            built[f.name] = _build_section(f.name, section_cls, data.get(f.name, {}))
+        return cls(**built)
+
+    def override(self, *assignments: str) -> "Config":
+        """Return a copy with dotted ``section.key=value`` assignments applied."""
+        data = self.to_dict()
+        for item in assignments:
+            section, key, raw = _split_assignment(item)
+            if section not in data:
+                raise ConfigError(f"unknown config section {section!r} in {item!r}; valid: {sorted(data)}")
+            if key not in data[section]:
+                raise ConfigError(
+                    f"unknown key {section}.{key} in {item!r}; valid: {sorted(data[section])}"
+                )
+            data[section][key] = _coerce(raw, data[section][key], f"{section}.{key}")
+        return Config.from_dict(data)
+
+
+def _build_section(name: str, section_cls: type, values: Mapping[str, Any]) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"config section [{name}] must be a table, got {type(values).__name__}")
+    valid = {f.name: f for f in fields(section_cls)}
+    unknown = set(values) - set(valid)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{name}]; valid: {sorted(valid)}")
+    defaults = section_cls()
+    checked = {
+        key: _check_type(value, getattr(defaults, key), f"{name}.{key}") for key, value in values.items()
+    }
+    return section_cls(**checked)
+
+
+def _check_type(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not type(default):
+        raise ConfigError(f"{where} must be {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _split_assignment(item: str) -> tuple[str, str, str]:
+    path, sep, raw = item.partition("=")
+    section, dot, key = path.strip().partition(".")
+    if not sep or not dot or not key:
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. model.layers=2)")
+    return section, key, raw.strip()
+
+
+def _coerce(raw: str, default: Any, where: str) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if isinstance(default, int):
+            number = float(raw)  # accepts 1e6 and 1_000_000
+            if not number.is_integer():
+                raise ValueError(raw)
+            return int(number)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={raw!r} is not a valid {type(default).__name__}") from exc
+    return raw
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Dotted overrides from ``STREAMLEARN__SECTION__KEY=value`` variables.
+
+    This is the only place the library reads the environment for settings.
+    """
+    environ = os.environ if environ is None else environ
+    out = []
+    for name, value in sorted(environ.items()):
+        if name.startswith("STREAMLEARN__") and name.count("__") == 2:
+            _, section, key = name.split("__")
+            out.append(f"{section.lower()}.{key}={value}")
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), use_env: bool = True) -> Config:
+    """Defaults, then the TOML file at ``path``, then environment, then ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    cfg = Config.from_dict(data)
+    env = env_overrides() if use_env else []
+    return cfg.override(*env, *overrides)

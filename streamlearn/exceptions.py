@@ -1,0 +1,16 @@
+"""The library's errors. Everything streamlearn raises on purpose derives from
+:class:`StreamlearnError`, so callers can catch one type; third-party errors are
+wrapped at the boundary (``raise ... from exc``) with a message that says what to change.
+"""
+
+
+class StreamlearnError(Exception):
+    """Root of every error streamlearn raises on purpose."""
+
+
+class ConfigError(StreamlearnError, ValueError):
+    """A configuration value or override is unknown or invalid."""
+
+
+class RecordError(StreamlearnError, ValueError):
+    """A stream record cannot be decoded or fails validation (it goes to the DLQ)."""
