@@ -234,11 +234,15 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
     This is the only place the library reads the environment for settings.
     """
     environ = os.environ if environ is None else environ
+    # Variable names are upper case by convention but some keys are not (K, B), so keys
+    # are matched case-insensitively; an unknown one still fails in Config.override.
+    known = {s: {k.lower(): k for k in keys} for s, keys in Config().to_dict().items()}
     out = []
     for name, value in sorted(environ.items()):
         if name.startswith("STREAMLEARN__") and name.count("__") == 2:
-            _, section, key = name.split("__")
-            out.append(f"{section.lower()}.{key}={value}")
+            _, section, key = (part.lower() for part in name.split("__"))
+            key = known.get(section, {}).get(key, key)
+            out.append(f"{section}.{key}={value}")
     return out
 
 
