@@ -234,14 +234,16 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
     This is the only place the library reads the environment for settings.
     """
     environ = os.environ if environ is None else environ
-    # Variable names are upper case by convention but some keys are not (K, B), so keys
-    # are matched case-insensitively; an unknown one still fails in Config.override.
-    known = {s: {k.lower(): k for k in keys} for s, keys in Config().to_dict().items()}
+    # Variable names are upper case by convention, keys mostly lower case; the paper's
+    # K and B are both, and K differs from k, so an exact key match wins over lowering.
+    known = Config().to_dict()
     out = []
     for name, value in sorted(environ.items()):
         if name.startswith("STREAMLEARN__") and name.count("__") == 2:
-            _, section, key = (part.lower() for part in name.split("__"))
-            key = known.get(section, {}).get(key, key)
+            _, section, key = name.split("__")
+            section = section.lower()
+            if key not in known.get(section, {}):
+                key = key.lower()
             out.append(f"{section}.{key}={value}")
     return out
 
