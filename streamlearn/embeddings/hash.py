@@ -1,0 +1,153 @@
+"""Hash Embeddings (Svenstrup et al., section 3) and the hashing trick it generalises.
+
+A token w picks an importance row ``p_w = P[D1(w)]`` (k scalars) and k component
+vectors ``E[h_1(w)] .. E[h_k(w)]`` out of B shared ones; its vector is
+
+    e_w = sum_i p_w[i] * E[h_i(w)]            (combine="sum", width d)
+    e_w = concat_i p_w[i] * E[h_i(w)]          (combine="concat", width k*d; section 6)
+    e_w = e_w (+) p_w                          (append_p: k more columns)
+
+with B*d + K*k trainable parameters instead of K*d. With k = 1 and p fixed at 1 it is
+the hashing trick (:class:`HashingTrickEmbedding`, same hash function).
+
+>>> emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4, k=2))
+>>> feats = emb.featurize([["a", "b"], ["c"]], max_len=8)
+>>> sorted(feats), feats["buckets"].shape
+(['buckets', 'd1', 'mask'], (2, 2, 2))
+>>> out = emb(to_tensors(feats))
+>>> tuple(out.shape), bool((out[1, 1] == 0).all())
+((2, 2, 4), True)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..hashing import TokenHasher, multi_hash
+from .base import (
+    Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch,
+    guard_tokens, normal_table, pad, scatter_valid, to_tensors, unique_rows,
+)
+
+__all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
+
+HASH_INITS = ("paper", "mean")
+E_STD = 0.1  # the reference implementation's E ~ N(0, 0.1): a standard deviation
+P_STD = 0.0005  # and P ~ N(0, 0.0005), also a standard deviation (see docs/model.md)
+
+
+@dataclass(frozen=True)
+class HashEmbeddingConfig:
+    """K importance rows (D1's range), B component vectors of width d, k hashes.
+
+    init="paper": E ~ N(0, 0.1^2), P ~ N(0, 0.0005^2): tokens start near zero and E
+    learns slowly at first (its gradient is scaled by p ~ 5e-4).
+    init="mean": E as above, P ~ N(1/k, 0.0005^2): each token starts as the mean of its
+    k components, so E gets full-size gradients from the first step.
+    """
+
+    K: int = 1_000_000
+    B: int = 100_000
+    d: int = 64
+    k: int = 2
+    append_p: bool = False
+    combine: str = "sum"
+    init: str = "paper"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive(K=self.K, B=self.B, d=self.d, k=self.k)
+        check_choice("combine", self.combine, ("sum", "concat"))
+        check_choice("init", self.init, HASH_INITS)
+
+    @property
+    def out_dim(self) -> int:
+        width = self.d if self.combine == "sum" else self.k * self.d
+        return width + (self.k if self.append_p else 0)
+
+
+class HashEmbedding(TokenEmbedding):
+    """Features: ``d1`` int64 (N, T) in [0, K); ``buckets`` int64 (N, T, k) in [0, B)."""
+
+    def __init__(self, cfg: HashEmbeddingConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.out_dim = cfg.out_dim
+        self.hasher = TokenHasher(K=cfg.K, B=cfg.B, k=cfg.k, seed=cfg.seed)
+        p_mean = 0.0 if cfg.init == "paper" else 1.0 / cfg.k
+        self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
+        self.P = normal_table(cfg.K, cfg.k, p_mean, P_STD, cfg.seed, "P")  # (K, k)
+
+    def featurize(self, token_lists, max_len: int) -> Feats:
+        flat, mask = flatten_batch(token_lists, max_len)
+        d1, buckets = guard_tokens(self.hasher, flat)  # (M,), (M, k): one call per batch
+        return {"mask": mask, "d1": pad(d1, mask), "buckets": pad(buckets, mask)}
+
+    def forward(self, feats: TensorFeats) -> torch.Tensor:
+        mask = feats["mask"]  # (N, T)
+        d1 = feats["d1"][mask]  # (M,)
+        buckets = feats["buckets"][mask]  # (M, k)
+        p = F.embedding(d1, self.P, sparse=True)  # (M, k)
+        if self.cfg.combine == "sum":
+            # One fused gather-and-weigh: sum_i p[:, i] * E[buckets[:, i]], with
+            # gradients to both E (sparse) and p.
+            e = F.embedding_bag(buckets, self.E, per_sample_weights=p, mode="sum", sparse=True)  # (M, d)
+        else:
+            c = F.embedding(buckets, self.E, sparse=True)  # (M, k, d)
+            e = (p.unsqueeze(-1) * c).flatten(1)  # (M, k*d)
+        if self.cfg.append_p:
+            e = torch.cat([e, p], dim=1)  # (M, out_dim)
+        return scatter_valid(e, mask)  # (N, T, out_dim)
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {"E": self.E, "P": self.P}
+
+    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
+        mask = feats["mask"]
+        return {"E": unique_rows(feats["buckets"][mask]), "P": unique_rows(feats["d1"][mask])}
+
+
+@dataclass(frozen=True)
+class HashingTrickConfig:
+    """One hash into B rows of width d (Weinberger et al.; the paper's k = 1, p = 1).
+
+    The hash is HashEmbedding's h_1 for the same seed, so the two agree bucket for bucket.
+    """
+
+    B: int = 100_000
+    d: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive(B=self.B, d=self.d)
+
+
+class HashingTrickEmbedding(TokenEmbedding):
+    """Features: ``buckets`` int64 (N, T) in [0, B)."""
+
+    def __init__(self, cfg: HashingTrickConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.out_dim = cfg.d
+        self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
+
+    def featurize(self, token_lists, max_len: int) -> Feats:
+        flat, mask = flatten_batch(token_lists, max_len)
+        # purpose "H" reproduces TokenHasher's first bucket hash exactly.
+        buckets = guard_tokens(multi_hash, flat, 1, self.cfg.B, self.cfg.seed, "H")[:, 0]  # (M,)
+        return {"mask": mask, "buckets": pad(buckets, mask)}
+
+    def forward(self, feats: TensorFeats) -> torch.Tensor:
+        mask = feats["mask"]  # (N, T)
+        e = F.embedding(feats["buckets"][mask], self.E, sparse=True)  # (M, d)
+        return scatter_valid(e, mask)  # (N, T, d)
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {"E": self.E}
+
+    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
+        return {"E": unique_rows(feats["buckets"][feats["mask"]])}
