@@ -21,7 +21,7 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=["streamlearn", "streamlearn.cli", "streamlearn.consumers", "streamlearn.state"],
+    packages=["streamlearn", "streamlearn.cli", "streamlearn.embeddings", "streamlearn.consumers", "streamlearn.state"],
     package_dir={
         "streamlearn": "streamlearn",
         "streamlearn.consumers": "consumers",
