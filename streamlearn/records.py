@@ -1,0 +1,296 @@
+"""Records on the stream: decode and validate Kafka message values, encode them.
+
+A message value is a msgpack map or a JSON object, told apart by its first byte (JSON:
+``{`` after optional whitespace; msgpack maps: 0x80-0x8f, 0xde, 0xdf). Fields:
+
+- ``text`` (str) or ``tokens`` (non-empty list of str/int) -- unless the record is a
+  next-item event, which has ``key`` and ``item`` instead;
+- ``label`` (str or int), optional, for classification;
+- ``key`` (str; an int is taken as its decimal string, as token ids are) and ``item``
+  (str or int) for next-item streams;
+- ``ts`` (int, event time in ms since the epoch), optional; the worker falls back to the
+  Kafka timestamp;
+- ``weight`` (finite number > 0), optional, default 1.0.
+
+``null`` counts as absent; unknown fields are ignored, so producers can carry extra data.
+Every failure raises :class:`RecordError` whose message is the *reason*:
+``"<code>: <detail>"`` with one of the codes below (:func:`reason_code` extracts it, for
+metrics labels and dead-letter headers):
+
+========================  =======================================================
+``empty-value``           empty or null (tombstone) message value
+``too-large``             value longer than ``max_bytes``
+``not-msgpack-or-json``   first byte is neither a msgpack map nor ``{``
+``truncated-msgpack``     the value ends inside the msgpack map
+``invalid-msgpack``       trailing bytes, nesting too deep, bad map keys...
+``invalid-json``          starts with ``{`` but is not a JSON object
+``invalid-utf8``          text bytes that are not UTF-8 (or a lone surrogate)
+``missing-field``         none of text / tokens / key+item
+``wrong-type``            a field of the wrong type
+``bad-value``             right type, unusable value (empty tokens, weight <= 0...)
+========================  =======================================================
+
+>>> rec = decode(encode({"text": "free prize", "label": "spam"}), max_bytes=1000)
+>>> rec.text, rec.label, rec.weight
+('free prize', 'spam', 1.0)
+>>> decode(b'{"label": 1}', max_bytes=1000)
+Traceback (most recent call last):
+...
+streamlearn.exceptions.RecordError: missing-field: text or tokens (or key and item for a next-item record)
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import msgpack
+
+from .exceptions import RecordError
+
+_JSON_SPACE = b" \t\r\n"
+_MSGPACK_MAP_FIRST = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+_INT64_MAX = (1 << 63) - 1
+FORMATS = ("msgpack", "json")
+
+Token = str | int
+
+
+@dataclass(frozen=True)
+class Record:
+    """One validated stream record (see the module docstring for the fields)."""
+
+    text: str | None = None
+    tokens: tuple[Token, ...] | None = None
+    label: str | int | None = None
+    key: str | None = None
+    item: str | int | None = None
+    ts: int | None = None  # event time, ms since the epoch
+    weight: float = 1.0
+
+    @property
+    def is_next_item(self) -> bool:
+        return self.key is not None and self.item is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, as :func:`encode` takes them (weight only if not 1)."""
+        out: dict[str, Any] = {}
+        for name in ("text", "label", "key", "item", "ts"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.tokens is not None:
+            out["tokens"] = list(self.tokens)
+        if self.weight != 1.0:
+            out["weight"] = self.weight
+        return out
+
+
+def reason_code(reason: str) -> str:
+    """The machine-friendly code at the front of a reason (``"too-large: ..."`` -> ``"too-large"``)."""
+    return reason.split(":", 1)[0]
+
+
+# ---------------------------------------------------------------------------- decoding
+
+def decode(value: bytes | None, max_bytes: int) -> Record:
+    """Decode and validate one message value; raise :class:`RecordError` with the reason."""
+    return from_dict(parse(value, max_bytes))
+
+
+def decode_many(
+    values: Iterable[bytes | None], max_bytes: int
+) -> tuple[list[tuple[int, Record]], list[tuple[int, str]]]:
+    """Decode a batch: ``(records, errors)``, ``records`` as ``(index, Record)`` pairs and
+    ``errors`` as ``(index, reason)`` pairs, indices into ``values``; every value lands in
+    exactly one of the two lists, so the caller can send each error to the dead-letter topic
+    and take the Kafka timestamp of each record's message.
+    """
+    records: list[tuple[int, Record]] = []
+    errors: list[tuple[int, str]] = []
+    for i, value in enumerate(values):
+        try:
+            records.append((i, decode(value, max_bytes)))
+        except RecordError as exc:
+            errors.append((i, str(exc)))
+    return records, errors
+
+
+def parse(value: bytes | None, max_bytes: int) -> dict[Any, Any]:
+    """The raw map of a message value (msgpack or JSON), not yet validated."""
+    if value is None:
+        raise RecordError("empty-value: null message value (a tombstone)")
+    if len(value) == 0:
+        raise RecordError("empty-value: zero-length message value")
+    if len(value) > max_bytes:
+        raise RecordError(f"too-large: {len(value)} > {max_bytes} bytes (worker.max_record_bytes)")
+    first = value.lstrip(_JSON_SPACE)[:1]
+    if first == b"{":
+        return _parse_json(value)
+    if value[0] in _MSGPACK_MAP_FIRST:
+        return _parse_msgpack(value)
+    shown = first.hex() or value[:1].hex()
+    raise RecordError(f"not-msgpack-or-json: first byte 0x{shown} starts neither a msgpack map nor a JSON object")
+
+
+def _parse_json(value: bytes) -> dict[Any, Any]:
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"invalid-utf8: JSON value has a non-UTF-8 byte at offset {exc.start}") from exc
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"invalid-json: {exc.msg} at offset {exc.pos}") from exc
+    except (ValueError, RecursionError) as exc:  # int digit limit, nesting depth
+        raise RecordError(f"invalid-json: {type(exc).__name__}: {str(exc)[:80]}") from exc
+    return obj  # a dict: the first non-space character was "{"
+
+
+def _parse_msgpack(value: bytes) -> dict[Any, Any]:
+    try:
+        obj = msgpack.unpackb(value, raw=False, strict_map_key=True)
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"invalid-utf8: msgpack str is not UTF-8 ({exc.reason})") from exc
+    except msgpack.ExtraData as exc:
+        raise RecordError(f"invalid-msgpack: {len(exc.extra)} trailing bytes after the map") from exc
+    except msgpack.StackError as exc:
+        raise RecordError("invalid-msgpack: nested too deeply") from exc
+    except (ValueError, TypeError) as exc:
+        raise _msgpack_error(exc) from exc
+    if not isinstance(obj, dict):
+        raise RecordError(f"invalid-msgpack: expected a map, got {type(obj).__name__}")
+    return obj
+
+
+def _msgpack_error(exc: Exception) -> RecordError:
+    message = str(exc)
+    # msgpack caps every declared length at the buffer size, so a length that exceeds it
+    # means the value was cut short just like "incomplete input".
+    if "incomplete input" in message or "exceeds max_" in message:
+        return RecordError(f"truncated-msgpack: value ends inside the map ({message})")
+    return RecordError(f"invalid-msgpack: {message[:120]}")
+
+
+# ---------------------------------------------------------------------------- validation
+
+def from_dict(obj: Mapping[Any, Any]) -> Record:
+    """Validate a decoded map (or a producer's dict) into a :class:`Record`."""
+    get = _getter(obj)
+    text, tokens = _text(get("text")), _tokens(get("tokens"))
+    key, item = _key(get("key")), _token_field("item", get("item"))
+    if text is None and tokens is None:
+        if key is None and item is None:
+            raise RecordError("missing-field: text or tokens (or key and item for a next-item record)")
+        if key is None or item is None:
+            missing = "key" if key is None else "item"
+            raise RecordError(f"missing-field: {missing} (a next-item record needs key and item)")
+    return Record(
+        text=text,
+        tokens=tokens,
+        label=_token_field("label", get("label")),
+        key=key,
+        item=item,
+        ts=_ts(get("ts")),
+        weight=_weight(get("weight")),
+    )
+
+
+def _getter(obj: Mapping[Any, Any]):
+    if not isinstance(obj, Mapping):
+        raise RecordError(f"wrong-type: a record must be a map, got {type(obj).__name__}")
+    return obj.get
+
+
+def _utf8(name: str, value: str) -> str:
+    # JSON "\ud800" escapes decode to lone surrogates, which no UTF-8 hasher can take.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordError(f"invalid-utf8: {name} holds a lone surrogate at {exc.start}") from exc
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RecordError(f"wrong-type: text must be str, got {type(value).__name__}")
+    if not value:
+        raise RecordError("bad-value: text is empty")
+    return _utf8("text", value)
+
+
+def _tokens(value: Any) -> tuple[Token, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise RecordError(f"wrong-type: tokens must be a list of str or int, got {type(value).__name__}")
+    if not value:
+        raise RecordError("bad-value: tokens is empty")
+    for i, token in enumerate(value):
+        if isinstance(token, str):
+            _utf8(f"tokens[{i}]", token)
+        elif not _is_int(token):
+            raise RecordError(f"wrong-type: tokens[{i}] must be str or int, got {type(token).__name__}")
+    return tuple(value)
+
+
+def _token_field(name: str, value: Any) -> str | int | None:
+    if value is None or _is_int(value):
+        return value
+    if isinstance(value, str):
+        return _utf8(name, value)
+    raise RecordError(f"wrong-type: {name} must be str or int, got {type(value).__name__}")
+
+
+def _key(value: Any) -> str | None:
+    # Same identity rule as token ids (hashing.canonical_id): 196 and "196" are one key.
+    value = _token_field("key", value)
+    return str(value) if _is_int(value) else value
+
+
+def _ts(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise RecordError(f"wrong-type: ts must be int (ms since the epoch), got {type(value).__name__}")
+    if not 0 <= value <= _INT64_MAX:
+        raise RecordError(f"bad-value: ts must be in [0, 2**63) ms, got {value}")
+    return value
+
+
+def _weight(value: Any) -> float:
+    if value is None:
+        return 1.0
+    if not (_is_int(value) or isinstance(value, float)):
+        raise RecordError(f"wrong-type: weight must be a number, got {type(value).__name__}")
+    try:
+        weight = float(value)
+    except OverflowError as exc:  # an int beyond float range
+        raise RecordError("bad-value: weight is too large for a float") from exc
+    if not (math.isfinite(weight) and weight > 0):
+        raise RecordError(f"bad-value: weight must be finite and > 0, got {weight!r}")
+    return weight
+
+
+# ---------------------------------------------------------------------------- encoding
+
+def encode(record: Mapping[str, Any] | Record, fmt: str = "msgpack") -> bytes:
+    """Validate ``record`` and serialize it as a msgpack map or a JSON object (UTF-8).
+
+    Only the record fields are written (unknown keys are dropped, as decoding ignores
+    them); invalid records raise :class:`RecordError` here, at the producer, rather than
+    reaching the dead-letter topic later.
+    """
+    if fmt not in FORMATS:
+        raise RecordError(f"unknown record format {fmt!r}; choose one of {FORMATS}")
+    fields = from_dict(record.to_dict() if isinstance(record, Record) else record).to_dict()
+    if fmt == "json":
+        return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return msgpack.packb(fields, use_bin_type=True)
