@@ -18,13 +18,25 @@ from typing import Callable
 from ..config import EmbeddingConfig
 from ..exceptions import ConfigError
 from .base import TokenEmbedding, to_tensors
+from .bloom import BloomEmbedding, BloomEmbeddingConfig
 from .hash import HashEmbedding, HashEmbeddingConfig, HashingTrickConfig, HashingTrickEmbedding
+from .hashformer import HashFormerConfig, HashFormerEmbedding
+from .plain import PlainEmbedding, PlainEmbeddingConfig
+from .tfree import TFreeEmbedding, TFreeEmbeddingConfig
 
 __all__ = [
+    "BloomEmbedding",
+    "BloomEmbeddingConfig",
     "HashEmbedding",
     "HashEmbeddingConfig",
     "HashingTrickConfig",
     "HashingTrickEmbedding",
+    "HashFormerConfig",
+    "HashFormerEmbedding",
+    "PlainEmbedding",
+    "PlainEmbeddingConfig",
+    "TFreeEmbedding",
+    "TFreeEmbeddingConfig",
     "TokenEmbedding",
     "build_embedding",
     "to_tensors",
@@ -42,9 +54,36 @@ def _hashing_trick(cfg: EmbeddingConfig, seed: int) -> TokenEmbedding:
     return HashingTrickEmbedding(HashingTrickConfig(B=cfg.B, d=cfg.d, seed=seed))
 
 
+def _bloom(cfg: EmbeddingConfig, seed: int) -> TokenEmbedding:
+    return BloomEmbedding(BloomEmbeddingConfig(B=cfg.B, d=cfg.d, m=cfg.m, seed=seed))
+
+
+def _hashformer(variant: str) -> Callable[[EmbeddingConfig, int], TokenEmbedding]:
+    def build(cfg: EmbeddingConfig, seed: int) -> TokenEmbedding:
+        return HashFormerEmbedding(HashFormerConfig(
+            variant=variant, d=cfg.d, bits=cfg.hashformer_bits, pool_bits=cfg.hashformer_pool_bits,
+            hash=cfg.hashformer_hash, seed=seed,
+        ))
+    return build
+
+
+def _tfree(cfg: EmbeddingConfig, seed: int) -> TokenEmbedding:
+    return TFreeEmbedding(TFreeEmbeddingConfig(v=cfg.tfree_rows, d=cfg.d, m=cfg.m, seed=seed))
+
+
+def _plain(cfg: EmbeddingConfig, seed: int) -> TokenEmbedding:
+    return PlainEmbedding(PlainEmbeddingConfig(vocab=cfg.plain_vocab, d=cfg.d, seed=seed))
+
+
 _BUILDERS: dict[str, Callable[[EmbeddingConfig, int], TokenEmbedding]] = {
     "hash": _hash,
+    "bloom": _bloom,
+    "hashformer-pool": _hashformer("pool"),
+    "hashformer-add": _hashformer("add"),
+    "hashformer-proj": _hashformer("proj"),
+    "tfree": _tfree,
     "hashing-trick": _hashing_trick,
+    "plain": _plain,
 }
 
 
