@@ -1,5 +1,7 @@
 """Embedding schemes: shapes, parameter counts, the papers' special cases, sparse rows,
 padding, and tiny hand-checked tensors."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -7,11 +9,14 @@ from torch import nn
 
 from streamlearn.config import EmbeddingConfig
 from streamlearn.embeddings import (
-    HashEmbedding, HashEmbeddingConfig, HashingTrickConfig, HashingTrickEmbedding,
-    build_embedding, to_tensors,
+    BloomEmbedding, BloomEmbeddingConfig, HashEmbedding, HashEmbeddingConfig, HashFormerConfig,
+    HashFormerEmbedding, HashingTrickConfig, HashingTrickEmbedding, PlainEmbedding, PlainEmbeddingConfig,
+    TFreeEmbedding, TFreeEmbeddingConfig, build_embedding, to_tensors,
 )
-from streamlearn.exceptions import ConfigError, RecordError
-from streamlearn.hashing import TokenHasher
+from streamlearn.embeddings.base import pad
+from streamlearn.embeddings.hashformer import char_ngrams, lsh_bits
+from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
+from streamlearn.hashing import TokenHasher, derive_seed, hash64, multi_hash, token_bits
 
 BATCH = [["the", "cat", "sat"], [], ["on", "the", "mat", "again", "and", "again"]]
 
@@ -240,3 +245,238 @@ def test_build_embedding_maps_the_flat_config():
 def test_build_embedding_rejects_unknown_schemes():
     with pytest.raises(ConfigError, match="embedding.scheme"):
         build_embedding(EmbeddingConfig(scheme="nope"), seed=0)
+
+
+# ---------------------------------------------------------------------------- Bloom (Superbloom)
+
+def test_bloom_parameter_count_and_sum_by_hand():
+    emb = BloomEmbedding(BloomEmbeddingConfig(B=4, d=2, m=2))
+    assert n_params(emb) == 4 * 2
+    with torch.no_grad():
+        emb.E.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0], [-1.0, 5.0]]))
+    feats = to_tensors({"mask": np.array([[True, True, False]]), "ids": np.array([[[0, 2], [1, 1], [3, 3]]])})
+    out = emb(feats)
+    assert out.tolist() == [[[4.0, 3.0], [0.0, 2.0], [0.0, 0.0]]]
+    out.sum().backward()
+    assert sparse_rows(emb.E) == [0, 1, 2]  # row 3 sits only under padding
+    assert emb.E.grad.coalesce().values().tolist() == [[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]]
+
+
+def test_bloom_digest_is_multi_hash_and_rows_touched_match_gradients():
+    emb = BloomEmbedding(BloomEmbeddingConfig(B=97, d=3, m=3, seed=2))
+    feats, out = run(emb, BATCH)
+    assert np.array_equal(feats["ids"][feats["mask"]], multi_hash(sum(BATCH, []), 3, 97, 2, "bloom"))
+    assert np.array_equal(emb.hash_ids(["the", "cat"]), feats["ids"][0, :2])
+    out.sum().backward()
+    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist()
+
+
+# ---------------------------------------------------------------------------- T-Free
+
+HELLO_TRIGRAMS = [  # written by hand: " w " cut into overlapping triples, as a set
+    [" he", "hel", "ell", "llo", "lo "],
+    [" wo", "wor", "orl", "rld", "ld "],
+    [" ! "],
+]
+
+
+def _tfree_bags(feats):
+    """Split the flat ids into one sorted list per valid position."""
+    counts = feats["counts"][feats["mask"]]
+    ends = np.cumsum(counts)
+    return [sorted(feats["ids"][e - c:e].tolist()) for c, e in zip(counts, ends)]
+
+
+def test_tfree_trigrams_of_hello_world_by_hand():
+    emb = TFreeEmbedding(TFreeEmbeddingConfig(v=1000, d=2, m=3, seed=4))
+    feats = emb.featurize([["Hello", "world", "!"]], max_len=8)
+    assert feats["counts"].tolist() == [[15, 15, 3]]
+    expected = [sorted(multi_hash(grams, 3, 1000, 4, "tfree").reshape(-1).tolist()) for grams in HELLO_TRIGRAMS]
+    assert _tfree_bags(feats) == expected
+
+
+def test_tfree_uses_the_trigram_set_not_the_list():
+    emb = TFreeEmbedding(TFreeEmbeddingConfig(v=1000, d=2, m=2))
+    feats = emb.featurize([["aaaa", ""]], max_len=4)  # " aaaa " has "aaa" twice; "" has none
+    assert feats["counts"].tolist() == [[3 * 2, 0]]
+    assert _tfree_bags(feats)[0] == sorted(multi_hash([" aa", "aaa", "aa "], 2, 1000, 0, "tfree").reshape(-1).tolist())
+
+
+def test_tfree_sums_its_rows_and_touches_exactly_them():
+    emb = TFreeEmbedding(TFreeEmbeddingConfig(v=50, d=3, m=2))
+    assert n_params(emb) == 50 * 3
+    feats, out = run(emb, [["Hello", "world", "!"], ["x"]])
+    for (n, t), bag in zip(np.argwhere(feats["mask"]), _tfree_bags(feats)):
+        assert torch.allclose(out[n, t], emb.E[bag].sum(0), atol=1e-6)
+    assert torch.count_nonzero(out[1, 1:]) == 0
+    out.sum().backward()
+    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist()
+
+
+# ---------------------------------------------------------------------------- HashFormers
+
+@pytest.mark.parametrize("variant,count", [
+    ("pool", (math.ceil(128 / 10) + 2 ** 10) * 768), ("add", 2 * 128 * 768), ("proj", 128 * 768),
+])
+def test_hashformer_parameter_counts_are_the_papers_formulas(variant, count):
+    emb = HashFormerEmbedding(HashFormerConfig(variant=variant, d=768, bits=128, pool_bits=10))
+    assert n_params(emb) == count
+
+
+def test_hashformer_pool_codewords_follow_the_papers_example():
+    emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=4))
+    tau = np.array([[1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1]], dtype=np.uint8)
+    assert emb._codewords(tau).tolist() == [[10, 4, 1]]
+    short_last = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=5))
+    assert short_last._codewords(tau).tolist() == [[0b10100, 0b10000, 0b01]]
+
+
+def test_hashformer_pool_by_hand():
+    emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=4, pool_bits=2))
+    with torch.no_grad():
+        emb.C.copy_(torch.tensor([[0.0, 0.0], [1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+        emb.W.copy_(torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]]))  # weights [.5,.5] and [.75,.25]
+    out = emb(to_tensors({"mask": np.array([[True]]), "codes": np.array([[[1, 3]]])}))
+    assert torch.allclose(out[0, 0], torch.tensor([0.5 * 1 + 0.5 * 5, 0.75 * 2 + 0.25 * 6]))
+
+
+def test_hashformer_add_by_hand():
+    emb = HashFormerEmbedding(HashFormerConfig(variant="add", d=1, bits=2))
+    with torch.no_grad():
+        emb.C.copy_(torch.tensor([[[1.0], [2.0]], [[10.0], [20.0]]]))  # C[j, bit]
+    bits = np.array([[[1, 0], [0, 1]]], dtype=np.uint8)
+    out = emb(to_tensors({"mask": np.array([[True, True]]), "bits": bits}))
+    assert torch.allclose(out[0, :, 0], torch.tensor([2.0 + 10.0, 1.0 + 20.0]) / math.sqrt(2))
+
+
+def test_hashformer_proj_is_pearson_correlation():
+    emb = HashFormerEmbedding(HashFormerConfig(variant="proj", d=3, bits=6, seed=1))
+    bits = np.array([[[1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1]]], dtype=np.uint8)
+    out = emb(to_tensors({"mask": np.array([[True, True]]), "bits": bits}))
+    W = emb.W.detach().numpy()
+    expected = [np.corrcoef(bits[0, 0], W[:, j])[0, 1] for j in range(3)]
+    assert np.allclose(out[0, 0].detach().numpy(), expected, atol=1e-6)
+    assert torch.count_nonzero(out[0, 1]) == 0  # a constant code correlates with nothing
+
+
+@pytest.mark.parametrize("method", ["md5", "xxh3"])
+def test_hashformer_codes_are_token_bits(method):
+    emb = HashFormerEmbedding(HashFormerConfig(variant="add", d=2, bits=128, hash=method, seed=6))
+    feats = emb.featurize([["play", "plays"]], 4)
+    assert feats["bits"].dtype == np.uint8
+    assert np.array_equal(feats["bits"][0], token_bits(["play", "plays"], 6, method, 128))
+
+
+def test_lsh_bits_equal_the_dense_hyperplane_formula():
+    """Sign of x . r_j with R[i, j] = eta[(i + j) mod d_x] built densely."""
+    eta = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    tokens = ["play", "plays", "a", ""]
+    got = lsh_bits(tokens, eta, bits=16, seed=3)
+    R = eta[(np.arange(64)[:, None] + np.arange(16)) % 64]  # (d_x, bits)
+    for token, row in zip(tokens, got):
+        slots = hash64(char_ngrams(token), derive_seed(3, "lsh-ngram")) % np.uint64(64)
+        x = np.bincount(slots.astype(np.int64), minlength=64).astype(np.float32)
+        assert row.tolist() == (x @ R >= 0).astype(np.uint8).tolist()
+
+
+def test_lsh_bit_flips_follow_the_angle_between_ngram_vectors():
+    """P(bit differs) = angle / pi. "playing" (22 n-grams) and "played" (18) share 10:
+    p l a y, pl la ay, pla lay, play; cos = 10 / sqrt(22 * 18), so about 42.5 of 128
+    bits differ, against 64 for random (MD5) codes."""
+    expected = 128 * math.acos(10 / math.sqrt(22 * 18)) / math.pi
+
+    def mean_flips(method):
+        flips = []
+        for seed in range(8):
+            codes = HashFormerEmbedding(HashFormerConfig(variant="proj", d=2, hash=method, seed=seed)
+                                        ).token_code(["playing", "played"])
+            flips.append(int((codes[0] != codes[1]).sum()))
+        return np.mean(flips)
+
+    assert abs(mean_flips("lsh") - expected) < 6
+    assert abs(mean_flips("md5") - 64) < 6
+
+
+def test_hashformers_are_dense():
+    emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=4, bits=16, pool_bits=4))
+    feats, out = run(emb, BATCH)
+    out.sum().backward()
+    assert emb.row_tables() == {} and emb.rows_touched(feats) == {}
+    assert all(p.grad is not None and not p.grad.is_sparse for p in emb.parameters())
+
+
+@pytest.mark.parametrize("bad,key", [
+    ({"variant": "emb"}, "hashformer-<variant>"), ({"hash": "sha1"}, "hashformer_hash"),
+    ({"bits": 129}, "hashformer_bits"), ({"pool_bits": 30}, "hashformer_pool_bits"),
+])
+def test_hashformer_config_errors(bad, key):
+    with pytest.raises(ConfigError, match=key):
+        HashFormerConfig(**bad)
+
+
+# ---------------------------------------------------------------------------- plain dictionary
+
+def test_plain_is_first_come_first_served_with_one_oov_row():
+    emb = PlainEmbedding(PlainEmbeddingConfig(vocab=3, d=2))
+    assert n_params(emb) == (3 + 1) * 2
+    assert emb.featurize([["b", "a"], ["b"]], 4)["ids"].tolist() == [[0, 1], [0, 0]]
+    assert emb.featurize([["c", "d", "a", 7, "7"]], 8)["ids"].tolist() == [[2, 3, 1, 3, 3]]
+    assert len(emb) == 3
+
+
+def test_plain_grow_false_only_looks_up():
+    emb = PlainEmbedding(PlainEmbeddingConfig(vocab=10, d=2))
+    emb.featurize([["seen"]], 4)
+    emb.grow = False
+    assert emb.featurize([["new", "seen"]], 4)["ids"].tolist() == [[10, 0]]
+    assert len(emb) == 1
+
+
+def test_plain_dictionary_matches_a_python_dict_on_a_zipf_stream():
+    rng = np.random.default_rng(0)
+    batches = [[[str(x) for x in rng.zipf(1.3, 40)] for _ in range(8)] for _ in range(20)]
+    emb, ref = PlainEmbedding(PlainEmbeddingConfig(vocab=150, d=2)), {}
+    for batch in batches:
+        feats = emb.featurize(batch, 64)
+        for tokens in batch:
+            for t in tokens:
+                if t not in ref and len(ref) < 150:
+                    ref[t] = len(ref)
+        expected = pad(np.array([ref.get(t, 150) for tokens in batch for t in tokens]), feats["mask"])
+        assert np.array_equal(feats["ids"], expected)
+
+
+def test_plain_state_from_a_bigger_dictionary_is_refused():
+    big = PlainEmbedding(PlainEmbeddingConfig(vocab=5, d=2))
+    big.featurize([["a", "b", "c"]], 4)
+    small = PlainEmbedding(PlainEmbeddingConfig(vocab=2, d=2))
+    with pytest.raises(StreamlearnError, match="plain_vocab=2"):
+        small.load_state_dict(big.state_dict(), strict=False)
+
+
+def test_plain_rows_touched_match_gradients():
+    emb = PlainEmbedding(PlainEmbeddingConfig(vocab=4, d=2))
+    feats, out = run(emb, BATCH)
+    out.sum().backward()
+    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist() == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- build_embedding, all schemes
+
+@pytest.mark.parametrize("scheme,cls,count", [
+    ("hash", HashEmbedding, 100 * 8 + 1000 * 2),
+    ("bloom", BloomEmbedding, 100 * 8),
+    ("hashformer-pool", HashFormerEmbedding, (math.ceil(32 / 4) + 2 ** 4) * 8),
+    ("hashformer-add", HashFormerEmbedding, 2 * 32 * 8),
+    ("hashformer-proj", HashFormerEmbedding, 32 * 8),
+    ("tfree", TFreeEmbedding, 64 * 8),
+    ("hashing-trick", HashingTrickEmbedding, 100 * 8),
+    ("plain", PlainEmbedding, (20 + 1) * 8),
+])
+def test_build_embedding_builds_every_scheme(scheme, cls, count):
+    cfg = EmbeddingConfig(scheme=scheme, d=8, K=1000, B=100, k=2, m=2, hashformer_bits=32,
+                          hashformer_pool_bits=4, tfree_rows=64, plain_vocab=20)
+    emb = build_embedding(cfg, seed=0)
+    assert type(emb) is cls and n_params(emb) == count
+    _, out = run(emb, BATCH)
+    assert out.shape == (3, 6, 8) == (3, 6, emb.out_dim)

@@ -107,6 +107,16 @@ class PlainEmbedding(TokenEmbedding):
         with self._lock:
             self._set_keys(keys.copy())
 
+    def __getstate__(self) -> dict:
+        # A lock cannot be pickled or deep-copied; the copy gets its own.
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+
     def _set_keys(self, keys: np.ndarray) -> None:
         self._keys = keys  # (n,) uint64, row order
         order = np.argsort(keys, kind="stable")
