@@ -77,6 +77,7 @@ class ModelConfig:
     out_B: int = 50_000  # hashed output space per hash (Superbloom / next-item)
     out_m: int = 2
     tie_output: bool = True  # tie hashed output weights to the input table when spaces coincide
+    output: str = "auto"  # mlm/next-item head: "hashed" (Superbloom), "tfree", "auto" (tfree for scheme tfree)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class LearnerConfig:
     mask_prob: float = 0.15  # mlm
     history: int = 10  # next-item: a key's last n items
     beam: int = 50  # top-k decoding beam width
+    shuffle_random: float = 0.0  # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
     seed: int = 0
 
 

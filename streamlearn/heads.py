@@ -1,0 +1,196 @@
+"""Output heads of the hashed transformer, each with its loss.
+
+- :class:`LabelHead`: classification over a label table that grows up to
+  ``model.max_labels`` rows; only the first ``n_labels`` rows take part in the softmax.
+- :class:`HashedHead`: Superbloom's output layer. Each output id t has m hashes
+  eta_1(t)..eta_m(t) into [0, size); the head gives m softmaxes over the hash space and
+  the loss is sum_j CE(p_j, eta_j(t)). Its output table is either its own (size, width)
+  matrix or, tied, the input embedding's row table with the input's hash functions
+  (``eta_j = h_j``), as Superbloom does when input and output spaces coincide.
+- :class:`TFreeHead`: T-Free's output: v sigmoids over the rows of the T-Free table,
+  trained with multi-label BCE against the target word's trigram pattern.
+- :class:`ShuffleRandomHead`: HashFormers' Shuffle+Random objective, a 3-way per-token
+  classifier (intact / shuffled / random).
+
+Heads never own a tied table: the model passes it in, so ``state_dict`` holds it once,
+under the embedding, and the row-wise optimizer sees one parameter. Dense weights draw
+from torch's global RNG; the model is built under a seeded ``fork_rng``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .embeddings import HashEmbedding, HashingTrickEmbedding, TokenEmbedding
+from .embeddings.bloom import BloomEmbedding
+from .embeddings.tfree import TFreeEmbedding
+from .hashing import multi_hash, tfree_hashes
+
+Hasher = Callable[[Sequence[str]], np.ndarray]
+
+# Which embeddings can tie their output: the row table a token's ids index, and the
+# featurize key holding those ids ((N, T, m) or (N, T) for m = 1).
+# Hash embeddings tie to their B component vectors with eta_j = h_j (j = 1..k).
+TIE_RULES: dict[type, tuple[str, str]] = {
+    BloomEmbedding: ("E", "ids"),
+    HashEmbedding: ("E", "buckets"),
+    HashingTrickEmbedding: ("E", "buckets"),
+}
+
+
+@dataclass(frozen=True)
+class OutputSpace:
+    """Where a hashed head predicts: m hashes into [0, size), rows of width ``width``.
+
+    ``table`` names the embedding row table the head is tied to (None: the head owns
+    its table); ``hasher(tokens) -> (N, m) int64`` gives each output id's rows.
+    """
+
+    m: int
+    size: int
+    width: int
+    table: str | None
+    hasher: Hasher
+
+
+def untied_space(m: int, size: int, width: int, seed: int) -> OutputSpace:
+    """An own output space: ``hashing.multi_hash(tokens, m, size, seed, "out")``, the
+    hash ``decoding.CandidateIndex.superbloom`` uses by default."""
+    return OutputSpace(m, size, width, None, partial(multi_hash, n=m, size=size, seed=seed, purpose="out"))
+
+
+def tied_space(embedding: TokenEmbedding) -> OutputSpace | None:
+    """The input embedding's own row space, if its scheme has one (else None)."""
+    rule = next((r for cls, r in TIE_RULES.items() if isinstance(embedding, cls)), None)
+    if rule is None:
+        return None
+    name, key = rule
+    table = embedding.row_tables()[name]
+
+    def hasher(tokens: Sequence[str]) -> np.ndarray:
+        ids = embedding.featurize([[t] for t in tokens], max_len=1)[key][:, 0]  # (N, m) or (N,)
+        return ids.reshape(len(tokens), -1)
+
+    m = hasher(["m"]).shape[1]
+    return OutputSpace(m, table.shape[0], table.shape[1], name, hasher)
+
+
+class LabelHead(nn.Module):
+    """Logits over the first ``n_labels`` of ``max_labels`` label rows.
+
+    Rows are zero-initialised and rows beyond ``n_labels`` are never read, so they get
+    no gradient and stay zero until their label arrives.
+    """
+
+    def __init__(self, d_model: int, max_labels: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(max_labels, d_model))
+        self.bias = nn.Parameter(torch.zeros(max_labels))
+
+    def forward(self, x: torch.Tensor, n_labels: int) -> torch.Tensor:
+        return F.linear(x, self.weight[:n_labels], self.bias[:n_labels])  # (n, n_labels)
+
+
+class _Transform(nn.Module):
+    """BERT's output transform, once per output slot: (n, d_model) -> (n, slots, width)."""
+
+    def __init__(self, d_model: int, slots: int, width: int):
+        super().__init__()
+        self.slots, self.width = slots, width
+        self.dense = nn.Linear(d_model, slots * width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = F.gelu(self.dense(x)).view(x.shape[0], self.slots, self.width)
+        return self.norm(z)  # (n, slots, width)
+
+
+class HashedHead(nn.Module):
+    """Superbloom's m softmaxes over the hashed output space."""
+
+    def __init__(self, d_model: int, space: OutputSpace):
+        super().__init__()
+        self.space = space
+        # Slot j gets its own transform: with one vector per position (rather than
+        # Superbloom's m input positions per id) the m distributions must differ.
+        self.transform = _Transform(d_model, space.m, space.width)
+        self.bias = nn.Parameter(torch.zeros(space.m, space.size))
+        self.table = None
+        if space.table is None:
+            self.table = nn.Parameter(torch.randn(space.size, space.width) * 0.02)
+
+    def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
+        """x (n, d_model) -> logits (n, m, size). ``tied``: the embedding's table."""
+        table = self.table if self.table is not None else tied
+        z = self.transform(x)  # (n, m, width)
+        return torch.matmul(z, table.t().to(z.dtype)) + self.bias  # (n, m, size)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """sum_j CE(logits[:, j], targets[:, j]), weighted mean over the n examples.
+        logits (n, m, size), targets (n, m) int64, weight (n,)."""
+        n, m, size = logits.shape
+        ce = F.cross_entropy(logits.reshape(n * m, size).float(), targets.reshape(n * m), reduction="none")
+        return (ce.view(n, m).sum(1) * weight).sum() / n
+
+
+class TFreeHead(nn.Module):
+    """T-Free's output: sigmoid over v rows, multi-label BCE against the target pattern."""
+
+    def __init__(self, d_model: int, v: int, width: int, own_table: bool):
+        super().__init__()
+        self.v = v
+        self.transform = _Transform(d_model, 1, width)
+        self.bias = nn.Parameter(torch.zeros(v))
+        self.table = None
+        if own_table:
+            self.table = nn.Parameter(torch.randn(v, width) * 0.02)
+
+    def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
+        """x (n, d_model) -> logits (n, v) (apply a sigmoid for activations)."""
+        table = self.table if self.table is not None else tied
+        z = self.transform(x)[:, 0]  # (n, width)
+        return z @ table.t().to(z.dtype) + self.bias  # (n, v)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Multi-label BCE summed over the v rows; targets (n, v) in {0, 1}."""
+        bce = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none").sum(1)
+        return (bce * weight).sum() / logits.shape[0]
+
+
+def tfree_pattern_hasher(m: int, v: int, seed: int) -> Callable:
+    """Words -> CSR rows of their trigram patterns (``hashing.tfree_hashes``); with the
+    T-Free embedding's m, v and seed it is that embedding's own input code."""
+    return partial(tfree_hashes, m=m, v=v, seed=seed)
+
+
+def tfree_tie(embedding: TokenEmbedding) -> tuple[int, int, int] | None:
+    """(m, v, seed) of a T-Free input embedding (its table is the head's, tied), else None."""
+    if not isinstance(embedding, TFreeEmbedding):
+        return None
+    return embedding.cfg.m, embedding.cfg.v, embedding.cfg.seed
+
+
+def multi_hot(ids: torch.Tensor, offsets: torch.Tensor, v: int) -> torch.Tensor:
+    """CSR rows (ids (M,), offsets (n + 1,)) -> dense {0, 1} targets (n, v)."""
+    n = offsets.shape[0] - 1
+    owner = torch.repeat_interleave(torch.arange(n, device=ids.device), offsets.diff())
+    out = torch.zeros(n, v, device=ids.device)
+    out[owner, ids] = 1.0
+    return out
+
+
+class ShuffleRandomHead(nn.Module):
+    """Per-token 3-way logits: 0 intact, 1 shuffled, 2 replaced by a random token."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, 3)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(h)  # (..., 3)

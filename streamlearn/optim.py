@@ -1,0 +1,128 @@
+"""Row-wise sparse optimizers for the embedding and importance tables (E, P, ...).
+
+A batch touches a few hundred rows of tables with up to millions of rows, so the
+update must cost O(rows touched), not O(table). :class:`RowOptimizer` reads each
+table's gradient (a sparse COO gradient from a ``sparse=True`` lookup, or a dense one
+when a table is also used densely, e.g. a tied softmax output), coalesces it to
+unique row ids and updates only those rows of the table and of its state.
+
+Per-row state is kept as tensors of the table's shape, so the store can persist it as
+rows of table ``"<table>.<state>"`` with the same ids as the table's rows
+(:meth:`RowOptimizer.state_tables`). ``step`` returns the ids it changed, per table:
+those are exactly the rows a checkpoint must write.
+
+Rules:
+- ``adagrad`` (default): ``G[i] += g_i**2; W[i] -= lr * g_i / (sqrt(G[i]) + eps)``.
+  A row with a zero gradient is left unchanged, so rows outside the batch never move.
+- ``lazy-adam``: Adam's moments updated only for rows in the batch (TensorFlow's
+  LazyAdam); bias correction uses the optimizer's global step count.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from .config import OptimConfig
+from .exceptions import ConfigError
+
+SPARSE_RULES = {"adagrad": ("sum",), "lazy-adam": ("exp_avg", "exp_avg_sq")}
+
+
+class RowOptimizer:
+    """Adagrad or lazy Adam over named row tables, touching only the rows in the batch.
+
+    >>> W = nn.Parameter(torch.zeros(4, 2))
+    >>> opt = RowOptimizer({"E": W}, OptimConfig(sparse="adagrad", sparse_lr=0.5))
+    >>> W.grad = torch.sparse_coo_tensor([[1, 1]], torch.ones(2, 2), (4, 2), check_invariants=True)
+    >>> opt.step()["E"].tolist()
+    [1]
+    >>> W[0].tolist(), W[1].tolist()
+    ([0.0, 0.0], [-0.5, -0.5])
+    """
+
+    def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None):
+        if cfg.sparse not in SPARSE_RULES:
+            raise ConfigError(f"optim.sparse={cfg.sparse!r}; choose one of {sorted(SPARSE_RULES)}")
+        self.rule = cfg.sparse
+        self.lr = cfg.sparse_lr
+        self.eps = eps if eps is not None else (1e-10 if self.rule == "adagrad" else 1e-8)
+        self.betas = (0.9, 0.999)
+        self.steps = 0
+        self.tables = dict(tables)
+        self.state = {
+            name: {s: torch.zeros_like(p, memory_format=torch.contiguous_format) for s in SPARSE_RULES[self.rule]}
+            for name, p in self.tables.items()
+        }
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return SPARSE_RULES[self.rule]
+
+    def zero_grad(self) -> None:
+        for p in self.tables.values():
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> dict[str, torch.Tensor]:
+        """Apply the rule to every table with a gradient; return the changed row ids
+        (int64, unique, ascending) per table. Tables without a gradient are absent."""
+        self.steps += 1
+        changed = {}
+        for name, p in self.tables.items():
+            if p.grad is None:
+                continue
+            idx, g = _rows_of(p.grad)  # (n,), (n, w)
+            if idx.numel():
+                self._update(p, self.state[name], idx, g.to(p.dtype))
+            changed[name] = idx
+        return changed
+
+    def _update(self, p: torch.Tensor, state: dict[str, torch.Tensor], idx: torch.Tensor, g: torch.Tensor) -> None:
+        if self.rule == "adagrad":
+            G = state["sum"]
+            G.index_add_(0, idx, g * g)
+            p.index_add_(0, idx, g / G.index_select(0, idx).sqrt_().add_(self.eps), alpha=-self.lr)
+            return
+        b1, b2 = self.betas
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m_rows = m.index_select(0, idx).mul_(b1).add_(g, alpha=1 - b1)  # (n, w)
+        v_rows = v.index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
+        m.index_copy_(0, idx, m_rows)
+        v.index_copy_(0, idx, v_rows)
+        step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
+        p.index_add_(0, idx, m_rows / v_rows.sqrt().add_(self.eps), alpha=-step_size)
+
+    def state_tables(self) -> dict[str, torch.Tensor]:
+        """Per-row state as ``{"<table>.<state>": tensor of the table's shape}``."""
+        return {f"{name}.{s}": t for name, states in self.state.items() for s, t in states.items()}
+
+    def state_dict(self) -> dict:
+        """The scalar state (the row state lives in :meth:`state_tables`)."""
+        return {"rule": self.rule, "steps": self.steps}
+
+    def load_state_dict(self, sd: Mapping) -> None:
+        if sd["rule"] != self.rule:
+            raise ConfigError(
+                f"checkpoint was trained with optim.sparse={sd['rule']!r}, config says {self.rule!r}; "
+                f"set optim.sparse={sd['rule']}"
+            )
+        self.steps = int(sd["steps"])
+
+
+def _rows_of(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique row ids and their summed gradient rows, from a sparse or dense gradient."""
+    if grad.is_sparse:
+        grad = grad.coalesce()
+        return grad.indices()[0], grad.values()
+    idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # rows a dense gradient actually reaches
+    return idx, grad.index_select(0, idx)
+
+
+def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW for the dense weights (transformer, heads); decay skips biases and norms."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.dense_lr)
