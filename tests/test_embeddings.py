@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from streamlearn.config import EmbeddingConfig
@@ -480,3 +481,20 @@ def test_build_embedding_builds_every_scheme(scheme, cls, count):
     assert type(emb) is cls and n_params(emb) == count
     _, out = run(emb, BATCH)
     assert out.shape == (3, 6, 8) == (3, 6, emb.out_dim)
+
+
+def test_weighted_lookup_matches_embedding_bag_gradients():
+    """The custom autograd path equals embedding_bag(per_sample_weights) exactly enough."""
+    from streamlearn.embeddings.hash import WeightedLookup
+
+    g = torch.Generator().manual_seed(0)
+    E, P = torch.randn(30, 5, generator=g), torch.randn(40, 3, generator=g)
+    d1, buckets = torch.randint(0, 40, (17,), generator=g), torch.randint(0, 30, (17, 3), generator=g)
+    upstream = torch.randn(17, 5, generator=g)
+    ours_E, ours_P = E.clone().requires_grad_(), P.clone().requires_grad_()
+    (WeightedLookup.apply(ours_E, ours_P, d1, buckets) * upstream).sum().backward()
+    ref_E, ref_P = E.clone().requires_grad_(), P.clone().requires_grad_()
+    p = F.embedding(d1, ref_P)
+    (F.embedding_bag(buckets, ref_E, per_sample_weights=p, mode="sum") * upstream).sum().backward()
+    assert torch.allclose(ours_E.grad.to_dense(), ref_E.grad, atol=1e-5)
+    assert torch.allclose(ours_P.grad.to_dense(), ref_P.grad, atol=1e-5)

@@ -109,12 +109,26 @@ def unique_rows(ids: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- forward helpers
 
-def scatter_valid(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def valid_index(mask: torch.Tensor) -> torch.Tensor:
+    """Flat positions (M,) of the valid cells of ``mask`` (N, T), row-major: the order
+    featurize lists the tokens in."""
+    return mask.reshape(-1).nonzero().squeeze(1)
+
+
+def gather_valid(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(N, T, ...) -> (M, ...) at ``index`` (index_select: much cheaper than boolean
+    indexing)."""
+    return x.reshape(-1, *x.shape[2:]).index_select(0, index)
+
+
+def scatter_valid(values: torch.Tensor, index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token vectors (M, D) -> (N, T, D) with zeros at padding; differentiable in
-    ``values`` only, so padding cells carry no gradient anywhere."""
-    out = values.new_zeros(mask.shape + values.shape[1:])
-    out[mask] = values
-    return out
+    ``values`` only, so padding cells carry no gradient anywhere. A batch without
+    padding is a free reshape."""
+    if index.numel() == mask.numel():
+        return values.view(*mask.shape, values.shape[1])
+    out = values.new_zeros(mask.numel(), values.shape[1]).index_copy(0, index, values)
+    return out.view(*mask.shape, values.shape[1])
 
 
 # ---------------------------------------------------------------------------- init helpers

@@ -30,7 +30,7 @@ from torch import nn
 from ..hashing import multi_hash
 from .base import (
     Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
-    pad, scatter_valid, unique_rows,
+    gather_valid, pad, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
 
@@ -71,9 +71,10 @@ class BloomEmbedding(TokenEmbedding):
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
-        ids = feats["ids"][mask]  # (M, m)
+        index = valid_index(mask)  # (M,)
+        ids = gather_valid(feats["ids"], index)  # (M, m)
         e = F.embedding_bag(ids, self.E, mode="sum", sparse=True)  # (M, d)
-        return scatter_valid(e, mask)  # (N, T, d)
+        return scatter_valid(e, index, mask)  # (N, T, d)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}

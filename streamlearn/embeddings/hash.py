@@ -30,7 +30,7 @@ from torch import nn
 from ..hashing import TokenHasher, multi_hash
 from .base import (
     Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch,
-    guard_tokens, normal_table, pad, scatter_valid, to_tensors, unique_rows,
+    gather_valid, guard_tokens, normal_table, pad, scatter_valid, to_tensors, unique_rows, valid_index,
 )
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
@@ -89,19 +89,18 @@ class HashEmbedding(TokenEmbedding):
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
-        d1 = feats["d1"][mask]  # (M,)
-        buckets = feats["buckets"][mask]  # (M, k)
-        p = F.embedding(d1, self.P, sparse=True)  # (M, k)
+        index = valid_index(mask)  # (M,)
+        d1 = gather_valid(feats["d1"], index)  # (M,)
+        buckets = gather_valid(feats["buckets"], index)  # (M, k)
         if self.cfg.combine == "sum":
-            # One fused gather-and-weigh: sum_i p[:, i] * E[buckets[:, i]], with
-            # gradients to both E (sparse) and p.
-            e = F.embedding_bag(buckets, self.E, per_sample_weights=p, mode="sum", sparse=True)  # (M, d)
+            e = WeightedLookup.apply(self.E, self.P, d1, buckets)  # (M, d)
         else:
+            p = F.embedding(d1, self.P, sparse=True)  # (M, k)
             c = F.embedding(buckets, self.E, sparse=True)  # (M, k, d)
             e = (p.unsqueeze(-1) * c).flatten(1)  # (M, k*d)
         if self.cfg.append_p:
-            e = torch.cat([e, p], dim=1)  # (M, out_dim)
-        return scatter_valid(e, mask)  # (N, T, out_dim)
+            e = torch.cat([e, F.embedding(d1, self.P, sparse=True)], dim=1)  # (M, out_dim)
+        return scatter_valid(e, index, mask)  # (N, T, out_dim)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E, "P": self.P}
@@ -109,6 +108,39 @@ class HashEmbedding(TokenEmbedding):
     def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
         mask = feats["mask"]
         return {"E": unique_rows(feats["buckets"][mask]), "P": unique_rows(feats["d1"][mask])}
+
+
+class WeightedLookup(torch.autograd.Function):
+    """e = sum_i p[:, i] * E[buckets[:, i]] with p = P[d1], and sparse gradients for E
+    and P. Equal to embedding_bag(per_sample_weights=P[d1], sparse=True) but about 30%
+    faster forward+backward (bench/embeddings.py): the (M*k, d) gradient rows of E are
+    written in one pass and P's gradient is one batched dot product.
+    """
+
+    @staticmethod
+    def forward(ctx, E: torch.Tensor, P: torch.Tensor, d1: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+        M, k = buckets.shape
+        p = P.index_select(0, d1)  # (M, k)
+        c = E.index_select(0, buckets.reshape(-1)).view(M, k, E.shape[1])  # (M, k, d)
+        e = c[:, 0] * p[:, :1]  # (M, d)
+        for i in range(1, k):
+            e.addcmul_(c[:, i], p[:, i:i + 1])
+        ctx.save_for_backward(p, c, d1, buckets)
+        ctx.shapes = (E.shape, P.shape)
+        return e
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad (M, d)
+        p, c, d1, buckets = ctx.saved_tensors
+        E_shape, P_shape = ctx.shapes
+        grad_E = grad_P = None
+        if ctx.needs_input_grad[0]:
+            rows = (p.unsqueeze(-1) * grad.unsqueeze(1)).reshape(-1, E_shape[1])  # (M*k, d)
+            grad_E = torch.sparse_coo_tensor(buckets.reshape(1, -1), rows, E_shape, check_invariants=False)
+        if ctx.needs_input_grad[1]:
+            grad_p = torch.bmm(c, grad.unsqueeze(-1)).squeeze(-1)  # (M, k): <E[h_i], grad>
+            grad_P = torch.sparse_coo_tensor(d1.reshape(1, -1), grad_p, P_shape, check_invariants=False)
+        return grad_E, grad_P, None, None
 
 
 @dataclass(frozen=True)
@@ -143,8 +175,9 @@ class HashingTrickEmbedding(TokenEmbedding):
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
-        e = F.embedding(feats["buckets"][mask], self.E, sparse=True)  # (M, d)
-        return scatter_valid(e, mask)  # (N, T, d)
+        index = valid_index(mask)  # (M,)
+        e = F.embedding(gather_valid(feats["buckets"], index), self.E, sparse=True)  # (M, d)
+        return scatter_valid(e, index, mask)  # (N, T, d)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}

@@ -33,7 +33,7 @@ from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from .base import (
     Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
-    pad, scatter_valid, unique_rows,
+    gather_valid, pad, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
 
@@ -81,8 +81,9 @@ class PlainEmbedding(TokenEmbedding):
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
-        e = F.embedding(feats["ids"][mask], self.E, sparse=True)  # (M, d)
-        return scatter_valid(e, mask)  # (N, T, d)
+        index = valid_index(mask)  # (M,)
+        e = F.embedding(gather_valid(feats["ids"], index), self.E, sparse=True)  # (M, d)
+        return scatter_valid(e, index, mask)  # (N, T, d)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}

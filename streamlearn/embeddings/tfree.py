@@ -28,7 +28,7 @@ from torch import nn
 from ..hashing import canonical_id, tfree_hashes
 from .base import (
     Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
-    scatter_valid, unique_rows,
+    gather_valid, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
 
@@ -67,10 +67,11 @@ class TFreeEmbedding(TokenEmbedding):
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
-        counts = feats["counts"][mask]  # (M,)
+        index = valid_index(mask)  # (M,)
+        counts = gather_valid(feats["counts"], index)  # (M,)
         offsets = torch.cumsum(counts, 0) - counts  # (M,) start of each word's bag
         e = F.embedding_bag(feats["ids"], self.E, offsets, mode="sum", sparse=True)  # (M, d)
-        return scatter_valid(e, mask)  # (N, T, d)
+        return scatter_valid(e, index, mask)  # (N, T, d)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}
