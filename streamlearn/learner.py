@@ -1,0 +1,616 @@
+"""The :class:`Learner`: records in, one optimizer step per mini-batch, predictions out.
+
+It owns the model (:class:`~streamlearn.model.HashedTransformer`), its optimizers (a
+row-wise sparse optimizer for the embedding tables, AdamW for the dense weights), the
+device, the label table, the next-item histories and the candidate index used to decode
+top-k answers. Workers, replay and the service call nothing else on a model.
+
+A training step is split so a worker can overlap ingest with training:
+
+1. :meth:`Learner.prepare` (numpy only, no torch): parse, validate and tokenize the
+   records, hash them (``featurize``), apply the objective's corruption, and advance the
+   state that must follow stream order: new labels join the label table and next-item
+   histories take each record's item, in record order. Invalid records are not dropped:
+   they are listed in ``Batch.rejected`` with their :class:`RecordError` (the message
+   starts with a reason code: ``missing-field``, ``bad-value``, ``label-capacity``...).
+2. :meth:`Learner.learn_batch`: one forward/backward and ONE optimizer step over the
+   whole batch; reports the loss and the rows of each table that changed.
+
+``learn_many(records)`` is ``learn_batch(prepare(records))``: one mini-batch step, so
+its batch size is the caller's. ``learn_one`` (river) is a step on a batch of one.
+Batches must be learned in the order they were prepared, and a checkpoint may only be
+taken when every prepared training batch has been learned (both are checked).
+
+Seeded: the same config and the same records in the same batches give bit-identical
+parameters (the masking RNG and dropout are seeded from ``learner.seed`` and the batch
+number), also across a checkpoint/restore.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from river import base as river_base
+
+from .config import Config
+from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, tfree_topk
+from .exceptions import ConfigError, RecordError, StreamlearnError
+from .hashing import canonical_id, derive_seed, tokenize
+from .model import HashedTransformer, output_kind
+from .objectives import MASK_TOKEN, Histories, LabelCapacityError, LabelTable, mlm_mask, shuffle_random
+from .optim import RowOptimizer, dense_optimizer
+from .records import Record, from_dict
+from . import learner_state as persist
+
+__all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
+
+QUERY_MASK = "[MASK]"  # in a query's tokens or text: the position to fill (mlm)
+_FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
+
+
+@dataclasses.dataclass
+class Batch:
+    """A prepared batch: numpy arrays only, ready for :meth:`Learner.learn_batch` (or
+    the prediction verbs when ``train`` is False).
+
+    ``feats``: the embedding's features of the model inputs (N, T). ``slots`` (N, T):
+    inputs replaced by the [MASK] vector. ``rows``/``cols`` (n,): positions read out
+    (mlm). ``targets``: int64 labels (N,), hashed ids (n, m), or T-Free CSR rows.
+    ``weight`` (n,): per-example weights. ``candidates``: tokens the candidate index
+    learns after the step. ``rejected``: (index into the input records, error).
+    """
+
+    task: str
+    train: bool
+    seq: int
+    records: int
+    feats: dict[str, np.ndarray] | None = None
+    slots: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+    targets: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    weight: np.ndarray | None = None
+    n_labels: int = 0
+    candidates: list[str] = dataclasses.field(default_factory=list)
+    sr_feats: dict[str, np.ndarray] | None = None
+    sr_labels: np.ndarray | None = None
+    rejected: list[tuple[int, RecordError]] = dataclasses.field(default_factory=list)
+    truncated: int = 0
+
+    @property
+    def examples(self) -> int:
+        """Training examples (mlm: masked positions; next-item: records with a history)."""
+        return 0 if self.weight is None else len(self.weight)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one :meth:`Learner.learn_batch` did. ``rows``: per row table (and per
+    optimizer state table ``"<table>.<state>"``), the sorted ids this step changed."""
+
+    loss: float
+    examples: int
+    records: int
+    rejected: list[tuple[int, RecordError]]
+    rows: dict[str, np.ndarray]
+    step: int
+    truncated: int
+
+
+class Learner(river_base.Classifier):
+    """Online learner over a hashed transformer (see the module docstring).
+
+    >>> learner = Learner(Config().override("embedding.K=1000", "embedding.B=100", "model.layers=0"))
+    >>> report = learner.learn_many([{"text": "free prize now", "label": "spam"},
+    ...                              {"text": "meeting at noon", "label": "ham"}])
+    >>> report.examples, sorted(learner.labels)
+    (2, ['ham', 'spam'])
+    >>> learner.predict_one({"text": "free prize"}) in ("spam", "ham")
+    True
+    """
+
+    def __init__(self, cfg: Config | None = None):
+        self.cfg = cfg if cfg is not None else Config()
+        c = self.cfg
+        _check_learner(c)
+        self.task = c.learner.task
+        self.device = pick_device(c.learner.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed(c.learner.seed, "dense-init"))
+            self.model = HashedTransformer(c).to(self.device)
+        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
+        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
+        self.label_table = LabelTable(c.model.max_labels)
+        self.histories = Histories(c.learner.history)
+        self.index = self._new_index()
+        self.steps = 0  # optimizer steps taken
+        self._prepared = 0  # training batches prepared
+        self._applied = 0  # training batches learned
+        self._dirty: dict[str, list[np.ndarray]] = {}
+        self._index_mark = 0  # candidates already in a checkpoint
+
+    # ------------------------------------------------------------------ river verbs
+
+    @property
+    def _multiclass(self) -> bool:
+        return True
+
+    @property
+    def labels(self) -> list:
+        """Labels seen so far, in order of first appearance (a label's id is its position)."""
+        return list(self.label_table.labels)
+
+    def learn_one(self, x: Mapping, y: Any = None, w: float | None = None) -> None:
+        """river: one step on a batch of one. ``y`` is the label (classify) or the item
+        (next-item); ``w`` the sample weight. A rejected record raises its RecordError."""
+        record = dict(x)
+        if y is not None:
+            record["item" if self.task == "next-item" else "label"] = y
+        if w is not None:
+            record["weight"] = w
+        report = self.learn_many([record])
+        if report.rejected:
+            raise report.rejected[0][1]
+
+    def predict_proba_one(self, x: Mapping, **kwargs: Any) -> dict:
+        return self.predict_proba_many([x])[0]
+
+    def predict_one(self, x: Mapping, **kwargs: Any) -> Any:
+        return self.predict_many([x])[0]
+
+    # ------------------------------------------------------------------ batch verbs
+
+    def learn_many(self, records: Iterable) -> StepReport:
+        """ONE mini-batch optimizer step over ``records`` (dicts or Record objects)."""
+        return self.learn_batch(self.prepare(records))
+
+    def predict_many(self, records: Iterable) -> list:
+        """classify: the most probable label (None before any label); mlm/next-item: the
+        best candidate token (None while the candidate index is empty)."""
+        if self.task == "classify":
+            return [max(p, key=p.get) if p else None for p in self.predict_proba_many(records)]
+        return [top.tokens[0] if top.tokens else None for top in self.topk_many(records, k=1)]
+
+    def predict_proba_many(self, records: Iterable) -> list[dict]:
+        """classify: ``{label: probability}`` over the labels seen so far ({} before any)."""
+        if self.task != "classify":
+            raise StreamlearnError(
+                f"predict_proba is defined for task classify, not {self.task}: use topk_many, "
+                "whose scores are log-probabilities"
+            )
+        batch = self.prepare(records, train=False)
+        if not batch.n_labels:
+            return [{} for _ in range(batch.records)]
+        probs = self._infer(batch).softmax(-1).cpu().numpy()  # (N, n_labels)
+        labels = self.label_table.labels[:batch.n_labels]
+        return [dict(zip(labels, row.tolist())) for row in probs]
+
+    def topk_many(self, records: Iterable, k: int = 10, beam: int | None = None) -> list[TopK]:
+        """The k best answers per record, best first, with scores (log-probabilities).
+
+        mlm: at the first ``[MASK]`` of the record's tokens or text (one is appended when
+        there is none: "complete this set"); next-item: after the key's history (or after
+        the record's ``tokens``, if given). Candidates are the tokens the stream has shown;
+        ``TopK.exact`` is Superbloom's certificate (always True for T-Free and classify).
+        """
+        batch = self.prepare(records, train=False)
+        if self.task == "classify":
+            return self._label_topk(batch, k)
+        out = self._infer(batch).float()
+        if self.model.tfree_head is not None:
+            return [tfree_topk(row, self.index, k) for row in out.cpu().numpy()]
+        logp = F.log_softmax(out, dim=-1).cpu().numpy()  # (N, m, size)
+        return beam_topk_many(logp, self.index, k, beam or self.cfg.learner.beam)
+
+    def _label_topk(self, batch: Batch, k: int) -> list[TopK]:
+        if not batch.n_labels:
+            return [TopK([], np.empty(0), True, 0) for _ in range(batch.records)]
+        logp = F.log_softmax(self._infer(batch).float(), -1).cpu()  # (N, n_labels)
+        top = logp.topk(min(k, batch.n_labels), dim=-1)
+        labels = self.label_table.labels
+        return [TopK([labels[i] for i in ids.tolist()], s.numpy().astype(np.float64), True, batch.n_labels)
+                for s, ids in zip(top.values, top.indices)]
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, records: Iterable, train: bool = True) -> Batch:
+        """Parse, validate, tokenize and hash ``records`` (see the module docstring).
+
+        ``train=True`` advances stream-ordered state (label table, histories, the batch
+        counter that seeds masking). ``train=False`` prepares a query batch and changes
+        nothing; a bad query raises its RecordError (queries are not dead-lettered).
+        """
+        records = list(records)
+        if train:
+            batch = self._prepare_train(records)
+            self._prepared += 1
+            return batch
+        return self._prepare_query(records)
+
+    def _prepare_train(self, records: list) -> Batch:
+        batch = Batch(self.task, True, self._prepared, 0)
+        accepted: list[tuple[Record, list[str]]] = []
+        for i, obj in enumerate(records):
+            try:
+                rec = _as_record(obj)
+                tokens = self._validate(rec)
+            except RecordError as exc:
+                batch.rejected.append((i, exc))
+                continue
+            accepted.append((rec, tokens))
+        batch.records = len(accepted)
+        batch.truncated = sum(len(t) > self.cfg.hashing.max_tokens for _, t in accepted if t)
+        rng = np.random.default_rng(_seed(self.cfg.learner.seed, f"batch/{batch.seq}"))
+        getattr(self, f"_train_{self.task.replace('-', '_')}")(batch, accepted, rng)
+        if batch.examples and self.model.sr_head is not None:
+            self._add_shuffle_random(batch, [t for _, t in accepted if t], rng)
+        return batch
+
+    def _validate(self, rec: Record) -> list[str] | None:
+        """The record's tokens for this task, or RecordError; labels join the table here."""
+        if self.task == "next-item":
+            if rec.key is None or rec.item is None:
+                raise RecordError("missing-field: key and item (task next-item)")
+            return None
+        tokens = self._tokens(rec)
+        if tokens is None:
+            raise RecordError(f"missing-field: text or tokens (task {self.task})")
+        if not tokens:
+            raise RecordError("bad-value: the text has no tokens after tokenization")
+        if self.task == "classify":
+            if rec.label is None:
+                raise RecordError("missing-field: label (task classify)")
+            self.label_table.add(rec.label)
+        return tokens
+
+    def _tokens(self, rec: Record) -> list[str] | None:
+        h = self.cfg.hashing
+        if rec.tokens is not None:
+            return [canonical_id(t) for t in rec.tokens]
+        if rec.text is None:
+            return None
+        return tokenize(rec.text, h.ngrams, h.lowercase) if h.tokenizer == "words" else rec.text.split()
+
+    def _featurize(self, token_lists: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+        return self.model.embedding.featurize(token_lists, self.cfg.hashing.max_tokens)
+
+    def _cut(self, tokens: list[str]) -> list[str]:
+        return tokens[: self.cfg.hashing.max_tokens]
+
+    def _train_classify(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        if not accepted:
+            return
+        batch.feats = self._featurize([t for _, t in accepted])
+        batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
+        batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
+        batch.n_labels = len(self.label_table)
+
+    def _train_mlm(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        if not accepted:
+            return
+        lists = [self._cut(t) for _, t in accepted]
+        masked = mlm_mask(lists, rng, p=self.cfg.learner.mask_prob)
+        batch.feats = self._featurize(masked.token_lists)
+        batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
+        batch.slots[masked.rows[masked.slots], masked.cols[masked.slots]] = True
+        batch.rows, batch.cols = masked.rows, masked.cols
+        batch.targets = self._output_targets(masked.targets)
+        weights = np.array([r.weight for r, _ in accepted], dtype=np.float32)
+        batch.weight = weights[masked.rows]
+        batch.candidates = [t for ts in lists for t in ts]
+
+    def _train_next_item(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        inputs, targets, weights = [], [], []
+        for rec, _ in accepted:  # stream order: each record sees the items before it
+            item = canonical_id(rec.item)
+            history = self.histories.get(rec.key)
+            if history:
+                inputs.append(list(history))
+                targets.append(item)
+                weights.append(rec.weight)
+            self.histories.push(rec.key, item)
+        batch.candidates = [canonical_id(r.item) for r, _ in accepted]
+        if not inputs:
+            return
+        batch.feats = self._featurize(inputs)
+        batch.targets = self._output_targets(targets)
+        batch.weight = np.array(weights, dtype=np.float32)
+
+    def _output_targets(self, tokens: list[str]) -> dict[str, np.ndarray]:
+        if self.model.tfree_head is not None:
+            ids, offsets = self.model.pattern_hasher(tokens)
+            return {"ids": ids, "offsets": offsets}
+        return {"hashes": self.model.space.hasher(tokens)}  # (n, m)
+
+    def _add_shuffle_random(self, batch: Batch, lists: list[list[str]], rng: np.random.Generator) -> None:
+        corrupted, labels = shuffle_random([self._cut(t) for t in lists], rng)
+        batch.sr_feats = self._featurize(corrupted)
+        batch.sr_labels = labels
+
+    def _prepare_query(self, records: list) -> Batch:
+        batch = Batch(self.task, False, -1, len(records), n_labels=len(self.label_table))
+        if self.task == "next-item":
+            lists = [self._query_history(obj, i) for i, obj in enumerate(records)]
+        else:
+            lists = [self._query_tokens(obj, i) for i, obj in enumerate(records)]
+        if self.task == "mlm":
+            lists, batch.rows, batch.cols = _mask_queries(lists, self.cfg.hashing.max_tokens)
+        batch.feats = self._query_featurize(lists)
+        if self.task == "mlm":
+            batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
+            for r, ts in enumerate(lists):
+                batch.slots[r, [c for c, t in enumerate(ts) if t == MASK_TOKEN]] = True
+        return batch
+
+    def _query_featurize(self, lists: list[list[str]]) -> dict[str, np.ndarray]:
+        # The plain reference grows its dictionary in featurize; a query must not.
+        emb = self.model.embedding
+        grow = getattr(emb, "grow", None)
+        if grow is None:
+            return self._featurize(lists)
+        emb.grow = False
+        try:
+            return self._featurize(lists)
+        finally:
+            emb.grow = grow
+
+    def _query_tokens(self, obj: Any, i: int) -> list[str]:
+        fields = _fields(obj)
+        text, tokens = fields.get("text"), fields.get("tokens")
+        try:
+            if tokens is not None:
+                if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+                    raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
+                return self._cut([canonical_id(t) for t in tokens])
+            if isinstance(text, str):
+                return self._cut(self._query_text(text))
+        except TypeError as exc:
+            raise RecordError(f"wrong-type: query {i}: {exc}") from exc
+        raise RecordError(f"missing-field: query {i} needs text (str) or tokens (task {self.task})")
+
+    def _query_text(self, text: str) -> list[str]:
+        if self.task != "mlm" or QUERY_MASK not in text:
+            return self._tokens(Record(text=text))
+        parts = [self._tokens(Record(text=p)) for p in text.split(QUERY_MASK)]
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + [QUERY_MASK] + p
+        return out
+
+    def _query_history(self, obj: Any, i: int) -> list[str]:
+        fields = _fields(obj)
+        if fields.get("tokens") is not None:
+            return self._query_tokens(obj, i)[-self.cfg.learner.history:]
+        key = fields.get("key")
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            raise RecordError(f"missing-field: query {i} needs key (str or int) or tokens (task next-item)")
+        return list(self.histories.get(canonical_id(key)))
+
+    # ------------------------------------------------------------------ learn
+
+    def learn_batch(self, batch: Batch) -> StepReport:
+        """ONE optimizer step over a prepared training batch (none if it holds no
+        example, e.g. only first events of next-item keys)."""
+        if not batch.train:
+            raise StreamlearnError("learn_batch needs a batch from prepare(records, train=True)")
+        if batch.seq != self._applied:
+            raise StreamlearnError(
+                f"batch {batch.seq} learned out of order (expected batch {self._applied}): "
+                "learn batches in the order prepare() made them"
+            )
+        loss, changed = 0.0, {}
+        if batch.examples:
+            loss, changed = self._step(batch)
+        self._applied += 1
+        if batch.candidates:
+            self.index.add(batch.candidates)
+        return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated)
+
+    def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
+        if not self.model.training:
+            self.model.train()
+        with self._dropout_rng(batch.seq), self._autocast():
+            loss = self._loss(batch)
+        loss.backward()
+        self.dense_optim.step()
+        self.dense_optim.zero_grad(set_to_none=True)
+        changed = self.row_optim.step()
+        self.row_optim.zero_grad()
+        self.steps += 1
+        return float(loss.detach()), self._record_dirty(changed)
+
+    def _loss(self, b: Batch) -> torch.Tensor:
+        feats = self._tensors(b.feats)
+        weight = self._tensor(b.weight)
+        if self.task == "classify":
+            logits = self.model.classify(feats, b.n_labels)  # (N, n_labels)
+            ce = F.cross_entropy(logits.float(), self._tensor(b.targets["labels"]), reduction="none")
+            loss = (ce * weight).sum() / len(ce)
+        else:
+            x = self._readout(b, feats)  # (n, d)
+            loss = self.model.output_loss(self.model.output(x), self._targets(b), weight)
+        if b.sr_feats is not None:
+            loss = loss + self.cfg.learner.shuffle_random * self._sr_loss(b)
+        return loss
+
+    def _readout(self, b: Batch, feats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The states the output head reads: masked positions (mlm) or the pooled history."""
+        if self.task == "mlm":
+            h = self.model.encode(feats, self._tensor(b.slots))
+            return h[self._tensor(b.rows), self._tensor(b.cols)]
+        return self.model.pool(self.model.encode(feats), feats["mask"])
+
+    def _targets(self, b: Batch) -> torch.Tensor:
+        if "hashes" in b.targets:
+            return self._tensor(b.targets["hashes"])
+        from .heads import multi_hot
+        return multi_hot(self._tensor(b.targets["ids"]), self._tensor(b.targets["offsets"]), self.model.tfree_head.v)
+
+    def _sr_loss(self, b: Batch) -> torch.Tensor:
+        feats = self._tensors(b.sr_feats)
+        h = self.model.encode(feats)  # (N, T, d)
+        logits = self.model.sr_head(h[feats["mask"]])  # (M, 3)
+        return F.cross_entropy(logits.float(), self._tensor(b.sr_labels))
+
+    @torch.inference_mode()
+    def _infer(self, b: Batch) -> torch.Tensor:
+        """Query outputs: label logits (N, n_labels), hashed logits (N, m, size) or
+        T-Free logits (N, v)."""
+        self.model.eval()
+        feats = self._tensors(b.feats)
+        with self._autocast():
+            if self.task == "classify":
+                return self.model.classify(feats, b.n_labels).float()
+            return self.model.output(self._readout(b, feats)).float()
+
+    # ------------------------------------------------------------------ device
+
+    def _dropout_rng(self, seq: int):
+        """Dropout draws from a generator seeded by the batch number (then the global
+        RNG is put back), so a restored learner drops the same units."""
+        if self.cfg.model.dropout == 0:
+            return contextlib.nullcontext()
+        return _seeded_rng(self.device, _seed(self.cfg.learner.seed, f"dropout/{seq}"))
+
+    def _autocast(self):
+        enabled = self.device.type == "cuda"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _tensors(self, feats: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {name: self._tensor(a) for name, a in feats.items()}
+
+    def _new_index(self) -> CandidateIndex | PatternIndex | None:
+        if self.task == "classify":
+            return None
+        if self.model.tfree_head is not None:
+            return PatternIndex(self.model.tfree_head.v, self.model.pattern_hasher)
+        space = self.model.space
+        return CandidateIndex(space.m, space.size, space.hasher)
+
+    # ------------------------------------------------------------------ dirty rows
+
+    def _record_dirty(self, changed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, idx in changed.items():
+            ids = idx.cpu().numpy()
+            out[name] = ids
+            for state in (name, *(f"{name}.{s}" for s in self.row_optim.state_names)):
+                self._dirty.setdefault(state, []).append(ids)
+        return out
+
+    def take_dirty(self) -> dict[str, np.ndarray]:
+        """Sorted unique row ids changed per table (and per ``"<table>.<state>"``) since
+        the last call; clears them."""
+        dirty = {name: np.unique(np.concatenate(parts)) for name, parts in self._dirty.items()}
+        self._dirty = {}
+        return dirty
+
+    # ------------------------------------------------------------------ persistence
+
+    def checkpoint_parts(self, full: bool = False):
+        """``(table_specs, rows, blobs, kv)`` for a store commit; see :mod:`streamlearn.learner_state`.
+
+        Incremental (``full=False``): rows changed, history keys changed and candidates
+        added since the previous call, which this call consumes; if the commit then
+        fails, make the next checkpoint ``full=True``.
+        """
+        if self._prepared != self._applied:
+            raise StreamlearnError(
+                f"{self._prepared - self._applied} prepared batch(es) not learned yet: learn them "
+                "before checkpointing, or the checkpoint would hold labels/histories of unapplied records"
+            )
+        return persist.checkpoint_parts(self, full)
+
+    @classmethod
+    def restore(cls, store, cfg: Config | None = None) -> "Learner":
+        """A learner identical to the one checkpointed into ``store`` (its config unless
+        ``cfg`` is given)."""
+        learner = cls(cfg if cfg is not None else persist.stored_config(store))
+        learner.load_from(store)
+        return learner
+
+    def load_from(self, store) -> None:
+        """Overwrite this learner's state with the store's last checkpoint."""
+        persist.load_into(self, store)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def pick_device(name: str) -> torch.device:
+    """"auto" -> CUDA when available, else CPU; otherwise the named device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"learner.device={name!r} is not a device: use auto, cpu or cuda[:N]") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("learner.device asks for CUDA but none is available: set learner.device=auto or cpu")
+    return device
+
+
+@contextlib.contextmanager
+def _seeded_rng(device: torch.device, seed: int):
+    # Seeds only this device's default generator: torch.manual_seed would also queue a
+    # seed for every CUDA device, which records a stack trace on each call.
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        gen = torch.cuda.default_generators[device.index or 0] if cuda else torch.default_generator
+        gen.manual_seed(seed)
+        yield
+
+
+def _seed(seed: int, purpose: str) -> int:
+    return derive_seed(seed, purpose) & (2**63 - 1)
+
+
+def _check_learner(cfg: Config) -> None:
+    lc = cfg.learner
+    if cfg.hashing.tokenizer not in ("words", "ids"):
+        raise ConfigError(f"hashing.tokenizer={cfg.hashing.tokenizer!r}; choose 'words' or 'ids'")
+    if cfg.hashing.max_tokens < 2:
+        raise ConfigError(f"hashing.max_tokens must be >= 2, got {cfg.hashing.max_tokens}")
+    if not 0 < lc.mask_prob < 1:
+        raise ConfigError(f"learner.mask_prob must be in (0, 1), got {lc.mask_prob}")
+    if lc.history < 1 or lc.beam < 1 or lc.shuffle_random < 0:
+        raise ConfigError("learner.history and learner.beam must be >= 1, learner.shuffle_random >= 0")
+
+
+def _fields(obj: Any) -> Mapping:
+    """A record's fields from a Mapping or from an object's attributes (e.g. a Record)."""
+    if isinstance(obj, Mapping):
+        return obj
+    if isinstance(obj, (str, bytes)) or not any(hasattr(obj, name) for name in _FIELDS):
+        raise RecordError(f"wrong-type: a record must be a dict or a Record, got {type(obj).__name__}")
+    return {name: getattr(obj, name, None) for name in _FIELDS}
+
+
+def _as_record(obj: Any) -> Record:
+    """A validated Record from a Record, a Mapping, or an object with record attributes."""
+    if isinstance(obj, Record):
+        return obj
+    return from_dict({k: v for k, v in _fields(obj).items() if k in _FIELDS})
+
+
+def _mask_queries(lists: list[list[str]], max_len: int) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
+    """Each query's [MASK]s become the model's mask slot; a query without one gets one
+    appended. Returns the lists and the (row, col) read out: each query's first mask."""
+    out, cols = [], []
+    for tokens in lists:
+        if QUERY_MASK not in tokens:
+            tokens = tokens[: max_len - 1] + [QUERY_MASK]
+        tokens = [MASK_TOKEN if t == QUERY_MASK else t for t in tokens]
+        out.append(tokens)
+        cols.append(tokens.index(MASK_TOKEN))
+    return out, np.arange(len(out), dtype=np.int64), np.array(cols, dtype=np.int64)

@@ -1,0 +1,346 @@
+"""The Learner: it learns each task, is seeded, reports changed rows, rejects bad records
+with a reason, drops into river, and survives a checkpoint/restore bit for bit."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from river import evaluate, metrics
+
+from streamlearn.config import Config, StoreConfig
+from streamlearn.exceptions import RecordError, StreamlearnError
+from streamlearn.learner import Batch, LabelCapacityError, Learner, StepReport
+from streamlearn.records import Record
+from streamlearn.state import Checkpoint, open_store
+
+SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfree_rows=512",
+         "model.d_model=16", "model.heads=2", "model.ffn=32", "model.out_B=256", "model.max_labels=16")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP
+    # oversubscription (several times faster here); restored afterwards.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def learner(*overrides: str) -> Learner:
+    return Learner(Config().override(*SMALL, *overrides))
+
+
+# ---------------------------------------------------------------------------- streams
+
+VOCAB = {"sport": ["goal", "match", "team", "score", "coach", "league"],
+         "tech": ["chip", "code", "cloud", "server", "laptop", "robot"],
+         "food": ["pasta", "bread", "soup", "cheese", "salad", "spice"]}
+
+
+def topic_stream(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        label = rng.choice(sorted(VOCAB))
+        out.append({"text": " ".join(rng.choice(VOCAB[label]) for _ in range(rng.randint(3, 8))), "label": label})
+    return out
+
+
+GROUPS = [[f"id{g}_{i}" for i in range(4)] for g in range(8)]
+
+
+def set_stream(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"tokens": rng.sample(GROUPS[rng.randrange(8)], 4)} for _ in range(n)]
+
+
+def cycle_stream(n: int, seed: int = 0, items: int = 12, users: int = 6) -> tuple[list[dict], dict]:
+    rng = random.Random(seed)
+    pos = {f"u{u}": rng.randrange(items) for u in range(users)}
+    out = []
+    for _ in range(n):
+        u = rng.choice(sorted(pos))
+        pos[u] = (pos[u] + 1) % items
+        out.append({"key": u, "item": f"item{pos[u]}"})
+    return out, {u: f"item{(p + 1) % items}" for u, p in pos.items()}
+
+
+def batches(records: list, size: int) -> list[list]:
+    return [records[i:i + size] for i in range(0, len(records), size)]
+
+
+def params(lrn: Learner) -> dict[str, torch.Tensor]:
+    out = {k: v.detach().clone() for k, v in lrn.model.state_dict().items()}
+    out.update({k: v.detach().clone() for k, v in lrn.row_optim.state_tables().items()})
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# ---------------------------------------------------------------------------- learning
+
+def test_classify_learns_a_separable_stream():
+    lrn = learner("model.layers=1")
+    stream = topic_stream(960)
+    hits = []
+    for batch in batches(stream, 16):  # prequential: predict, then learn
+        preds = lrn.predict_many(batch)
+        hits.extend(p == r["label"] for p, r in zip(preds, batch))
+        lrn.learn_many(batch)
+    assert np.mean(hits[:48]) < 0.7
+    assert np.mean(hits[-320:]) > 0.95
+    probs = lrn.predict_proba_one({"text": "goal match team"})
+    assert set(probs) == set(VOCAB) and abs(sum(probs.values()) - 1) < 1e-5
+    assert max(probs, key=probs.get) == "sport"
+
+
+def test_river_progressive_val_score():
+    lrn = learner("model.layers=0")
+    dataset = [({"text": r["text"]}, r["label"]) for r in topic_stream(400, seed=1)]
+    metric = evaluate.progressive_val_score(dataset, lrn, metrics.Accuracy())
+    assert metric.get() > 0.8  # chance is 1/3
+    assert lrn.labels and lrn.steps == 400  # learn_one: one step per record
+
+
+def test_mlm_recovers_masked_ids_in_set_completion():
+    lrn = learner("learner.task=mlm", "model.layers=1")
+    for batch in batches(set_stream(32 * 80), 32):
+        lrn.learn_many(batch)
+    queries = [{"tokens": g[:3] + ["[MASK]"]} for g in GROUPS]
+    tops = lrn.topk_many(queries, k=3)
+    assert np.mean([t.tokens[0] == g[3] for t, g in zip(tops, GROUPS)]) >= 0.75
+    assert all(t.exact for t in tops)
+    assert lrn.predict_one({"tokens": GROUPS[0][1:]}) in GROUPS[0]  # no [MASK]: one is appended
+
+
+def test_mlm_text_query_with_mask_in_the_text():
+    lrn = learner("learner.task=mlm")
+    lrn.learn_many([{"text": "the cat sat on the mat"}] * 4)
+    top = lrn.topk_many([{"text": "the [MASK] sat"}], k=10)[0]
+    assert set(top.tokens) <= {"the", "cat", "sat", "on", "mat"} and len(top.tokens) == 5
+
+
+def test_next_item_learns_a_deterministic_sequence():
+    lrn = learner("learner.task=next-item", "learner.history=2", "model.layers=0")
+    stream, expected = cycle_stream(32 * 100)
+    for batch in batches(stream, 32):
+        lrn.learn_many(batch)
+    preds = lrn.predict_many([{"key": u} for u in expected])
+    assert preds == list(expected.values())
+    assert lrn.predict_one({"tokens": ["item3", "item4"]}) == "item5"  # explicit history
+
+
+def test_next_item_histories_advance_in_record_order_in_prepare():
+    lrn = learner("learner.task=next-item", "learner.history=2")
+    batch = lrn.prepare([{"key": "u", "item": "a"}, {"key": "u", "item": "b"},
+                         {"key": 7, "item": 1}, {"key": "u", "item": "c"}])
+    # prepare alone advanced the histories, record by record, before any learning
+    assert lrn.histories.get("u") == ("b", "c") and lrn.histories.get("7") == ("1",)
+    assert batch.examples == 2  # "a" and key 7's first item have no history yet
+    space = lrn.model.space
+    np.testing.assert_array_equal(batch.targets["hashes"], space.hasher(["b", "c"]))
+    report = lrn.learn_batch(batch)
+    assert report.examples == 2 and report.records == 4
+    assert sorted(lrn.index.tokens) == ["1", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ("embedding.scheme=tfree",),
+    ("optim.sparse=lazy-adam",),
+    ("model.positions=true", "learner.shuffle_random=1.0", "model.layers=1"),
+])
+def test_variants_reduce_the_loss(overrides):
+    lrn = learner("learner.task=mlm", *overrides)
+    sr_before = None if lrn.model.sr_head is None else lrn.model.sr_head.proj.weight.detach().clone()
+    losses = [lrn.learn_many(b).loss for b in batches(set_stream(32 * 40), 32)]
+    assert np.isfinite(losses).all()
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+    if sr_before is not None:
+        assert not torch.equal(sr_before, lrn.model.sr_head.proj.weight)
+
+
+# ---------------------------------------------------------------------------- determinism
+
+def test_same_records_same_order_give_identical_parameters():
+    overrides = ("learner.task=mlm", "model.layers=1", "model.dropout=0.2")
+    stream = batches(set_stream(16 * 8), 16)
+    a, b, c = learner(*overrides), learner(*overrides), learner(*overrides, "learner.seed=1")
+    for batch in stream:
+        a.learn_many(batch)
+        b.learn_many(batch)
+        c.learn_many(batch)
+    assert_same(params(a), params(b))
+    assert any(not torch.equal(x, y) for x, y in zip(params(a).values(), params(c).values()))
+
+
+# ---------------------------------------------------------------------------- rows
+
+def test_step_reports_exactly_the_rows_it_changed():
+    lrn = learner("model.layers=1")
+    stream = batches(topic_stream(64), 16)
+    lrn.learn_many(stream[0])
+    lrn.take_dirty()
+    before = {n: p.detach().clone() for n, p in lrn.model.row_tables().items()}
+    reported = {}
+    for batch_records in stream[1:]:
+        batch = lrn.prepare(batch_records)
+        touched = lrn.model.embedding.rows_touched(batch.feats)
+        report = lrn.learn_batch(batch)
+        for name in ("E", "P"):
+            np.testing.assert_array_equal(report.rows[name], touched[name])
+            reported.setdefault(name, set()).update(report.rows[name].tolist())
+    dirty = lrn.take_dirty()
+    assert set(dirty) == {"E", "P", "E.sum", "P.sum"}
+    for name, table in lrn.model.row_tables().items():
+        assert set(dirty[name].tolist()) == reported[name] == set(dirty[f"{name}.sum"].tolist())
+        others = np.setdiff1d(np.arange(table.shape[0]), dirty[name])
+        assert torch.equal(table.detach()[others], before[name][others])
+    assert lrn.take_dirty() == {}
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_training_records_are_rejected_with_a_reason_not_dropped():
+    lrn = learner("model.max_labels=2")
+    records = [
+        {"text": "goal match", "label": "sport"},
+        {"text": "chip code"},  # no label
+        {"text": "pasta", "label": "food"},
+        {"text": "cloud", "label": "tech"},  # a third label: over capacity
+        {"text": "!!!", "label": "sport", "weight": -1},
+        Record(tokens=("a", 5), label="food"),
+        {"tokens": ["x", 1.5], "label": "food"},
+        "not a record",
+    ]
+    report = lrn.learn_many(records)
+    reasons = {i: str(e).split(":")[0] for i, e in report.rejected}
+    assert reasons == {1: "missing-field", 3: "label-capacity", 4: "bad-value", 6: "wrong-type", 7: "wrong-type"}
+    assert isinstance(dict(report.rejected)[3], LabelCapacityError)
+    assert report.records == 3 and report.examples == 3 and lrn.labels == ["sport", "food"]
+    with pytest.raises(LabelCapacityError):
+        lrn.learn_one({"text": "cloud"}, "tech")
+
+
+def test_task_specific_rejections():
+    mlm = learner("learner.task=mlm")
+    report = mlm.learn_many([{"key": "u", "item": "x"}, {"text": "   "}, {"tokens": ["a", "b"]}])
+    assert [str(e).split(":")[0] for _, e in report.rejected] == ["missing-field", "bad-value"]
+    assert report.records == 1
+    nxt = learner("learner.task=next-item")
+    assert nxt.learn_many([{"text": "no key"}]).rejected[0][1].args[0].startswith("missing-field")
+
+
+def test_bad_queries_raise_record_errors():
+    lrn = learner()
+    with pytest.raises(RecordError, match="missing-field"):
+        lrn.predict_many([{"text": "ok"}, {"label": "x"}])
+    with pytest.raises(RecordError, match="wrong-type"):
+        lrn.predict_one({"tokens": "a string"})
+    mlm = learner("learner.task=mlm")
+    with pytest.raises(StreamlearnError, match="topk_many"):
+        mlm.predict_proba_one({"tokens": ["a"]})
+
+
+def test_empty_state_predictions():
+    assert learner().predict_one({"text": "hello"}) is None
+    assert learner().predict_proba_one({"text": "hello"}) == {}
+    top = learner("learner.task=next-item").topk_many([{"key": "nobody"}], k=3)[0]
+    assert top.tokens == [] and top.exact
+
+
+def test_batches_must_be_learned_in_order_before_a_checkpoint():
+    lrn = learner()
+    first, second = lrn.prepare(topic_stream(4)), lrn.prepare(topic_stream(4, seed=2))
+    with pytest.raises(StreamlearnError, match="out of order"):
+        lrn.learn_batch(second)
+    with pytest.raises(StreamlearnError, match="not learned yet"):
+        lrn.checkpoint_parts()
+    lrn.learn_batch(first)
+    lrn.learn_batch(second)
+    with pytest.raises(StreamlearnError, match="train=True"):
+        lrn.learn_batch(lrn.prepare(topic_stream(2), train=False))
+    assert isinstance(lrn.learn_many([]), StepReport) and isinstance(first, Batch)
+
+
+# ---------------------------------------------------------------------------- checkpoint / restore
+
+@pytest.fixture(params=["lmdb", "memory"])
+def store(request, tmp_path):
+    cfg = StoreConfig(backend=request.param, shards=2, map_size_gb=0.05)
+    with open_store(tmp_path / "state", cfg) as s:
+        yield s
+
+
+def commit(lrn: Learner, store, full: bool = False) -> None:
+    specs, rows, blobs, kv = lrn.checkpoint_parts(full=full)
+    store.declare_tables(specs)
+    store.commit(Checkpoint(step=lrn.steps, rows=rows, blobs=blobs, kv=kv))
+
+
+TASKS = {
+    "classify": (("model.layers=1", "model.dropout=0.1"), topic_stream, [{"text": "goal chip soup"}]),
+    "mlm": (("learner.task=mlm", "model.layers=1", "model.dropout=0.1"), set_stream,
+            [{"tokens": ["id1_0", "id1_1", "[MASK]"]}]),
+    "next-item": (("learner.task=next-item", "optim.sparse=lazy-adam", "model.tie_output=false"),
+                  lambda n: cycle_stream(n)[0], [{"key": "u1"}, {"key": "u3"}]),
+}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_checkpoint_restore_round_trip(task, store):
+    overrides, make, queries = TASKS[task]
+    stream = batches(make(16 * 9), 16)
+    live, reference = learner(*overrides), learner(*overrides)
+    for i, batch in enumerate(stream[:6]):
+        live.learn_many(batch)
+        reference.learn_many(batch)
+        if i in (1, 3, 5):  # incremental checkpoints chain: each writes only what changed
+            commit(live, store)
+    restored = Learner.restore(store)
+    assert_same(params(reference), params(restored))
+    if task == "classify":
+        assert restored.predict_proba_many(queries) == reference.predict_proba_many(queries)
+    else:
+        for r, t in zip(restored.topk_many(queries, k=5), reference.topk_many(queries, k=5)):
+            assert r.tokens == t.tokens and np.array_equal(r.scores, t.scores)
+    assert restored.labels == reference.labels
+    assert dict(restored.histories.items()) == dict(reference.histories.items())
+    for batch in stream[6:]:  # and it keeps learning exactly as if never interrupted
+        assert restored.learn_many(batch).loss == reference.learn_many(batch).loss
+    assert_same(params(reference), params(restored))
+
+
+def test_load_from_resets_rows_the_store_never_saw(store):
+    lrn = learner()
+    lrn.learn_many(topic_stream(16))
+    commit(lrn, store)
+    saved = params(lrn)
+    novel = [{"text": f"zebra{i} quantum{i}", "label": "tech"} for i in range(8)]
+    report = lrn.learn_many(novel)  # touches rows the store does not hold
+    stored = store.read_rows("E", report.rows["E"])[1]
+    assert not stored.all()
+    lrn.load_from(store)
+    assert_same(saved, params(lrn))
+
+
+def test_full_checkpoint_writes_every_row(store):
+    lrn = learner("learner.task=next-item")
+    lrn.learn_many(cycle_stream(32)[0])
+    specs, rows, blobs, kv = lrn.checkpoint_parts(full=True)
+    assert {s.name: (s.rows, s.width) for s in specs} == {
+        "E": (256, 16), "P": (2000, 2), "E.sum": (256, 16), "P.sum": (2000, 2)}
+    assert all(len(rows[s.name][0]) == s.rows for s in specs)
+    assert set(kv) == {"history", "candidates"}
+    assert {"learner.config", "learner.meta", "model.dense", "optim.dense", "optim.rows"} <= set(blobs)
+    specs, rows, blobs, kv = lrn.checkpoint_parts()  # nothing changed since
+    assert rows == {} and kv == {}
+
+
+def test_restore_refuses_a_store_without_a_learner(store):
+    with pytest.raises(StreamlearnError, match="no learner checkpoint"):
+        Learner.restore(store)

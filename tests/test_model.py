@@ -1,0 +1,301 @@
+"""The hashed transformer, its heads, the objectives' corruption, the row-wise optimizer."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from streamlearn.config import Config, OptimConfig
+from streamlearn.embeddings import to_tensors
+from streamlearn.exceptions import ConfigError, RecordError
+from streamlearn.heads import HashedHead, LabelHead, TFreeHead, multi_hot, untied_space
+from streamlearn.hashing import tfree_hashes
+from streamlearn.model import HashedTransformer
+from streamlearn.objectives import (
+    INTACT, MASK_TOKEN, RANDOM, SHUFFLED, Histories, LabelCapacityError, LabelTable, mlm_mask,
+    shuffle_random,
+)
+from streamlearn.optim import RowOptimizer
+
+SMALL = ("embedding.K=500", "embedding.B=64", "embedding.d=16", "embedding.tfree_rows=256",
+         "model.d_model=16", "model.heads=2", "model.ffn=32", "model.out_B=64", "model.max_labels=8")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP
+    # oversubscription (several times faster here); restored afterwards.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small(*overrides: str) -> Config:
+    return Config().override(*SMALL, *overrides)
+
+
+def build(*overrides: str) -> HashedTransformer:
+    torch.manual_seed(0)
+    return HashedTransformer(small(*overrides))
+
+
+def feats_of(model, token_lists):
+    return to_tensors(model.embedding.featurize(token_lists, max_len=16))
+
+
+# ---------------------------------------------------------------------------- shapes
+
+@pytest.mark.parametrize("layers", [0, 1, 3])
+@pytest.mark.parametrize("positions", [False, True])
+def test_encode_and_classify_shapes(layers, positions):
+    model = build(f"model.layers={layers}", f"model.positions={str(positions).lower()}")
+    feats = feats_of(model, [["a", "b", "c"], ["d"], ["e", "f"]])
+    assert model.encode(feats).shape == (3, 3, 16)
+    assert model.classify(feats, n_labels=5).shape == (3, 5)
+    n_layers = 0 if model.encoder.layers is None else len(model.encoder.layers.layers)
+    assert n_layers == layers
+
+
+@pytest.mark.parametrize("layers", [0, 2])
+def test_padding_does_not_change_a_sequence_output(layers):
+    model = build(f"model.layers={layers}").eval()
+    alone = model.classify(feats_of(model, [["a", "b"]]), 4)
+    padded = model.classify(feats_of(model, [["a", "b"], ["c", "d", "e", "f", "g"]]), 4)[:1]
+    torch.testing.assert_close(alone, padded, rtol=1e-5, atol=1e-6)
+
+
+def test_depth_zero_is_a_bag_of_embeddings():
+    model = build("model.layers=0")  # embedding width == d_model: no projection, no encoder
+    feats = feats_of(model, [["x", "y", "y"]])
+    bag = model.embedding(feats).mean(1)  # (1, d)
+    expected = bag @ model.label_head.weight[:3].t() + model.label_head.bias[:3]
+    torch.testing.assert_close(model.classify(feats, 3), expected)
+
+
+def test_positions_make_order_matter_and_sets_do_not():
+    torch.manual_seed(0)
+    for positions, differs in ((False, False), (True, True)):
+        model = build("model.layers=1", f"model.positions={str(positions).lower()}").eval()
+        model.label_head.weight.data.normal_()
+        ab = model.classify(feats_of(model, [["a", "b"]]), 4)
+        ba = model.classify(feats_of(model, [["b", "a"]]), 4)
+        assert (not torch.allclose(ab, ba, atol=1e-6)) == differs
+
+
+def test_empty_row_gives_finite_output_at_depth():
+    model = build("model.layers=2").eval()
+    out = model.classify(feats_of(model, [["a"], []]), 3)
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------------------- heads
+
+def test_label_head_reads_only_seen_labels_and_unseen_rows_get_no_gradient():
+    head = LabelHead(4, max_labels=6)
+    x = torch.randn(5, 4)
+    logits = head(x, n_labels=2)
+    assert logits.shape == (5, 2)
+    F.cross_entropy(logits, torch.tensor([0, 1, 1, 0, 1])).backward()
+    assert head.weight.grad[2:].abs().sum() == 0 and head.bias.grad[2:].abs().sum() == 0
+    assert head.weight.grad[:2].abs().sum() > 0
+
+
+def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
+    space = untied_space(m=2, size=5, width=3, seed=0)
+    torch.manual_seed(0)
+    head = HashedHead(4, space)
+    x = torch.randn(3, 4)
+    logits = head(x)
+    assert logits.shape == (3, 2, 5)
+    targets = torch.tensor([[0, 4], [1, 1], [3, 2]])
+    w = torch.tensor([1.0, 2.0, 0.5])
+    by_hand = sum(
+        w[i] * sum(-torch.log_softmax(logits[i, j], -1)[targets[i, j]] for j in range(2)) for i in range(3)
+    ) / 3
+    torch.testing.assert_close(head.loss(logits, targets, w), by_hand)
+
+
+def test_untied_hasher_matches_the_decoding_index_default():
+    from streamlearn.decoding import CandidateIndex
+    space = untied_space(m=2, size=64, width=8, seed=7)
+    index = CandidateIndex.superbloom(m=2, size=64, seed=7)
+    index.add(["a", "b", "c"])
+    np.testing.assert_array_equal(space.hasher(["a", "b", "c"]), index.hashes)
+
+
+def test_tfree_head_is_multilabel_bce_against_the_trigram_pattern():
+    torch.manual_seed(0)
+    head = TFreeHead(4, v=32, width=3, own_table=True)
+    x = torch.randn(2, 4)
+    logits = head(x)
+    ids, offsets = tfree_hashes(["cat", "house"], m=2, v=32, seed=0)
+    target = multi_hot(torch.from_numpy(ids), torch.from_numpy(offsets), 32)
+    assert target.shape == (2, 32)
+    assert set(torch.nonzero(target[0]).flatten().tolist()) == set(ids[offsets[0]:offsets[1]].tolist())
+    w = torch.ones(2)
+    by_hand = sum(
+        -(target[i] * F.logsigmoid(logits[i]) + (1 - target[i]) * F.logsigmoid(-logits[i])).sum() for i in range(2)
+    ) / 2
+    torch.testing.assert_close(head.loss(logits, target, w), by_hand)
+
+
+@pytest.mark.parametrize("scheme", ["hash", "bloom", "hashing-trick", "tfree"])
+def test_tying_shares_the_input_table(scheme):
+    tied = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=true")
+    assert tied.tied and tied.output_table() is tied.embedding.row_tables()["E"]
+    assert all(p is not tied.output_table() for p in tied.dense_parameters().values())
+    untied = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=false")
+    assert not untied.tied and untied.output_table() is not untied.embedding.row_tables()["E"]
+    # Tied, the output loss reaches the input table through the output matmul.
+    x = torch.randn(2, 16)
+    tied.output(x).sum().backward()
+    assert tied.embedding.row_tables()["E"].grad is not None
+
+
+def test_tied_output_hashes_are_the_input_hashes():
+    model = build("learner.task=mlm", "embedding.scheme=bloom", "embedding.m=3")
+    assert model.space.m == 3 and model.space.size == 64
+    np.testing.assert_array_equal(model.space.hasher(["a", "b"]), model.embedding.hash_ids(["a", "b"]))
+
+
+def test_untiable_scheme_gets_its_own_table():
+    model = build("learner.task=mlm", "embedding.scheme=hashformer-pool", "model.tie_output=true")
+    assert not model.tied and model.space.size == 64 and model.space.m == 2
+
+
+def test_config_errors_say_what_to_change():
+    with pytest.raises(ConfigError, match="model.positions=true"):
+        build("learner.shuffle_random=0.5")
+    with pytest.raises(ConfigError, match="divisible"):
+        build("model.heads=3")
+    with pytest.raises(ConfigError, match="model.output"):
+        build("model.output=softmax", "learner.task=mlm")
+
+
+# ---------------------------------------------------------------------------- objectives
+
+def test_mlm_masking_rates_are_15_and_80_10_10():
+    rng = np.random.default_rng(1)
+    lists = [[f"t{i}_{j}" for j in range(200)] for i in range(100)]  # 20,000 distinct tokens
+    m = mlm_mask(lists, rng)
+    n = len(m.targets)
+    assert abs(n / 20_000 - 0.15) < 0.01
+    inputs = [m.token_lists[r][c] for r, c in zip(m.rows, m.cols)]
+    masked = np.array([t == MASK_TOKEN for t in inputs])
+    kept = np.array([t == orig for t, orig in zip(inputs, m.targets)])
+    randomized = ~masked & ~kept
+    np.testing.assert_array_equal(masked, m.slots)
+    assert abs(masked.mean() - 0.8) < 0.03
+    assert abs(kept.mean() - 0.1) < 0.02  # random draws almost never hit the same token here
+    assert abs(randomized.mean() - 0.1) < 0.02
+    assert all(lists[r][c] == t for r, c, t in zip(m.rows, m.cols, m.targets))
+    # Positions not chosen are untouched.
+    chosen = set(zip(m.rows.tolist(), m.cols.tolist()))
+    assert all(m.token_lists[r][c] == lists[r][c] for r in range(100) for c in range(200) if (r, c) not in chosen)
+
+
+def test_mlm_masks_at_least_one_token_per_record():
+    rng = np.random.default_rng(0)
+    m = mlm_mask([["a"], ["b", "c"], ["d", "e", "f"]] * 50, rng)
+    assert set(m.rows.tolist()) == set(range(150))
+
+
+def test_shuffle_random_labels_match_what_changed():
+    rng = np.random.default_rng(3)
+    lists = [[f"r{i}_{j}" for j in range(100)] for i in range(50)]
+    out, labels = shuffle_random(lists, rng)
+    flat_in = [t for ts in lists for t in ts]
+    flat_out = [t for ts in out for t in ts]
+    rows = np.repeat(np.arange(50), 100)
+    for t_in, t_out, lab, r in zip(flat_in, flat_out, labels, rows):
+        assert (lab == INTACT) == (t_in == t_out)
+        if lab == SHUFFLED:
+            assert t_out.startswith(f"r{r}_")  # shuffled within its own sequence
+    assert abs((labels == SHUFFLED).mean() - 0.1) < 0.02
+    assert abs((labels == RANDOM).mean() - 0.1) < 0.02
+
+
+def test_label_table_grows_in_order_until_capacity():
+    t = LabelTable(capacity=3)
+    assert [t.add(x) for x in ["b", "a", "b", 1, "a"]] == [0, 1, 0, 2, 1]
+    assert t.get(True) is None  # bool and int labels stay apart
+    with pytest.raises(LabelCapacityError, match="label-capacity: .*model.max_labels=3"):
+        t.add("new")
+    assert isinstance(LabelCapacityError("x"), RecordError)
+    assert len(t) == 3 and t.add("a") == 1  # a full table still maps known labels
+    assert LabelTable.from_bytes(t.to_bytes()).labels == ["b", "a", 1]
+
+
+def test_histories_keep_the_last_n_items_in_order():
+    h = Histories(2)
+    for item in ["a", "b", "c"]:
+        h.push("u", item)
+    h.push("v", "x")
+    assert h.get("u") == ("b", "c") and h.get("v") == ("x",) and h.get("w") == ()
+    assert h.take_dirty() == {"u": ("b", "c"), "v": ("x",)}
+    assert h.take_dirty() == {}
+
+
+# ---------------------------------------------------------------------------- row optimizer
+
+def _sparse_grad(rows, values, shape):
+    return torch.sparse_coo_tensor([rows], values, shape, check_invariants=True)
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "lazy-adam"])
+def test_row_optimizer_touches_exactly_the_rows_in_the_batch(rule):
+    torch.manual_seed(0)
+    W = nn.Parameter(torch.randn(50, 4))
+    before = W.detach().clone()
+    opt = RowOptimizer({"E": W}, OptimConfig(sparse=rule, sparse_lr=0.1))
+    for step_rows in ([3, 7, 3], [7, 20]):
+        W.grad = _sparse_grad(step_rows, torch.randn(len(step_rows), 4), (50, 4))
+        changed = opt.step()["E"]
+        assert changed.tolist() == sorted(set(step_rows))
+        opt.zero_grad()
+    others = [i for i in range(50) if i not in (3, 7, 20)]
+    assert torch.equal(W.detach()[others], before[others])  # bit-identical
+    assert not torch.equal(W.detach()[[3, 7, 20]], before[[3, 7, 20]])
+    for state in opt.state_tables().values():
+        assert state.shape == W.shape and state[others].abs().sum() == 0
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # raised inside torch's Adagrad
+@pytest.mark.parametrize("rule, reference", [
+    ("adagrad", lambda p: torch.optim.Adagrad([p], lr=0.1)),
+    ("lazy-adam", lambda p: torch.optim.SparseAdam([p], lr=0.1)),
+])
+def test_row_optimizer_matches_torch_reference(rule, reference):
+    torch.manual_seed(0)
+    init = torch.randn(30, 3)
+    ours, theirs = nn.Parameter(init.clone()), nn.Parameter(init.clone())
+    opt, ref = RowOptimizer({"E": ours}, OptimConfig(sparse=rule, sparse_lr=0.1)), reference(theirs)
+    for _ in range(4):
+        rows = torch.randint(0, 30, (6,)).tolist()
+        g = torch.randn(6, 3)
+        ours.grad = _sparse_grad(rows, g, (30, 3))
+        theirs.grad = _sparse_grad(rows, g.clone(), (30, 3))
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach())
+
+
+def test_row_optimizer_dense_gradient_updates_only_rows_it_reaches():
+    W = nn.Parameter(torch.ones(5, 2))
+    opt = RowOptimizer({"E": W}, OptimConfig(sparse="lazy-adam", sparse_lr=0.1))
+    grad = torch.zeros(5, 2)
+    grad[1] = 1.0
+    grad[4, 0] = -2.0
+    W.grad = grad
+    assert opt.step()["E"].tolist() == [1, 4]
+    assert torch.equal(W.detach()[[0, 2, 3]], torch.ones(3, 2))
+
+
+def test_row_optimizer_rejects_unknown_rule_and_mismatched_state():
+    W = nn.Parameter(torch.zeros(2, 2))
+    with pytest.raises(ConfigError, match="optim.sparse"):
+        RowOptimizer({"E": W}, OptimConfig(sparse="sgd"))
+    opt = RowOptimizer({"E": W}, OptimConfig(sparse="adagrad"))
+    with pytest.raises(ConfigError, match="optim.sparse=lazy-adam"):
+        opt.load_state_dict({"rule": "lazy-adam", "steps": 3})
