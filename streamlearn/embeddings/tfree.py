@@ -45,7 +45,7 @@ class TFreeEmbeddingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_positive(v=self.v, d=self.d, m=self.m)
+        check_positive(tfree_rows=self.v, d=self.d, m=self.m)
 
 
 class TFreeEmbedding(TokenEmbedding):
