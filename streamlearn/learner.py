@@ -184,7 +184,7 @@ class Learner(river_base.Classifier):
                 "whose scores are log-probabilities"
             )
         batch = self.prepare(records, train=False)
-        if not batch.n_labels:
+        if not batch.n_labels or not batch.records:
             return [{} for _ in range(batch.records)]
         probs = self._infer(batch).softmax(-1).cpu().numpy()  # (N, n_labels)
         labels = self.label_table.labels[:batch.n_labels]
@@ -199,6 +199,8 @@ class Learner(river_base.Classifier):
         ``TopK.exact`` is Superbloom's certificate (always True for T-Free and classify).
         """
         batch = self.prepare(records, train=False)
+        if not batch.records:
+            return []
         if self.task == "classify":
             return self._label_topk(batch, k)
         out = self._infer(batch).float()

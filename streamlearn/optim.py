@@ -74,7 +74,9 @@ class RowOptimizer:
             if p.grad is None:
                 continue
             idx, g = _rows_of(p.grad)  # (n,), (n, w)
-            if idx.numel():
+            if idx.numel() == p.shape[0]:  # a dense gradient reaching every row
+                self._update_all(p, self.state[name], g.to(p.dtype))
+            elif idx.numel():
                 self._update(p, self.state[name], idx, g.to(p.dtype))
             changed[name] = idx
         return changed
@@ -93,6 +95,20 @@ class RowOptimizer:
         v.index_copy_(0, idx, v_rows)
         step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
         p.index_add_(0, idx, m_rows / v_rows.sqrt().add_(self.eps), alpha=-step_size)
+
+    def _update_all(self, p: torch.Tensor, state: dict[str, torch.Tensor], g: torch.Tensor) -> None:
+        """The same rules in place over the whole table, without gathers and scatters."""
+        if self.rule == "adagrad":
+            G = state["sum"]
+            G.addcmul_(g, g)
+            p.addcdiv_(g, G.sqrt().add_(self.eps), value=-self.lr)
+            return
+        b1, b2 = self.betas
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
+        p.addcdiv_(m, v.sqrt().add_(self.eps), value=-step_size)
 
     def state_tables(self) -> dict[str, torch.Tensor]:
         """Per-row state as ``{"<table>.<state>": tensor of the table's shape}``."""
@@ -117,6 +133,8 @@ def _rows_of(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grad = grad.coalesce()
         return grad.indices()[0], grad.values()
     idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # rows a dense gradient actually reaches
+    if idx.numel() == grad.shape[0]:
+        return idx, grad
     return idx, grad.index_select(0, idx)
 
 

@@ -247,6 +247,7 @@ def test_bad_queries_raise_record_errors():
 
 
 def test_empty_state_predictions():
+    assert learner().predict_many([]) == [] and learner("learner.task=mlm").topk_many([]) == []
     assert learner().predict_one({"text": "hello"}) is None
     assert learner().predict_proba_one({"text": "hello"}) == {}
     top = learner("learner.task=next-item").topk_many([{"key": "nobody"}], k=3)[0]
@@ -344,3 +345,28 @@ def test_full_checkpoint_writes_every_row(store):
 def test_restore_refuses_a_store_without_a_learner(store):
     with pytest.raises(StreamlearnError, match="no learner checkpoint"):
         Learner.restore(store)
+
+
+SCHEMES = ("hash", "bloom", "hashformer-pool", "hashformer-add", "hashformer-proj", "tfree", "hashing-trick", "plain")
+STREAMS = {"classify": topic_stream, "mlm": set_stream, "next-item": lambda n: cycle_stream(n)[0]}
+
+
+@pytest.mark.parametrize("task", sorted(STREAMS))
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_scheme_and_task_learns_and_round_trips(scheme, task, tmp_path):
+    overrides = (f"embedding.scheme={scheme}", f"learner.task={task}", "embedding.plain_vocab=64",
+                 "embedding.hashformer_bits=16", "embedding.hashformer_pool_bits=6", "model.layers=1")
+    lrn = learner(*overrides)
+    stream = batches(STREAMS[task](16 * 4), 16)
+    for batch in stream[:3]:
+        report = lrn.learn_many(batch)
+        assert np.isfinite(report.loss) and report.examples > 0 and not report.rejected
+    with open_store(tmp_path / "s", StoreConfig(backend="memory", shards=1)) as store:
+        commit(lrn, store)
+        restored = Learner.restore(store)
+    queries = stream[3][:4]
+    if task == "classify":
+        assert restored.predict_proba_many(queries) == lrn.predict_proba_many(queries)
+    else:
+        assert [t.tokens for t in restored.topk_many(queries, k=3)] == [t.tokens for t in lrn.topk_many(queries, k=3)]
+    assert restored.learn_many(stream[3]).loss == lrn.learn_many(stream[3]).loss

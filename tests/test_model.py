@@ -299,3 +299,21 @@ def test_row_optimizer_rejects_unknown_rule_and_mismatched_state():
     opt = RowOptimizer({"E": W}, OptimConfig(sparse="adagrad"))
     with pytest.raises(ConfigError, match="optim.sparse=lazy-adam"):
         opt.load_state_dict({"rule": "lazy-adam", "steps": 3})
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "lazy-adam"])
+def test_row_optimizer_full_table_path_equals_the_row_path(rule):
+    torch.manual_seed(0)
+    init, grads = torch.randn(7, 3), [torch.randn(6, 3) for _ in range(3)]
+    full = nn.Parameter(init[:6].clone())  # every row gets a gradient: the whole-table path
+    rows = nn.Parameter(init.clone())  # row 6 never does: the gather/scatter path
+    opt_full = RowOptimizer({"E": full}, OptimConfig(sparse=rule, sparse_lr=0.1))
+    opt_rows = RowOptimizer({"E": rows}, OptimConfig(sparse=rule, sparse_lr=0.1))
+    for g in grads:
+        full.grad = g.clone()
+        rows.grad = _sparse_grad(list(range(6)), g.clone(), (7, 3))
+        assert opt_full.step()["E"].tolist() == opt_rows.step()["E"].tolist() == list(range(6))
+    torch.testing.assert_close(full.detach(), rows.detach()[:6])
+    assert torch.equal(rows.detach()[6], init[6])
+    for name, t in opt_full.state_tables().items():
+        torch.testing.assert_close(t, opt_rows.state_tables()[name][:6])
