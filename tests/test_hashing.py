@@ -42,7 +42,7 @@ def test_same_ids_in_processes_with_different_hashseeds():
     # Pinned values: a change to seed derivation or reduction would silently remap every
     # persisted table, so it must show up here.
     assert a["d1"][:2] == TokenHasher(K=10**7, B=10**6, k=3, seed=5)(["the", "cat"])[0].tolist()
-    assert a["d1"][:3] == [7218924, 4243486, 1062217]
+    assert a["d1"][:3] == [8996863, 2622585, 2669099]
 
 
 def test_ids_are_in_range_and_int64():
