@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -95,9 +94,9 @@ def _die_with_parent() -> Any:
 class EmbeddedBroker:
     """A Tansu broker with memory storage on ``host:port`` (a free port when ``port`` is None).
 
-    >>> with EmbeddedBroker() as broker:            # doctest: +SKIP
-    ...     print(broker.bootstrap)
-    127.0.0.1:40123
+    >>> with EmbeddedBroker() as broker:
+    ...     print(broker.bootstrap.startswith("127.0.0.1:"), wait_ready(broker.bootstrap))
+    True []
 
     ``start()`` returns once the broker answers a Kafka metadata request; ``stop()`` sends
     SIGTERM, then SIGKILL after ``stop_timeout_s``, and reaps the process. Everything in it
@@ -147,19 +146,19 @@ class EmbeddedBroker:
             raise BrokerError(
                 f"port {self._requested_port} on {self.host} is in use: pass another --port, or none for a free one"
             )
-        for attempt in range(1, _START_ATTEMPTS + 1):
-            port = self._requested_port or free_port(self.host)
+        attempts = 1 if self._requested_port is not None else _START_ATTEMPTS
+        for attempt in range(1, attempts + 1):
             try:
-                self._launch(binary, port)
+                self._launch(binary, self._requested_port or free_port(self.host))
                 self._wait_until_ready()
-                return self
+                break
             except BrokerError:
-                lost_race = "address in use" in self.log_tail().lower() and self._requested_port is None
+                lost_race = "address in use" in self.log_tail().lower()
                 self.stop()
-                if not lost_race or attempt == _START_ATTEMPTS:
+                if not lost_race or attempt == attempts:
                     raise
-                log.info("port %d was taken while the broker started; trying another", port)
-        raise AssertionError("unreachable")
+                log.info("port %d was taken while the broker started; trying another", self._port)
+        return self
 
     def stop(self) -> None:
         """Stop the broker and reap it; safe to call twice or before start()."""

@@ -1,0 +1,233 @@
+"""Dataset readers on tiny files written in tmp_path (and the bundled SMS sample)."""
+from collections import Counter
+
+import pytest
+
+from streamlearn.datasets import DatasetError, DatasetReader, ReadOptions, Row, bundled_path, detect_format
+from streamlearn.records import from_dict
+
+
+def write(tmp_path, name: str, text: str | bytes):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def rows(path, **options) -> list[Row]:
+    return list(DatasetReader(path, ReadOptions(**options)))
+
+
+# ---------------------------------------------------------------------------- detection
+
+@pytest.mark.parametrize("name,text,fmt", [
+    ("a.jsonl", '{"text": "x"}\n', "jsonl"),
+    ("a.ndjson", '{"text": "x"}\n', "jsonl"),
+    ("stream.log", '\n  {"text": "x"}\n', "jsonl"),
+    ("u.data", "196\t242\t3\t881250949\n", "movielens"),
+    ("ratings-2", "196\t242\t3\t881250949\n", "movielens"),
+    ("ratings.tsv", "196\t242\t3\t881250949\n", "tsv"),
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n", "movielens-csv"),
+    ("mine.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n", "movielens-csv"),
+    ("SMSSpamCollection", "ham\tHi there\n", "tsv"),
+    ("a.tsv", "text label\n", "tsv"),
+    ("train.csv", '"3","title","desc"\n', "csv"),
+    ("notes", "a,b\n", "csv"),
+])
+def test_detect_format(tmp_path, name, text, fmt):
+    assert detect_format(write(tmp_path, name, text)) == fmt
+
+
+def test_undetectable_format_asks_for_input_format(tmp_path):
+    with pytest.raises(DatasetError, match="pass --input-format"):
+        detect_format(write(tmp_path, "notes", "just words\n"))
+
+
+def test_unknown_format_and_missing_file(tmp_path):
+    with pytest.raises(DatasetError, match="unknown input format 'xml'"):
+        DatasetReader(write(tmp_path, "a.jsonl", ""), ReadOptions(format="xml"))
+    with pytest.raises(DatasetError, match="no such file"):
+        DatasetReader(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------------------- jsonl
+
+def test_jsonl_rows_take_key_and_ts_from_the_record(tmp_path):
+    path = write(tmp_path, "a.jsonl", '{"text": "hi", "label": "ham", "src": 1}\n\n'
+                                      '{"key": 7, "item": "b", "ts": 1500}\n{"tokens": [1, "x"], "weight": 2}\n')
+    assert rows(path) == [
+        Row(None, {"text": "hi", "label": "ham"}, None),
+        Row(b"7", {"key": "7", "item": "b", "ts": 1500}, 1500),
+        Row(None, {"tokens": [1, "x"], "weight": 2.0}, None),
+    ]
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("not json", "not valid JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"label": "x"}', "missing-field"),
+    ('{"text": 5}', "wrong-type"),
+])
+def test_jsonl_bad_line_stops_with_its_line_number(tmp_path, line, reason):
+    path = write(tmp_path, "a.jsonl", f'{{"text": "ok"}}\n\n{line}\n{{"text": "after"}}\n')
+    with pytest.raises(DatasetError, match=rf"a.jsonl:3: .*{reason}.*--skip-bad-lines"):
+        rows(path)
+
+
+def test_skip_bad_lines_counts_every_skipped_line(tmp_path):
+    path = write(tmp_path, "a.jsonl", b'{"text": "ok"}\nnope\n{"text": "caf\xe9"}\n{"text": "fine"}\n{}\n')
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    assert [r.record["text"] for r in reader] == ["ok", "fine"]
+    assert [line for line, _ in reader.bad_lines] == [2, 3, 5]
+    assert "not UTF-8" in reader.bad_lines[1][1] and "missing-field" in reader.bad_lines[2][1]
+
+
+# ---------------------------------------------------------------------------- csv / tsv
+
+def test_headerless_tsv_is_label_then_text(tmp_path):
+    path = write(tmp_path, "SMSSpamCollection", 'ham\tGo until "jurong" point, crazy\r\nspam\tFREE entry\n')
+    assert [r.record for r in rows(path)] == [
+        {"text": 'Go until "jurong" point, crazy', "label": "ham"},
+        {"text": "FREE entry", "label": "spam"},
+    ]
+
+
+def test_headerless_csv_with_three_columns_is_ag_news(tmp_path):
+    path = write(tmp_path, "train.csv", '"3","Wall St. Bears","Reuters - Short-sellers, ""quoted"""\n'
+                                        '"1","Two\nlines","desc"\n')
+    assert rows(path) == [
+        Row(None, {"text": 'Wall St. Bears Reuters - Short-sellers, "quoted"', "label": "3"}, None),
+        Row(None, {"text": "Two\nlines desc", "label": "1"}, None),
+    ]
+
+
+def test_csv_header_names_text_and_label(tmp_path):
+    path = write(tmp_path, "a.csv", "Text,Label\nhello world,2.0\n")
+    assert [r.record for r in rows(path)] == [{"text": "hello world", "label": "2.0"}]
+
+
+def test_header_without_label_gives_unlabelled_records(tmp_path):
+    path = write(tmp_path, "a.csv", "id,text\n1,hello\n")
+    assert [r.record for r in rows(path)] == [{"text": "hello"}]
+
+
+def test_columns_by_name_join_and_index(tmp_path):
+    path = write(tmp_path, "a.tsv", "id\ttitle\tbody\tsentiment\n1\tGreat\tloved it\tpos\n")
+    assert rows(path, text_column="title,body", label_column="sentiment")[0].record == {
+        "text": "Great loved it", "label": "pos"}
+    headerless = write(tmp_path, "b.tsv", "1\tGreat\tloved it\tpos\n")
+    assert rows(headerless, text_column="2", label_column="3")[0].record == {"text": "loved it", "label": "pos"}
+    assert rows(headerless, text_column="1")[0].record == {"text": "Great"}
+
+
+def test_unknown_column_lists_the_header(tmp_path):
+    path = write(tmp_path, "a.csv", "id,body,label\n1,hello,a\n")
+    with pytest.raises(DatasetError, match=r"no column 'text' \(columns: id, body, label\)"):
+        rows(path)
+    with pytest.raises(DatasetError, match="no column 'review'"):
+        rows(path, text_column="review")
+    assert rows(path, text_column="body")[0].record == {"text": "hello", "label": "a"}
+
+
+def test_a_header_naming_neither_text_nor_label_is_read_as_data(tmp_path):
+    # The documented limit of header detection: name the columns to say there is a header.
+    path = write(tmp_path, "a.csv", "sentiment,review\npos,loved it\n")
+    assert [r.record["label"] for r in rows(path)] == ["sentiment", "pos"]
+    assert [r.record for r in rows(path, text_column="review", label_column="sentiment")] == [
+        {"text": "loved it", "label": "pos"}]
+
+
+def test_headerless_file_of_unknown_layout_asks_for_text_column(tmp_path):
+    path = write(tmp_path, "a.tsv", "1\t2\t3\t4\n")
+    with pytest.raises(DatasetError, match="has 4 columns and no header .* --text-column"):
+        rows(path)
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("spam", "1 field"),
+    ("spam\t   ", "text is empty"),
+    ("\thello", "empty label"),
+])
+def test_table_bad_line_stops_with_its_line_number(tmp_path, line, reason):
+    path = write(tmp_path, "SMSSpamCollection", f"ham\tok\n{line}\nham\tafter\n")
+    with pytest.raises(DatasetError, match=rf"SMSSpamCollection:2: .*{reason}"):
+        rows(path)
+
+
+def test_csv_bad_line_numbers_count_physical_lines(tmp_path):
+    path = write(tmp_path, "a.csv", 'text,label\n"multi\nline",a\nonly-text\n')
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    assert [r.record for r in reader] == [{"text": "multi\nline", "label": "a"}]
+    assert reader.bad_lines == [(4, "1 field(s), the text/label columns need 2")]
+
+
+def test_non_utf8_table_line(tmp_path):
+    path = write(tmp_path, "a.tsv", b"ham\tok\nham\tcaf\xe9\n")
+    with pytest.raises(DatasetError, match=r"a.tsv:2: not UTF-8 \(byte 0xe9 at column 8\)"):
+        rows(path)
+
+
+# ---------------------------------------------------------------------------- movielens
+
+def test_movielens_u_data_is_next_item_events_in_time_order(tmp_path):
+    path = write(tmp_path, "u.data", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n"
+                                     "22\t377\t1\t878887116\n196\t51\t2\t881250949\n\n")
+    got = rows(path)
+    assert [(r.key, r.record["item"], r.ts_ms) for r in got] == [
+        (b"22", 377, 878887116000),
+        (b"196", 242, 881250949000),  # a tie keeps file order
+        (b"196", 51, 881250949000),
+        (b"186", 302, 891717742000),
+    ]
+    assert got[0].record == {"key": "22", "item": 377, "ts": 878887116000}
+    assert all(from_dict(r.record).is_next_item for r in got)
+
+
+def test_movielens_ratings_csv(tmp_path):
+    path = write(tmp_path, "ratings.csv", "userId,movieId,rating,timestamp\n1,31,2.5,1260759144\n1,10,4.0,1260759100\n")
+    assert [(r.key, r.record["item"], r.ts_ms) for r in rows(path)] == [
+        (b"1", 10, 1260759100000), (b"1", 31, 1260759144000)]
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("196\t242\t3", "expected 4 fields"),
+    ("196\tx\t3\t881250949", "must be integers"),
+    ("196\t242\tgood\t881250949", "rating a number"),
+    ("196\t242\t3\t-5", "not unix seconds"),
+])
+def test_movielens_bad_line(tmp_path, line, reason):
+    path = write(tmp_path, "u.data", f"1\t2\t3\t4\n{line}\n")
+    with pytest.raises(DatasetError, match=rf"u.data:2: .*{reason}"):
+        rows(path)
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    assert len(list(reader)) == 1 and reader.bad_lines[0][0] == 2
+
+
+def test_ratings_csv_needs_its_header(tmp_path):
+    path = write(tmp_path, "r.csv", "1,31,2.5,1260759144\n")
+    with pytest.raises(DatasetError, match="r.csv:1: expected the header userId,movieId,rating,timestamp"):
+        rows(path, format="movielens-csv")
+
+
+# ---------------------------------------------------------------------------- the rest
+
+def test_estimate_rows(tmp_path):
+    assert DatasetReader(write(tmp_path, "a.jsonl", '{"text":"a"}\n{"text":"b"}')).estimate_rows() == 2
+    assert DatasetReader(write(tmp_path, "u.data", "1\t2\t3\t4\n")).estimate_rows() == 1
+    assert DatasetReader(write(tmp_path, "ratings.csv", "userId,movieId,rating,timestamp\n1,2,3,4\n")).estimate_rows() == 1
+    assert DatasetReader(write(tmp_path, "b.jsonl", "")).estimate_rows() == 0
+
+
+def test_empty_files_give_no_rows(tmp_path):
+    assert rows(write(tmp_path, "a.tsv", "")) == []
+    assert rows(write(tmp_path, "a.jsonl", "\n\n")) == []
+
+
+def test_bundled_sms_sample_reads_as_its_readme_says():
+    reader = DatasetReader(bundled_path("SMSSpamCollection"))
+    labels = Counter(r.record["label"] for r in reader)
+    assert reader.format == "tsv" and labels == {"ham": 4827, "spam": 747} and not reader.bad_lines
+
+
+def test_bundled_path_rejects_other_names():
+    with pytest.raises(DatasetError, match="shipped: SMSSpamCollection"):
+        bundled_path("../broker.py")
