@@ -32,7 +32,7 @@ setup(
         # 2.13 is the CPU wheel on the project machines; the range admits it so pip
         # installs nothing more once the Makefile has put it in place.
         "torch>=2.3,<2.14",
-        "kafka-python>=2.0.2",
+        "kafka-python>=3.0",  # bootstrap_timeout_ms, allow_auto_create_topics, dict create_topics
         "river>=0.21",
         "xxhash>=3.4",
         "lmdb>=1.4",

@@ -245,13 +245,6 @@ def _unreachable(bootstrap: str, timeout_s: float, exc: BaseException) -> Broker
     )
 
 
-def quiet_kafka_logs(args: Any = None) -> None:
-    """Silence kafka-python's per-connection INFO/ERROR lines in commands (their failures
-    reach the user as :class:`BrokerError`); ``-v`` (``args.verbose``) keeps them."""
-    if not getattr(args, "verbose", False):
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
-
-
 @contextlib.contextmanager
 def admin_client(bootstrap: str, timeout_s: float = 10.0) -> Iterator[Any]:
     """A connected ``KafkaAdminClient``, closed on exit; unreachable -> :class:`BrokerError`."""

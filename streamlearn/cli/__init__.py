@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # kafka-python logs every failed connection attempt; commands report broker trouble
+    # themselves (as errors naming --bootstrap), so its lines only show with -v.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

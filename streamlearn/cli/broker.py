@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-from ..broker import BrokerError, EmbeddedBroker, quiet_kafka_logs
+from ..broker import BrokerError, EmbeddedBroker
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_kafka_logs(args)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

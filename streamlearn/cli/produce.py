@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from ..broker import create_topic, produce_rows, quiet_kafka_logs
+from ..broker import create_topic, produce_rows
 from ..config import WorkerConfig
 from ..datasets import FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
@@ -47,7 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_kafka_logs(args)
     if args.limit is not None and args.limit < 0:
         raise StreamlearnError(f"--limit must be >= 0, got {args.limit}")
     options = ReadOptions(args.input_format, args.text_column, args.label_column, args.skip_bad_lines)
