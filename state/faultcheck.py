@@ -214,13 +214,15 @@ def child_command(directory: str | os.PathLike, seed: int, scale: int, map_mb: f
 
 
 def kill_once(directory: Path, ref: Reference, rng: random.Random, max_delay: float,
-              map_mb: float = 4.0, sync: bool = True) -> Kill:
-    """Start a child on ``directory``, SIGKILL it after a random delay, check the reopened state."""
+              map_mb: float = 4.0, sync: bool = True, early: bool | None = None) -> Kill:
+    """Start a child on ``directory``, SIGKILL it after a random delay, check the reopened
+    state. ``early``: kill before the child is ready (while it opens and declares); by
+    default one kill in ten."""
     log_path = directory.with_suffix(".log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(child_command(directory, ref.seed, ref.scale, map_mb, sync),
                                 stdout=log, stderr=subprocess.STDOUT)
-    early = rng.random() < 0.1  # sometimes before the child is ready: during open/declare
+    early = rng.random() < 0.1 if early is None else early
     delay = rng.uniform(0.0, 0.3) if early else rng.uniform(0.0, max_delay)
     if not early:
         _wait_ready(log_path, proc)

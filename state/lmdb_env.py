@@ -195,10 +195,12 @@ def _open_env(path: str, readonly: bool, map_size: int, sync: bool) -> lmdb.Envi
         raise wrap_os(exc, path, "open") from exc
 
 
-def wrap_lmdb(exc: lmdb.Error, path: str, what: str) -> StateError:
-    """An LMDB error as a :class:`StateError` that says what to change."""
+def wrap_lmdb(exc: lmdb.Error, path: str, what: str, need: int = 0) -> StateError:
+    """An LMDB error as a :class:`StateError` that says what to change. ``need``: bytes the
+    failed write wanted (LMDB reports a short write on a full disk as EIO, not ENOSPC)."""
     code = getattr(exc, "code", 0)
-    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+    full = code == errno.EIO and _free_bytes(path) < max(need, 1) * 2
+    if full or isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         return DiskFullError(
             f"cannot {what} {path}: {exc}; free disk space (or raise the file size limit) and "
             "retry; the last complete checkpoint is intact"
@@ -208,6 +210,11 @@ def wrap_lmdb(exc: lmdb.Error, path: str, what: str) -> StateError:
             f"cannot {what} {path}: permission denied ({exc}); the user running streamlearn "
             "needs write access to the directory and its data.mdb/lock.mdb (readers too: "
             "LMDB readers register in lock.mdb)"
+        )
+    if code == errno.EIO:
+        return StateError(
+            f"I/O error while trying to {what} {path}: {exc}; check the disk (dmesg) and its "
+            "free space; the last complete checkpoint is intact"
         )
     if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.CorruptedError)):
         return NotAStoreError(f"{path} does not hold a readable LMDB environment: {exc}")
@@ -223,3 +230,11 @@ def wrap_os(exc: OSError, path: str, what: str) -> StateError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFullError(f"cannot {what} {path}: no space left on the device; free disk space")
     return StateError(f"cannot {what} {path}: {exc}")
+
+
+def _free_bytes(path: str) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize

@@ -239,7 +239,7 @@ class LmdbStore(Store):
             except lmdb.MapFullError as exc:
                 self._grow_map(exc, need, attempt)
             except lmdb.Error as exc:
-                raise wrap_lmdb(exc, self.path, what) from exc
+                raise wrap_lmdb(exc, self.path, what, need) from exc
             except OSError as exc:
                 raise wrap_os(exc, self.path, what) from exc
         raise MapFullError(f"the map of {self.path} kept filling after {_GROW_ATTEMPTS} doublings")
@@ -463,10 +463,16 @@ def _round_pages(size: int) -> int:
 
 
 def _check_state_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise NotAStoreError(f"state directory {path} does not exist; a worker creates it (--state {path})")
-    if not os.path.exists(os.path.join(path, "data.mdb")):
-        raise NotAStoreError(f"{path} is not a streamlearn state directory (no data.mdb)")
+    try:
+        os.stat(os.path.join(path, "data.mdb"))
+    except OSError as exc:
+        if os.path.isfile(path):
+            raise NotAStoreError(f"{path} is a file, not a state directory") from exc
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(path):
+            raise NotAStoreError(f"state directory {path} does not exist; a worker creates it (--state {path})") from exc
+        if isinstance(exc, FileNotFoundError):
+            raise NotAStoreError(f"{path} is not a streamlearn state directory (no data.mdb)") from exc
+        raise wrap_os(exc, path, "open") from exc
 
 
 def _take_writer_lock(path: str) -> int:

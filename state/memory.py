@@ -189,13 +189,14 @@ class MemoryStore(Store):
         shard = shard_of(ids, self.shards)
         ids = ids[np.argsort(shard, kind="stable")]  # shard by shard, ascending within
         shard = np.sort(shard, kind="stable")
-        for lo in range(0, len(ids), batch):
-            hi = lo + batch
+        lo = 0
+        while lo < len(ids):
             # A batch never straddles shards, as in the LMDB backend.
-            hi = min(hi, int(np.searchsorted(shard, shard[lo], side="right")))
+            hi = min(lo + batch, int(np.searchsorted(shard, shard[lo], side="right")))
             with self._s.lock:
                 values, found = t.read(ids[lo:hi])
             yield ids[lo:hi][found], values[found]
+            lo = hi
 
     def read_blob(self, name: str) -> bytes | None:
         with self._s.lock:
