@@ -43,6 +43,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -197,9 +198,9 @@ class LmdbStore(Store):
             meta = self._shared.db(_META)
             prev = _read_manifest(txn, meta, self._tables)  # 4. previous manifest, step check
             manifest = next_manifest(prev, prep, time.time())
-            for db, items in batches:  # 5. rows, blobs, kv
+            for db, keys, values in batches:  # 5. rows, blobs, kv
                 with txn.cursor(db=db) as cur:
-                    cur.putmulti(items)
+                    cur.putmulti(zip(keys, values))
             _put_blobs_kv(txn, self._shared.db(_BLOBS), self._shared.db(_KV), prep)
             record = json.dumps(manifest_record(manifest), sort_keys=True)  # 6. manifest
             txn.put(b"manifest", record.encode(), db=meta)
@@ -212,20 +213,22 @@ class LmdbStore(Store):
         record = json.dumps(manifest_record(manifest), sort_keys=True).encode()
         self._write(lambda txn: txn.put(b"manifest", record, db=self._shared.db(_META)), 0, "restore")
 
-    def _encode_rows(self, prep: Prepared) -> list[tuple[Any, list[tuple[bytes, bytes]]]]:
-        """Per (table, shard): the database handle and its (key, value) items, keys sorted."""
+    def _encode_rows(self, prep: Prepared) -> list[tuple[Any, list[bytes], list[bytes]]]:
+        """Per (table, shard): the database handle, its keys (sorted) and values as bytes."""
         batches = []
         for table, update in prep.rows.items():
             shard = shard_of(update.ids, self.shards)
             order = np.argsort(shard, kind="stable")  # ids are sorted: (shard, id) order
-            bounds = np.searchsorted(shard[order], np.arange(self.shards + 1))
-            keys = encode_ids(update.ids[order])
-            values = update.values[order].view(f"V{self._tables[table].row_bytes}").ravel()
+            bounds = np.searchsorted(shard[order], np.arange(self.shards + 1)).tolist()
+            keys = encode_ids(update.ids).tolist()
+            # Each row as one fixed-size void: .tolist() makes one bytes object per row in C.
+            # Shards then pick references from these lists: no second copy of the values.
+            values = update.values.view(f"V{self._tables[table].row_bytes}").ravel().tolist()
             for s in range(self.shards):
-                lo, hi = int(bounds[s]), int(bounds[s + 1])
-                if hi > lo:
-                    items = list(zip(keys[lo:hi].tolist(), values[lo:hi].tolist()))
-                    batches.append((self._shared.db(row_db_name(table, s)), items))
+                idx = order[bounds[s]:bounds[s + 1]].tolist()
+                if idx:
+                    db = self._shared.db(row_db_name(table, s))
+                    batches.append((db, _pick(keys, idx), _pick(values, idx)))
         return batches
 
     def _write(self, work: Callable[[lmdb.Transaction], Any], need: int, what: str) -> Any:
@@ -429,6 +432,10 @@ def _put_blobs_kv(txn: lmdb.Transaction, blobs_db: Any, kv_db: Any, prep: Prepar
             txn.delete(key, db=kv_db)
         else:
             txn.put(key, value, db=kv_db)
+
+
+def _pick(seq: list, idx: list[int]) -> Sequence:
+    return [seq[idx[0]]] if len(idx) == 1 else operator.itemgetter(*idx)(seq)
 
 
 def _scan(

@@ -122,7 +122,8 @@ def _rows(spec: TableSpec, ids: Any, values: Any) -> RowUpdate:
         return RowUpdate(arr, vals)
     # Last occurrence wins, as if the rows were written one by one; np.unique sorts the ids.
     uniq, first_in_reversed = np.unique(arr[::-1], return_index=True)
-    return RowUpdate(uniq, vals[::-1][first_in_reversed])
+    last = len(arr) - 1 - first_in_reversed
+    return RowUpdate(uniq, np.take(vals, last, axis=0))  # take: fast row gather
 
 
 def _check_partitions(what: str, values: Any) -> dict[str, int]:
