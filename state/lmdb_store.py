@@ -40,7 +40,6 @@ and, depending on the filesystem, damage the file.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import operator
@@ -56,8 +55,10 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
-from .exceptions import MapFullError, NotAStoreError, StateError, StoreBusyError
-from .lmdb_env import SharedEnv, acquire, release, wrap_lmdb, wrap_os
+from .exceptions import MapFullError, NotAStoreError, StateError
+from .lmdb_env import (
+    SharedEnv, acquire, check_state_dir, empty_dest, release, take_writer_lock, wrap_lmdb, wrap_os,
+)
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import (
     SCHEMA_VERSION, SHARD_FN, Checkpoint, Manifest, TableSpec, decode_ids, encode_ids,
@@ -67,7 +68,6 @@ from .schema import (
 log = logging.getLogger(__name__)
 
 FORMAT = b"streamlearn-state"
-WRITER_LOCK = "streamlearn-writer.lock"
 _META, _BLOBS, _KV = b"meta", b"blobs", b"kv"
 _GROW_ATTEMPTS = 12
 _PAGE = 4096
@@ -87,9 +87,9 @@ class LmdbStore(Store):
         self._lock_fd: int | None = None
         self._shared: SharedEnv | None = None
         if readonly:
-            _check_state_dir(self.path)
+            check_state_dir(self.path)
         else:
-            self._lock_fd = _take_writer_lock(self.path)
+            self._lock_fd = take_writer_lock(self.path)
         try:
             map_size = _round_pages(int(cfg.map_size_gb * 2**30))
             self._shared = acquire(self.path, readonly, map_size, cfg.sync)
@@ -383,7 +383,7 @@ class LmdbStore(Store):
         }
 
     def compact(self, dest_path: str) -> None:
-        dest = _empty_dest(dest_path)
+        dest = empty_dest(dest_path)
         env = self._env
         try:
             with self._shared.gate.shared():
@@ -467,47 +467,3 @@ def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
 
 def _round_pages(size: int) -> int:
     return max(_PAGE, -(-size // _PAGE) * _PAGE)
-
-
-def _check_state_dir(path: str) -> None:
-    try:
-        os.stat(os.path.join(path, "data.mdb"))
-    except OSError as exc:
-        if os.path.isfile(path):
-            raise NotAStoreError(f"{path} is a file, not a state directory") from exc
-        if isinstance(exc, FileNotFoundError) and not os.path.isdir(path):
-            raise NotAStoreError(f"state directory {path} does not exist; a worker creates it (--state {path})") from exc
-        if isinstance(exc, FileNotFoundError):
-            raise NotAStoreError(f"{path} is not a streamlearn state directory (no data.mdb)") from exc
-        raise wrap_os(exc, path, "open") from exc
-
-
-def _take_writer_lock(path: str) -> int:
-    """One writer per directory: an exclusive flock, released when the process dies."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(os.path.join(path, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except FileExistsError as exc:
-        raise NotAStoreError(f"{path} exists and is not a directory") from exc
-    except OSError as exc:
-        raise wrap_os(exc, path, "open for writing") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        os.close(fd)
-        raise StoreBusyError(
-            f"another writer holds {path} (this or another process): one writer per state "
-            "directory; stop it, or give this one its own --state"
-        ) from exc
-    return fd
-
-
-def _empty_dest(dest_path: str) -> str:
-    dest = os.path.abspath(dest_path)
-    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
-        raise StateError(f"compact destination {dest} must be a new or empty directory")
-    try:
-        os.makedirs(dest, exist_ok=True)
-    except OSError as exc:
-        raise wrap_os(exc, dest, "create") from exc
-    return dest

@@ -228,9 +228,10 @@ class MemoryStore(Store):
 
     def compact(self, dest_path: str) -> None:
         """Write this state, manifest included, to a new LMDB directory."""
-        from .lmdb_store import LmdbStore, _empty_dest
+        from .lmdb_env import empty_dest
+        from .lmdb_store import LmdbStore
 
-        _empty_dest(dest_path)
+        empty_dest(dest_path)
         with self.snapshot():
             manifest = self.manifest()
             ckpt = Checkpoint(

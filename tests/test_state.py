@@ -347,6 +347,12 @@ def test_state_persists_across_reopen_and_shards_must_match(tmp_path):
         assert ro.shards == 4 and ro.manifest() == want
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_store_sync_sets_lmdb_sync_on_commit(tmp_path, sync):
+    with open_store(tmp_path / "s", StoreConfig(map_size_gb=0.01, sync=sync)) as s:
+        assert s._shared.env.flags()["sync"] is sync
+
+
 def test_one_writer_per_directory(tmp_path):
     with open_store(tmp_path / "s", CFG):
         with pytest.raises(StoreBusyError, match="another writer"):
