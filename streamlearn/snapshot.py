@@ -1,0 +1,428 @@
+"""Query the live model while a worker keeps training: :class:`Snapshot`.
+
+A snapshot answers ``predict``, ``predict_proba``, ``topk`` and ``embed`` from the
+latest checkpoint of a state directory, and moves to newer checkpoints without a
+restart. Every answer says which checkpoint produced it (:class:`Answer` ``.step``).
+
+How it stays fresh without reloading tables (see docs/serving.md for measurements).
+A full reload of the default model reads 1.1M rows (E: B=100K, P: K=1M) and takes
+seconds, longer than a checkpoint interval may be; so only small things are reloaded
+per checkpoint and embedding rows are read lazily, per query, from the store:
+
+1. Each query opens ONE short LMDB read transaction (``store.snapshot()``) and reads
+   the manifest in it (about 25 us).
+2. If the store committed since the last query, the snapshot *advances* inside that
+   transaction: dense weights, label table, the candidates added since (decoding),
+   and the few tables a head reads in full (a tied output head reads every row of
+   ``E``); every lazily read row becomes stale.
+3. The query is featurized; for each row table it reads, the rows it touches that are
+   stale (not yet read at this checkpoint) are read from the store (``read_rows``,
+   one lookup per row) into the in-memory table. A row is read at most once per
+   checkpoint, so between checkpoints queries read nothing.
+4. The transaction ends; the forward pass runs on the in-memory model.
+
+All of one query's state (manifest, dense weights, rows) comes from one transaction,
+so an answer is computed from exactly the checkpoint it names. A row never stored
+keeps its seeded init (stored rows are never deleted, so the in-memory table can hold
+a row's init until the store has it). Queries are serialized by a lock: the in-memory
+tables are shared. Readers never block the writer (LMDB MVCC; transactions stay short).
+
+Usage (see docs/serving.md)::
+
+    with Snapshot.open("state/") as snap:
+        answer = snap.predict([{"text": "free prize now"}])
+        answer.step, answer.values  # (1200, ['spam'])
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
+
+import msgpack
+import numpy as np
+import torch
+
+from .config import Config
+from .exceptions import RecordError, StreamlearnError
+from .hashing import canonical_id, tokenize
+from .learner import Learner
+from .learner_state import _history_key
+from .objectives import LabelTable
+from .state import Manifest, Store, open_store
+
+__all__ = [
+    "Answer", "NoCheckpointError", "Snapshot", "SnapshotError", "TaskMismatchError", "TokenVectors",
+]
+
+
+class SnapshotError(StreamlearnError):
+    """The snapshot cannot answer; the message says what to change."""
+
+
+class NoCheckpointError(SnapshotError):
+    """The state directory holds no learner checkpoint yet."""
+
+
+class TaskMismatchError(SnapshotError):
+    """The query does not fit the model's task (e.g. top-k of a classifier)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One answer per query record, all from checkpoint ``step`` (committed at
+    ``committed_at``, unix seconds)."""
+
+    step: int
+    committed_at: float | None
+    values: list
+
+
+class TokenVectors(NamedTuple):
+    """A record's tokens (after tokenization and truncation) and their input
+    embeddings ``vectors`` (len(tokens), e)."""
+
+    tokens: list[str]
+    vectors: np.ndarray
+
+
+@dataclasses.dataclass
+class _Version:
+    """Which checkpoint the in-memory model holds: ``commits`` counts store commits
+    (it identifies a checkpoint even if a writer reuses a step number)."""
+
+    commits: int = -1
+    step: int = 0
+    committed_at: float | None = None
+    number: int = 0  # advances so far: a lazily read row is current iff read at this number
+
+
+class Snapshot:
+    """The latest checkpoint of a store, kept current (see the module docstring).
+
+    ``Snapshot.open(state_dir)`` is the usual way in; ``Snapshot(store)`` wraps a store
+    you opened (any backend; it stays yours to close). ``device`` overrides the stored
+    ``learner.device``.
+    """
+
+    def __init__(self, store: Store, device: str | None = None, owns_store: bool = False):
+        self._store = store
+        self._owns_store = owns_store
+        self._device = device
+        self._lock = threading.Lock()
+        self._version = _Version()
+        self._config_blob = b""
+        self._rebuild(_require_checkpoint(store))  # builds the model outside any transaction
+        self.refresh()
+
+    @classmethod
+    def open(cls, state_dir: str, wait: float = 0.0, device: str | None = None) -> "Snapshot":
+        """Open ``state_dir`` read-only. ``wait`` seconds: how long to wait for a first
+        checkpoint (a worker just started); 0 raises :class:`NoCheckpointError` at once.
+        A missing directory or one that is not a streamlearn state raises
+        :class:`~streamlearn.state.NotAStoreError`."""
+        store = open_store(state_dir, readonly=True, backend="lmdb")
+        try:
+            _wait_for_checkpoint(store, wait)
+            return cls(store, device=device, owns_store=True)
+        except BaseException:
+            store.close()
+            raise
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def config(self) -> Config:
+        """The config the model was trained with (stored in the checkpoint)."""
+        return self._learner.cfg
+
+    @property
+    def task(self) -> str:
+        return self._learner.task
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width e of the vectors :meth:`embed` returns."""
+        return self._learner.model.embedding.out_dim
+
+    @property
+    def step(self) -> int:
+        """Step of the checkpoint the last answer came from."""
+        return self._version.step
+
+    @property
+    def committed_at(self) -> float | None:
+        return self._version.committed_at
+
+    def manifest(self) -> Manifest:
+        """The store's current manifest (a fresh read; may be ahead of :attr:`step`)."""
+        return self._store.manifest()
+
+    def refresh(self) -> int:
+        """Move to the latest checkpoint if the store has a newer one; returns the step."""
+        return self._answer([], lambda records, _: []).step
+
+    # ------------------------------------------------------------------ verbs
+
+    def predict(self, records: Iterable) -> Answer:
+        """classify: each record's most probable label (None before any label)."""
+        self._require_task("classify", "predict", "topk")
+        return self._answer(records, lambda rs, _: self._learner.predict_many(rs))
+
+    def predict_proba(self, records: Iterable) -> Answer:
+        """classify: ``{label: probability}`` per record over the labels seen so far."""
+        self._require_task("classify", "predict_proba", "topk")
+        return self._answer(records, lambda rs, _: self._learner.predict_proba_many(rs))
+
+    def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:
+        """mlm / next-item: :class:`~streamlearn.decoding.TopK` per record (tokens, scores
+        as log-probabilities, ``exact`` certificate). mlm fills the first ``[MASK]`` of
+        ``text`` or ``tokens`` (appended when absent); next-item continues ``tokens`` or
+        the stored history of ``key``."""
+        if self.task == "classify":
+            raise TaskMismatchError(
+                "the model's task is classify: top-k decodes tokens for tasks mlm and next-item; "
+                "use predict / predict_proba (POST /v1/predict) for labels"
+            )
+        return self._answer(records, lambda rs, _: self._learner.topk_many(rs, k=k, beam=beam))
+
+    def embed(self, records: Iterable) -> Answer:
+        """:class:`TokenVectors` per record (``text`` or ``tokens``): each token's input
+        embedding (the embedding scheme's output, width e; no encoder)."""
+        return self._answer(records, self._embed, prepare=self._embed_feats)
+
+    # ------------------------------------------------------------------ query path
+
+    def _answer(self, records: Iterable, run: Callable[[list, Any], list],
+                prepare: Callable[[list], tuple[dict, Any]] | None = None) -> Answer:
+        """Steps 1-4 of the module docstring, under the lock. ``prepare(records)`` gives
+        the features whose rows must be current and a context handed to ``run``."""
+        records = list(records)
+        with self._lock:
+            with self._store.snapshot():  # 1. one short read transaction
+                manifest = self._store.manifest()
+                if manifest.commits != self._version.commits:
+                    self._advance(manifest)  # 2.
+                records = self._resolve(records)
+                context = None
+                if records:
+                    feats, context = (prepare or self._query_feats)(records)
+                    self._fetch_rows(feats)  # 3.
+            version = self._version
+            values = run(records, context) if records else []  # 4. forward, outside the transaction
+        return Answer(version.step, version.committed_at, values)
+
+    def _query_feats(self, records: list) -> tuple[dict[str, np.ndarray], None]:
+        return self._learner.prepare(records, train=False).feats, None
+
+    def _fetch_rows(self, feats: dict[str, np.ndarray]) -> None:
+        """Read the touched rows not yet read at this checkpoint into the model."""
+        touched = self._learner.model.embedding.rows_touched(feats)
+        for name, ids in touched.items():
+            seen = self._row_version.get(name)
+            if seen is None or not len(ids):
+                continue  # a table read whole, or one the store has not declared
+            stale = ids[seen[ids] != self._version.number]
+            if len(stale):
+                values, found = self._store.read_rows(name, stale)  # (n, width), (n,)
+                _write_rows(self._tables[name], stale[found], values[found])
+                seen[stale] = self._version.number
+
+    def _resolve(self, records: list) -> list:
+        """next-item: a query by ``key`` becomes a query on the key's stored history."""
+        if self.task != "next-item":
+            return records
+        return [self._history_query(r) if _is_key_query(r) else r for r in records]
+
+    def _history_query(self, record: Mapping) -> dict:
+        key = canonical_id(record["key"])
+        stored = self._store.read_kv("history", _history_key(key))
+        items = msgpack.unpackb(stored)[1] if stored is not None else []
+        return {"tokens": list(items)}
+
+    def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
+        lists = [self._record_tokens(r, i) for i, r in enumerate(records)]
+        feats = self._learner.model.embedding.featurize(lists, self.config.hashing.max_tokens)
+        return feats, (lists, feats)
+
+    @torch.inference_mode()
+    def _embed(self, records: list, context: tuple) -> list[TokenVectors]:
+        lists, feats = context
+        device = self._learner.device
+        tensors = {n: torch.from_numpy(np.ascontiguousarray(a)).to(device) for n, a in feats.items()}
+        out = self._learner.model.embedding(tensors).float().cpu().numpy()  # (N, T, e)
+        return [TokenVectors(tokens, out[i, :len(tokens)]) for i, tokens in enumerate(lists)]
+
+    def _record_tokens(self, record: Any, i: int) -> list[str]:
+        h = self.config.hashing
+        if not isinstance(record, Mapping):
+            raise RecordError(f"wrong-type: query {i}: a record must be a dict, got {type(record).__name__}")
+        text, tokens = record.get("text"), record.get("tokens")
+        try:
+            if tokens is not None:
+                if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+                    raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
+                out = [canonical_id(t) for t in tokens]
+            elif isinstance(text, str):
+                out = tokenize(text, h.ngrams, h.lowercase) if h.tokenizer == "words" else text.split()
+            else:
+                raise RecordError(f"missing-field: query {i} needs text (str) or tokens")
+        except TypeError as exc:
+            raise RecordError(f"wrong-type: query {i}: {exc}") from exc
+        return out[: h.max_tokens]
+
+    def _require_task(self, task: str, verb: str, instead: str) -> None:
+        if self.task != task:
+            raise TaskMismatchError(
+                f"{verb} needs a {task} model; this model's task is {self.task}: use {instead} "
+                "(POST /v1/topk) for its top-k tokens"
+            )
+
+    # ------------------------------------------------------------------ advancing
+
+    def _advance(self, manifest: Manifest) -> None:
+        """Step 2 of the module docstring, inside the caller's read transaction: load what
+        changed, then mark every lazily read row stale."""
+        meta_blob = self._store.read_blob("learner.meta")
+        config_blob = self._store.read_blob("learner.config")
+        if meta_blob is None or config_blob is None:
+            raise NoCheckpointError(_no_checkpoint(self._store))
+        rewound = manifest.commits < self._version.commits
+        if config_blob != self._config_blob or rewound:
+            self._rebuild(config_blob)  # a rewritten store, or another model in the directory
+        meta = msgpack.unpackb(meta_blob)
+        self._load_dense()
+        self._learner.label_table = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
+        self._extend_candidates(meta.get("candidates", 0))
+        for name in self._whole:
+            if name in manifest.tables:
+                _load_whole(self._store, name, self._tables[name])
+        self._row_version = {n: v for n, v in self._lazy_versions.items() if n in manifest.tables}
+        v = self._version
+        self._version = _Version(manifest.commits, manifest.step, manifest.committed_at, v.number + 1)
+
+    def _rebuild(self, config_blob: bytes) -> None:
+        cfg = Config.from_dict(json.loads(config_blob))
+        if self._device is not None:
+            cfg = cfg.override(f"learner.device={self._device}")
+        learner = Learner(cfg)
+        embedding = learner.model.embedding
+        if hasattr(embedding, "grow"):
+            embedding.grow = False  # the plain reference's dictionary comes from the checkpoint
+        self._learner = learner
+        self._tables = dict(learner.model.row_tables())
+        self._whole = _whole_tables(learner)
+        self._lazy_versions = {
+            n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole
+        }
+        self._config_blob = config_blob
+        self._version = dataclasses.replace(self._version, commits=-1)
+
+    def _load_dense(self) -> None:
+        model = self._learner.model
+        blob = self._store.read_blob("model.dense")
+        dense = torch.load(io.BytesIO(blob), map_location=self._learner.device, weights_only=True)
+        rows = {id(p) for p in self._tables.values()}
+        row_names = {n for n, p in model.named_parameters() if id(p) in rows}
+        missing, unexpected = model.load_state_dict(dense, strict=False)
+        if unexpected or set(missing) != row_names:
+            raise SnapshotError(
+                f"stored dense weights do not fit the stored config (missing "
+                f"{sorted(set(missing) - row_names)}, unexpected {sorted(unexpected)}): the state "
+                "directory was written by another streamlearn version"
+            )
+
+    def _extend_candidates(self, count: int) -> None:
+        index = self._learner.index
+        if index is None:
+            return
+        if count < index.mark:  # fewer than before: the store was rewritten
+            index = self._learner.index = self._learner._new_index()
+        keys = [seq.to_bytes(8, "big") for seq in range(index.mark, count)]
+        values = [self._store.read_kv("candidates", key) for key in keys]
+        if any(v is None for v in values):
+            raise SnapshotError(
+                f"the checkpoint counts {count} decoding candidates but the store lacks some: the "
+                "candidates namespace was altered; restore the state directory from a good copy"
+            )
+        index.extend([v.decode("utf-8") for v in values])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Release the store if this snapshot opened it (idempotent)."""
+        if self._owns_store:
+            self._store.close()
+            self._owns_store = False
+
+    def __enter__(self) -> "Snapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {self._store.path} task={self.task} step={self.step}>"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _whole_tables(learner: Learner) -> frozenset[str]:
+    """Row tables a head reads in full (a tied output head): loaded whole per checkpoint."""
+    model = learner.model
+    if learner.task == "classify" or not model.tied:
+        return frozenset()
+    table = model.output_table()
+    return frozenset(n for n, t in model.row_tables().items() if t is table)
+
+
+@torch.no_grad()
+def _write_rows(table: torch.Tensor, ids: np.ndarray, values: np.ndarray) -> None:
+    if len(ids):
+        index = torch.from_numpy(ids).to(table.device)
+        table.index_copy_(0, index, torch.from_numpy(values).to(table.device, table.dtype))
+
+
+@torch.no_grad()
+def _load_whole(store: Store, name: str, table: torch.Tensor) -> None:
+    # Rows never stored keep the in-memory value, which is their init (never overwritten).
+    host = table.detach().cpu().numpy() if table.device.type != "cpu" else table.detach().numpy()
+    store.load_table(name, host)
+    if table.device.type != "cpu":
+        table.copy_(torch.from_numpy(host).to(table.device))
+
+
+def _is_key_query(record: Any) -> bool:
+    return isinstance(record, Mapping) and record.get("tokens") is None and "key" in record \
+        and not isinstance(record["key"], bool) and isinstance(record["key"], (str, int))
+
+
+def _no_checkpoint(store: Store) -> str:
+    return (f"{store.path} holds no learner checkpoint yet (step {store.manifest().step}): start a "
+            "worker on it and wait for its first checkpoint (Snapshot.open(..., wait=SECONDS), "
+            "streamlearn serve --wait SECONDS)")
+
+
+def _require_checkpoint(store: Store) -> bytes:
+    """The stored learner config, or NoCheckpointError."""
+    with store.snapshot():
+        config = store.read_blob("learner.config")
+        if store.manifest().commits == 0 or config is None or store.read_blob("learner.meta") is None:
+            raise NoCheckpointError(_no_checkpoint(store))
+    return config
+
+
+def _wait_for_checkpoint(store: Store, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            _require_checkpoint(store)
+            return
+        except NoCheckpointError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)

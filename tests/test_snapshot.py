@@ -1,0 +1,244 @@
+"""Snapshot: answers equal a learner restored from the same checkpoint, across
+checkpoints and schemes; rows are read lazily (once per checkpoint); it follows a
+writer in another process within a second; bad directories fail with clear errors."""
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from streamlearn.config import Config
+from streamlearn.exceptions import RecordError
+from streamlearn.learner import Learner
+from streamlearn.snapshot import NoCheckpointError, Snapshot, TaskMismatchError
+from streamlearn.state import Checkpoint, NotAStoreError, open_store
+
+SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfree_rows=512",
+         "embedding.plain_vocab=64", "model.d_model=16", "model.heads=2", "model.ffn=32",
+         "model.out_B=256", "model.max_labels=16")
+WORDS = [f"w{i}" for i in range(120)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared 2-core machine
+    yield
+    torch.set_num_threads(threads)
+
+
+def commit(store, learner: Learner, step: int) -> None:
+    """The minimal checkpoint of a learner (the worker adds offsets and metrics)."""
+    specs, rows, blobs, kv = learner.checkpoint_parts()
+    store.declare_tables(specs)
+    store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
+
+
+def stream(task: str, n: int, rng: random.Random) -> list[dict]:
+    if task == "classify":
+        return [{"tokens": rng.sample(WORDS, 5), "label": rng.choice("abc")} for _ in range(n)]
+    if task == "mlm":
+        return [{"tokens": rng.sample(WORDS[:40], 5)} for _ in range(n)]
+    return [{"key": f"u{rng.randrange(4)}", "item": rng.choice(WORDS[:30])} for _ in range(n)]
+
+
+QUERIES = {
+    "classify": [{"tokens": ["w1", "w2", "w3"]}, {"text": "w4 w5 never-seen"}, {"tokens": [7, "w9"]}],
+    "mlm": [{"tokens": ["w1", "[MASK]", "w3"]}, {"text": "w4 w5"}],
+    "next-item": [{"key": "u1"}, {"key": "nobody"}, {"tokens": ["w1", "w2"]}, {"key": 3}],
+}
+
+
+def answers(source, task: str):
+    """(values, comparable) from a Snapshot or a Learner."""
+    q = QUERIES[task]
+    if isinstance(source, Snapshot):
+        a = source.predict_proba(q) if task == "classify" else source.topk(q, k=5)
+        return a.step, a.values
+    return None, source.predict_proba_many(q) if task == "classify" else source.topk_many(q, k=5)
+
+
+def assert_same(task: str, got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if task == "classify":
+            assert g.keys() == w.keys()
+            np.testing.assert_allclose([g[k] for k in w], [w[k] for k in w], rtol=0, atol=1e-6)
+        else:
+            assert g.tokens == w.tokens and g.exact == w.exact
+            np.testing.assert_allclose(g.scores, w.scores, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme,task", [
+    ("hash", "classify"), ("hash", "mlm"), ("hash", "next-item"), ("bloom", "mlm"),
+    ("plain", "classify"), ("hashformer-pool", "next-item"), ("tfree", "classify"),
+])
+def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, tmp_path):
+    rng = random.Random(0)
+    learner = Learner(Config().override(*SMALL, f"embedding.scheme={scheme}", f"learner.task={task}"))
+    store = open_store(tmp_path / "state")
+    learner.learn_many(stream(task, 32, rng))
+    commit(store, learner, 1)
+    with Snapshot.open(str(tmp_path / "state")) as snap:
+        for step in (1, 2, 3):
+            step_seen, got = answers(snap, task)
+            assert step_seen == step == snap.step
+            _, want = answers(Learner.restore(store), task)
+            assert_same(task, got, want)
+            for _ in range(2):
+                learner.learn_many(stream(task, 32, rng))
+            commit(store, learner, step + 1)
+    store.close()
+
+
+def test_embed_gives_the_input_embedding_of_each_token(tmp_path):
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 32, random.Random(1)))
+    with open_store(tmp_path) as store:
+        commit(store, learner, 1)
+        with Snapshot(store) as snap:
+            answer = snap.embed([{"tokens": ["w1", 5, "unseen"]}, {"text": "W2 w3"}])
+    first, second = answer.values
+    assert first.tokens == ["w1", "5", "unseen"] and second.tokens == ["w2", "w3"]
+    feats = learner.model.embedding.featurize([first.tokens], 128)
+    with torch.no_grad():
+        want = learner.model.embedding({k: torch.from_numpy(v) for k, v in feats.items()})[0].numpy()
+    np.testing.assert_allclose(first.vectors, want, rtol=0, atol=1e-6)
+    assert first.vectors.shape == (3, snap.embedding_dim) and answer.step == 1
+
+
+class CountingStore:
+    """The real store, with read_rows calls counted (rows asked for, per table)."""
+
+    def __init__(self, store):
+        self._store, self.rows = store, {}
+
+    def read_rows(self, table, ids):
+        self.rows[table] = self.rows.get(table, 0) + len(ids)
+        return self._store.read_rows(table, ids)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_rows_are_read_once_per_checkpoint_and_only_those_touched(tmp_path):
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 32, random.Random(2)))
+    store = open_store(tmp_path)
+    commit(store, learner, 1)
+    counting = CountingStore(store)
+    snap = Snapshot(counting)
+    query = [{"tokens": ["w1", "w2"]}]
+    snap.predict(query)
+    k = learner.cfg.embedding.k
+    assert counting.rows == {"E": 2 * k, "P": 2}  # two tokens: k buckets and one D1 row each
+    snap.predict(query)
+    assert counting.rows == {"E": 2 * k, "P": 2}  # same checkpoint: nothing read again
+    learner.learn_many(stream("classify", 32, random.Random(3)))
+    commit(store, learner, 2)
+    assert snap.predict(query).step == 2
+    assert counting.rows == {"E": 4 * k, "P": 4}  # a new checkpoint: the rows are read again
+    store.close()
+
+
+def test_task_mismatch_and_bad_queries_raise_clear_errors(tmp_path):
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 8, random.Random(4)))
+    with open_store(tmp_path) as store:
+        commit(store, learner, 1)
+        snap = Snapshot(store)
+        with pytest.raises(TaskMismatchError, match="use predict"):
+            snap.topk([{"text": "w1"}])
+        for bad in ({"tokens": "w1 w2"}, {"tokens": [1.5]}, {"nothing": 1}, "text"):
+            with pytest.raises(RecordError):
+                snap.predict([bad])
+            with pytest.raises(RecordError):
+                snap.embed([bad])
+        assert snap.predict([]).values == []
+
+
+def test_predict_on_a_non_classifier_names_topk(tmp_path):
+    learner = Learner(Config().override(*SMALL, "learner.task=mlm"))
+    learner.learn_many(stream("mlm", 8, random.Random(5)))
+    with open_store(tmp_path) as store:
+        commit(store, learner, 1)
+        with pytest.raises(TaskMismatchError, match="topk"):
+            Snapshot(store).predict_proba([{"text": "w1"}])
+
+
+def test_open_rejects_missing_foreign_and_empty_directories(tmp_path):
+    with pytest.raises(NotAStoreError, match="does not exist"):
+        Snapshot.open(str(tmp_path / "missing"))
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("hello")
+    with pytest.raises(NotAStoreError, match="not a streamlearn state"):
+        Snapshot.open(str(tmp_path / "foreign"))
+    open_store(tmp_path / "empty").close()
+    with pytest.raises(NoCheckpointError, match="no learner checkpoint yet.*wait"):
+        Snapshot.open(str(tmp_path / "empty"))
+
+
+def test_open_waits_for_a_first_checkpoint(tmp_path):
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 8, random.Random(6)))
+    store = open_store(tmp_path)
+    timer = threading.Timer(0.3, commit, (store, learner, 7))
+    timer.start()
+    started = time.monotonic()
+    with Snapshot.open(str(tmp_path), wait=20) as snap:
+        assert snap.step == 7 and time.monotonic() - started >= 0.25
+    timer.join()
+    store.close()
+
+
+WRITER = r"""
+import json, random, sys, time
+from streamlearn.config import Config
+from streamlearn.learner import Learner
+from streamlearn.state import Checkpoint, open_store
+import torch
+torch.set_num_threads(1)
+learner = Learner(Config())  # the default model: the freshness promise is for it
+store = open_store(sys.argv[1])
+rng = random.Random(0)
+words = [f"w{i}" for i in range(5000)]
+for step in range(1, 8):
+    for _ in range(4):
+        learner.learn_many([{"tokens": rng.sample(words, 12), "label": rng.choice("ab")} for _ in range(32)])
+    specs, rows, blobs, kv = learner.checkpoint_parts()
+    store.declare_tables(specs)
+    store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
+    print(json.dumps({"step": step, "at": time.time()}), flush=True)
+    time.sleep(0.25)
+"""
+
+
+def test_answers_follow_a_writer_in_another_process_within_a_second(tmp_path):
+    state = str(tmp_path / "state")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, state], stdout=subprocess.PIPE, text=True)
+    try:
+        commits = [json.loads(writer.stdout.readline())]
+        reader = threading.Thread(target=lambda: commits.extend(json.loads(line) for line in writer.stdout))
+        reader.start()
+        seen = []  # (query start, answer step)
+        with Snapshot.open(state) as snap:
+            while writer.poll() is None:
+                started = time.time()
+                seen.append((started, snap.predict([{"tokens": ["w1", "w2", "w3"]}]).step))
+        reader.join()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert [c["step"] for c in commits] == list(range(1, 8))
+    for c in commits:
+        # A query that starts after a commit returned answers from that checkpoint or newer,
+        # and the first such answer came at once (well within the promised second).
+        after = [(t, step) for t, step in seen if t >= c["at"]]
+        assert after and all(step >= c["step"] for _, step in after)
+        assert after[0][0] - c["at"] < 1.0
+    assert {step for _, step in seen} >= set(range(2, 8))  # it moved through every checkpoint
