@@ -84,6 +84,7 @@ class LmdbStore(Store):
         self._cfg = cfg
         self._local = threading.local()
         self._tables: dict[str, TableSpec] = {}
+        self._tables_raw = b""  # the stored table list self._tables was parsed from
         self._lock_fd: int | None = None
         self._shared: SharedEnv | None = None
         if readonly:
@@ -149,11 +150,19 @@ class LmdbStore(Store):
     def _load_tables(self) -> dict[str, TableSpec]:
         meta = self._shared.db(_META)
         with self._read_txn() as txn:
-            raw = txn.get(b"tables", None, meta)
-            tables = specs_from_json(json.loads(bytes(raw)))
+            raw = bytes(txn.get(b"tables", None, meta))
+        return self._adopt_tables(raw)
+
+    def _adopt_tables(self, raw: bytes) -> dict[str, TableSpec]:
+        """Parse the stored table list and open every shard's handle. Handles must be open
+        before the transaction that uses them begins (LMDB), hence never inside one."""
+        if raw == self._tables_raw:
+            return self._tables
+        tables = specs_from_json(json.loads(raw))
         for name in tables:
             for shard in range(self.shards):
                 self._shared.db(row_db_name(name, shard))
+        self._tables_raw = raw
         return tables
 
     @property
@@ -278,13 +287,18 @@ class LmdbStore(Store):
         if self._local_txn() is not None:
             yield self
             return
-        self._tables = self._load_tables()  # open new tables' handles before the snapshot begins
-        with self._read_txn() as txn:
-            self._local.txn = txn
-            try:
-                yield self
-            finally:
-                self._local.txn = None
+        meta = self._shared.db(_META)
+        while True:
+            with self._read_txn() as txn:
+                raw = bytes(txn.get(b"tables", None, meta))
+                if raw == self._tables_raw:  # every table of this snapshot has its handles
+                    self._local.txn = txn
+                    try:
+                        yield self
+                    finally:
+                        self._local.txn = None
+                    return
+            self._tables = self._adopt_tables(raw)  # tables declared since: open, begin again
 
     def _spec(self, table: str) -> TableSpec:
         spec = self._tables.get(table)

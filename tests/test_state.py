@@ -249,8 +249,12 @@ def test_a_read_only_store_sees_commits_and_refuses_writes(store):
         store.declare_tables([TableSpec("late", rows=10, width=2)])
         store.commit(Checkpoint(step=2, rows={"late": rows(TableSpec("late", 10, 2), [3], fill=1.0)}))
         assert ro.read_rows("late", np.array([3]))[1].all()  # a table declared after open
+        store.declare_tables([TableSpec("later", rows=10, width=2)])
+        store.commit(Checkpoint(step=3, rows={"later": rows(TableSpec("later", 10, 2), [1], fill=5.0)}))
+        with ro.snapshot():  # first seen inside a snapshot block
+            assert ro.read_rows("later", np.array([1]))[0].tolist() == [[5.0, 5.0]]
         with pytest.raises(StateError, match="read-only"):
-            ro.commit(Checkpoint(step=3))
+            ro.commit(Checkpoint(step=4))
         with pytest.raises(StateError, match="read-only"):
             ro.declare_tables([TableSpec("other", rows=10, width=2)])
         ro.declare_tables([E])  # already there: fine
