@@ -177,6 +177,7 @@ def _uniform_child(args: argparse.Namespace) -> None:
             store.commit(Checkpoint(step=i, offsets={"u:0": i}, rows={"u": (ids, values)},
                                     blobs={"step": str(i).encode()}))
             print("end", i, flush=True)
+            time.sleep(args.pause_ms / 1000)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     uniform = sub.add_parser("uniform")
     uniform.add_argument("dir")
     uniform.add_argument("--commits", type=int, default=1_000_000)
+    uniform.add_argument("--pause-ms", type=float, default=0.0, help="sleep between commits")
     for p in (faults, uniform):
         p.add_argument("--map-mb", type=float, default=4.0)
         p.add_argument("--sync", type=int, default=1)
