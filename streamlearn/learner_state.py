@@ -29,7 +29,7 @@ import xxhash
 from .config import Config
 from .embeddings import build_embedding
 from .exceptions import StreamlearnError
-from .objectives import LabelTable
+from .objectives import Histories, LabelTable
 from .state.schema import TableSpec
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _dense_state(learner: "Learner") -> dict[str, torch.Tensor]:
 
 
 def _blobs(learner: "Learner") -> dict[str, bytes]:
-    meta = {"format": FORMAT, "steps": learner.steps, "prepared": learner._prepared,
+    meta = {"format": FORMAT, "steps": learner.steps, "prepared": learner.prep.prepared,
             "applied": learner._applied, "candidates": learner.index.mark if learner.index else 0}
     return {
         "learner.config": learner.cfg.to_json().encode(),
@@ -126,7 +126,7 @@ def load_into(learner: "Learner", store) -> None:
         _load_rows(learner, store)
         _load_blobs(learner, store)
         _load_kv(learner, store, meta["candidates"])
-    learner.steps, learner._prepared, learner._applied = meta["steps"], meta["prepared"], meta["applied"]
+    learner.steps, learner.prep.prepared, learner._applied = meta["steps"], meta["prepared"], meta["applied"]
     learner._dirty = {}
 
 
@@ -164,14 +164,15 @@ def _load_blobs(learner: "Learner", store) -> None:
         )
     learner.dense_optim.load_state_dict(_load(store.read_blob("optim.dense")))
     learner.row_optim.load_state_dict(msgpack.unpackb(store.read_blob("optim.rows")))
-    learner.label_table = LabelTable.from_bytes(store.read_blob("learner.labels"))
+    learner.prep.label_table = LabelTable.from_bytes(store.read_blob("learner.labels"))
 
 
 def _load_kv(learner: "Learner", store, n_candidates: int) -> None:
-    learner.histories = type(learner.histories)(learner.cfg.learner.history)
+    histories = Histories(learner.cfg.learner.history)
     for _, value in store.iter_kv("history"):
         key, items = msgpack.unpackb(value)
-        learner.histories.load(key, items)
+        histories.load(key, items)
+    learner.prep.histories = histories
     if learner.index is None:
         return
     learner.index = learner._new_index()
