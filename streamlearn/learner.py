@@ -156,9 +156,19 @@ class Learner(river_base.Classifier):
         batch = self.prepare(records, train=False)
         if not batch.n_labels or not batch.records:
             return [{} for _ in range(batch.records)]
-        probs = self._infer(batch).softmax(-1).cpu().numpy()  # (N, n_labels)
+        probs = self.predict_proba_batch(batch)  # (N, n_labels)
         labels = self.label_table.labels[:batch.n_labels]
         return [dict(zip(labels, row.tolist())) for row in probs]
+
+    def predict_proba_batch(self, batch: Batch) -> np.ndarray:
+        """classify: label probabilities (N, n_labels) of an already prepared batch, a
+        query batch or a training batch before :meth:`learn_batch` (prequential
+        evaluation without tokenizing and hashing the records again)."""
+        if self.task != "classify":
+            raise StreamlearnError(f"predict_proba_batch is defined for task classify, not {self.task}")
+        if not batch.n_labels or batch.feats is None:
+            return np.zeros((batch.examples if batch.train else batch.records, batch.n_labels), np.float32)
+        return self._infer(batch).softmax(-1).cpu().numpy()
 
     def topk_many(self, records: Iterable, k: int = 10, beam: int | None = None) -> list[TopK]:
         """The k best answers per record, best first, with scores (log-probabilities).

@@ -92,6 +92,11 @@ def test_classify_learns_a_separable_stream():
         preds = lrn.predict_many(batch)
         hits.extend(p == r["label"] for p, r in zip(preds, batch))
         lrn.learn_many(batch)
+    batch = lrn.prepare(stream[:8])  # a training batch, scored before it is learned
+    probs = lrn.predict_proba_batch(batch)
+    assert probs.shape == (8, 3) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    np.testing.assert_allclose(probs, [list(p.values()) for p in lrn.predict_proba_many(stream[:8])], atol=1e-6)
+    lrn.learn_batch(batch)
     assert np.mean(hits[:48]) < 0.7
     assert np.mean(hits[-320:]) > 0.95
     probs = lrn.predict_proba_one({"text": "goal match team"})
