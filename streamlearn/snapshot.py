@@ -36,7 +36,6 @@ Usage (see docs/serving.md)::
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import threading
 import time
@@ -51,12 +50,12 @@ from .config import Config
 from .exceptions import RecordError, StreamlearnError
 from .hashing import canonical_id, tokenize
 from .learner import Learner
-from .learner_state import _history_key
-from .objectives import LabelTable
+from . import learner_state
 from .state import Manifest, Store, open_store
 
 __all__ = [
     "Answer", "NoCheckpointError", "Snapshot", "SnapshotError", "TaskMismatchError", "TokenVectors",
+    "wait_for_checkpoint",
 ]
 
 
@@ -127,7 +126,7 @@ class Snapshot:
         :class:`~streamlearn.state.NotAStoreError`."""
         store = open_store(state_dir, readonly=True, backend="lmdb")
         try:
-            _wait_for_checkpoint(store, wait)
+            wait_for_checkpoint(store, wait)
             return cls(store, device=device, owns_store=True)
         except BaseException:
             store.close()
@@ -240,7 +239,7 @@ class Snapshot:
 
     def _history_query(self, record: Mapping) -> dict:
         key = canonical_id(record["key"])
-        stored = self._store.read_kv("history", _history_key(key))
+        stored = self._store.read_kv("history", learner_state._history_key(key))
         items = msgpack.unpackb(stored)[1] if stored is not None else []
         return {"tokens": list(items)}
 
@@ -295,8 +294,9 @@ class Snapshot:
         if config_blob != self._config_blob or rewound:
             self._rebuild(config_blob)  # a rewritten store, or another model in the directory
         meta = msgpack.unpackb(meta_blob)
-        self._load_dense()
-        self._learner.label_table = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
+        # Dense weights and the label table (and the optimizer blobs, which queries do not
+        # use: they are small, and one loader keeps the blob formats in learner_state).
+        learner_state._load_blobs(self._learner, self._store)
         self._extend_candidates(meta.get("candidates", 0))
         for name in self._whole:
             if name in manifest.tables:
@@ -321,20 +321,6 @@ class Snapshot:
         }
         self._config_blob = config_blob
         self._version = dataclasses.replace(self._version, commits=-1)
-
-    def _load_dense(self) -> None:
-        model = self._learner.model
-        blob = self._store.read_blob("model.dense")
-        dense = torch.load(io.BytesIO(blob), map_location=self._learner.device, weights_only=True)
-        rows = {id(p) for p in self._tables.values()}
-        row_names = {n for n, p in model.named_parameters() if id(p) in rows}
-        missing, unexpected = model.load_state_dict(dense, strict=False)
-        if unexpected or set(missing) != row_names:
-            raise SnapshotError(
-                f"stored dense weights do not fit the stored config (missing "
-                f"{sorted(set(missing) - row_names)}, unexpected {sorted(unexpected)}): the state "
-                "directory was written by another streamlearn version"
-            )
 
     def _extend_candidates(self, count: int) -> None:
         index = self._learner.index
@@ -416,7 +402,8 @@ def _require_checkpoint(store: Store) -> bytes:
     return config
 
 
-def _wait_for_checkpoint(store: Store, wait: float) -> None:
+def wait_for_checkpoint(store: Store, wait: float) -> None:
+    """Return once ``store`` holds a learner checkpoint; NoCheckpointError after ``wait`` s."""
     deadline = time.monotonic() + wait
     while True:
         try:

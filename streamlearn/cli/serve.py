@@ -1,0 +1,116 @@
+"""``streamlearn serve --state DIR``: the HTTP query service on the live snapshot.
+
+The state directory is checked before the server starts: a missing directory, one
+that is not a streamlearn state, or one without a checkpoint (after ``--wait``) stops
+the command with a one-line error. ``--workers N`` runs N processes on one port, each
+with its own snapshot; their latency histograms are merged through a temporary
+prometheus_client multiprocess directory (removed at exit).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from ..config import ServiceConfig
+from ..exceptions import StreamlearnError
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="HTTP query service on the live snapshot of a state directory",
+        description="Serve predictions from the latest checkpoint of --state while a worker "
+        "keeps training (each query moves to a newer checkpoint as soon as it is committed). "
+        "Endpoints: POST /v1/predict, /v1/topk, /v1/embed; GET /v1/snapshot, /healthz, "
+        "/metrics; the OpenAPI document is at /openapi.json.",
+    )
+    parser.add_argument("--state", required=True, metavar="DIR", help="state directory a worker writes")
+    parser.add_argument("--host", default=None, help=f"bind address (default: service.host, {ServiceConfig.host})")
+    parser.add_argument("--port", type=int, default=None, help=f"port (default: service.port, {ServiceConfig.port})")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="server processes sharing the port, each with its own snapshot (default: %(default)s)")
+    parser.add_argument("--config", metavar="FILE", default=None, help="TOML config (its [service] section is used)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted override, e.g. --set service.max_batch=64 (repeatable)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long for a first checkpoint before giving up (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="torch device for queries (default: the stored learner.device)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process; 0 keeps torch's default (default: %(default)s: "
+                        "single queries are too small to split, and the worker needs the other cores)")
+    parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU per request)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..service import Settings  # the CLI imports the service stack only when it is used
+
+    settings = Settings(state=args.state, service=_service_config(args), wait=args.wait,
+                        device=args.device, threads=args.threads or None)
+    if args.workers < 1:
+        raise StreamlearnError(f"--workers must be >= 1, got {args.workers}")
+    if args.threads < 0:
+        raise StreamlearnError(f"--threads must be >= 0, got {args.threads}")
+    if args.workers == 1:
+        return _serve_one(settings, args.access_log)
+    return _serve_many(settings, args.workers, args.access_log)
+
+
+def _service_config(args: argparse.Namespace) -> ServiceConfig:
+    from ..config import load_config
+
+    service = load_config(args.config, args.overrides).service
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    service = dataclasses.replace(service, **changes)
+    if not 0 <= service.port <= 65535:
+        raise StreamlearnError(f"port {service.port} is not in [0, 65535]: pass --port")
+    if service.max_tokens < 1 or service.max_batch < 1:
+        raise StreamlearnError("service.max_tokens and service.max_batch must be >= 1")
+    return service
+
+
+def _serve_one(settings, access_log: bool) -> int:
+    import uvicorn
+
+    from ..service import create_app
+
+    app = create_app(settings)  # opens the snapshot: a bad --state fails here, before binding
+    log.info("serving %s (task %s, step %d) on http://%s:%d", settings.state, app.state.snapshot.task,
+             app.state.snapshot.step, settings.service.host, settings.service.port)
+    uvicorn.run(app, host=settings.service.host, port=settings.service.port, access_log=access_log,
+                log_level="info")
+    return 0
+
+
+def _serve_many(settings, workers: int, access_log: bool) -> int:
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from ..service import create_app
+    from ..snapshot import wait_for_checkpoint
+    from ..state import open_store
+
+    with open_store(settings.state, readonly=True, backend="lmdb") as store:  # fail before the workers start
+        wait_for_checkpoint(store, settings.wait)
+    metrics_dir = tempfile.mkdtemp(prefix="streamlearn-metrics-")
+    # prometheus_client reads this in each worker process when it is first imported there.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        factory = functools.partial(create_app, dataclasses.replace(settings, metrics_dir=metrics_dir))
+        config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,
+                                workers=workers, access_log=access_log, log_level="info")
+        sock = config.bind_socket()
+        log.info("serving %s with %d workers on http://%s:%d", settings.state, workers,
+                 settings.service.host, settings.service.port)
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
