@@ -1,0 +1,12 @@
+"""Kafka consumer workers (installed as ``streamlearn.consumers``).
+
+A :class:`Worker` joins a consumer group, decodes and validates records, dead-letters the
+bad ones, trains a :class:`~streamlearn.learner.Learner` and checkpoints it to the state
+store together with the offsets it consumed. ``streamlearn worker`` runs one; see
+docs/operations.md for running, stopping, recovering and monitoring it.
+"""
+from .checkpoint import AUDIT, read_audit
+from .fetcher import FetchPlan
+from .worker import RunOptions, RunSummary, Worker, WorkerError
+
+__all__ = ["AUDIT", "FetchPlan", "RunOptions", "RunSummary", "Worker", "WorkerError", "read_audit"]

@@ -111,13 +111,24 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """The Kafka consumer worker (see docs/operations.md)."""
+
     bootstrap: str = "127.0.0.1:9092"
     group: str = "streamlearn"
     checkpoint_every: int = 5_000  # records
     checkpoint_seconds: float = 30.0
     max_record_bytes: int = 1_000_000
     dlq_suffix: str = ".dlq"
+    dlq_max_bytes: int = 16_777_216  # larger bad messages are dead-lettered cut to this size
     poll_timeout_ms: int = 200
+    queue_batches: int = 4  # prepared batches buffered between the fetch thread and training
+    eval_every: int = 10  # prequential accuracy on every n-th batch (0: off); one extra forward each
+    log_seconds: float = 5.0  # status line interval
+    retry_max_s: float = 5.0  # cap of the exponential backoff while the broker is unreachable
+    session_timeout_ms: int = 10_000  # group membership: a killed worker's partitions move after this
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    audit: bool = False  # store the offset ranges each checkpoint applied (kv "audit"; tests)
 
 
 @dataclass(frozen=True)

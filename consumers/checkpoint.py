@@ -1,0 +1,181 @@
+"""The training loop's side of checkpoints: what the learner has applied, and the commit.
+
+Commit order (the reason a killed worker neither loses nor repeats a record):
+
+1. The fetch thread stops preparing and flushes the dead-letter producer, so every letter
+   for an offset the checkpoint will cover is acknowledged.
+2. The training loop learns every batch queued before the request (``Handoff`` order).
+3. ONE store commit writes the learner's changed rows, blobs and kv together with the
+   offsets (next offset to consume, per partition, counting dead-lettered records) and
+   the records applied per partition. LMDB makes it all or nothing.
+4. Only then the fetch thread commits the same offsets to Kafka. That commit is advisory
+   (lag monitoring); on start and on every assignment the worker seeks to the offsets of
+   step 3, never to Kafka's.
+
+Killed before 3 completes, the worker restarts from the previous checkpoint: its state and
+its offsets both predate the lost work, which is simply consumed again. Killed after 3,
+the state holds the records and the offsets skip them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+import msgpack
+
+from ..config import Config
+from ..exceptions import StreamlearnError
+from ..learner import Learner
+from ..learner_state import stored_config
+from ..state import Checkpoint, Store
+from .handoff import Prepared
+
+log = logging.getLogger(__name__)
+
+AUDIT = "audit"  # kv namespace: the offset ranges each checkpoint applied (worker.audit)
+_TOTALS = ("records_learned", "dead_letters")  # cumulative counts kept in the manifest metrics
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
+    """``{"topic:p": n}`` entries of ``topic`` as ``{p: n}``."""
+    out = {}
+    for key, value in mapping.items():
+        name, _, part = key.rpartition(":")
+        if name == topic:
+            out[int(part)] = int(value)
+    return out
+
+
+def open_learner(store: Store, cfg: Config) -> Learner:
+    """The learner of the store's last checkpoint, or a new one for an empty store.
+
+    The config passed in wins (it may change e.g. learning rates), but it must build the
+    same tables and weights as the stored one; otherwise the error names what differs.
+    """
+    if store.read_blob("learner.meta") is None:
+        return Learner(cfg)
+    try:
+        return Learner.restore(store, cfg)
+    except StreamlearnError as exc:
+        diff = config_diff(stored_config(store), cfg)
+        if not diff:
+            raise
+        raise StreamlearnError(
+            f"the state at {store.path} was trained with another model config ({diff}): pass "
+            f"the same --config/--set as before, or use a new --state directory ({exc})"
+        ) from exc
+
+
+def config_diff(old: Config, new: Config, skip: tuple[str, ...] = ("worker", "store", "service")) -> str:
+    """``"model.layers 0 -> 1, ..."`` for the keys that differ outside ``skip``."""
+    a, b = old.to_dict(), new.to_dict()
+    diffs = [f"{section}.{key} {a[section][key]!r} -> {value!r}"
+             for section, values in b.items() if section not in skip
+             for key, value in values.items() if a[section].get(key) != value]
+    return ", ".join(diffs)
+
+
+class AuditLog:
+    """Offset ranges applied since the last commit, merged while contiguous."""
+
+    def __init__(self) -> None:
+        self.ranges: list[list[int]] = []  # [partition, first, last, count]
+        self._open: dict[int, list[int]] = {}
+
+    def add(self, spans: dict[int, tuple[int, int, int]]) -> None:
+        for partition, (first, last, count) in spans.items():
+            run = self._open.get(partition)
+            if run is not None and run[2] + 1 == first and _dense(run[1], run[2], run[3]) and _dense(first, last, count):
+                run[2], run[3] = last, run[3] + count
+                continue
+            run = [partition, first, last, count]
+            self.ranges.append(run)
+            self._open[partition] = run
+
+    def take(self) -> bytes:
+        return msgpack.packb(self.ranges)
+
+    def clear(self) -> None:
+        self.ranges, self._open = [], {}
+
+
+def _dense(first: int, last: int, count: int) -> bool:
+    return count == last - first + 1
+
+
+def read_audit(store: Store) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
+    """Every checkpoint's audit entry, in commit order: ``(commit number, [(partition,
+    first offset, last offset, records)])``. Present only with ``worker.audit=true``."""
+    for key, value in store.iter_kv(AUDIT):
+        yield int.from_bytes(key, "big"), [tuple(r) for r in msgpack.unpackb(value)]
+
+
+class Checkpointer:
+    """Tracks what the learner has applied and commits it with the learner's state.
+
+    ``positions``: partition -> next offset to consume (the learner holds every record
+    before it); ``applied``: partition -> records applied (learned or dead-lettered).
+    Both start from the store's manifest and advance in :meth:`note`, after each learned
+    batch; :meth:`commit` writes them with the learner (steps 2-3 of the module docstring).
+    """
+
+    def __init__(self, store: Store, learner: Learner, topic: str, audit: bool = False):
+        self.store, self.learner, self.topic = store, learner, topic
+        manifest = store.manifest()
+        self.positions = topic_offsets(manifest.offsets, topic)
+        self.applied = topic_offsets(manifest.records_applied, topic)
+        metrics = manifest.metrics or {}
+        self.totals = {name: int(metrics.get(name) or 0) for name in _TOTALS}
+        self.commits = manifest.commits
+        self._audit = AuditLog() if audit else None
+        self._full = False  # after a failed commit the next one writes every row
+        self._specs_declared = False
+
+    def note(self, item: Prepared, learned: int) -> None:
+        """Account for a learned batch: its offsets, counts and audit ranges."""
+        for partition, (_, last, count) in item.spans.items():
+            self.positions[partition] = last + 1
+            self.applied[partition] = self.applied.get(partition, 0) + count
+        self.totals["records_learned"] += learned
+        self.totals["dead_letters"] += len(item.dead)
+        if self._audit is not None:
+            self._audit.add(item.spans)
+
+    def commit(self, metrics: dict, config: Config) -> float:
+        """One atomic store commit of the learner and the offsets; returns its seconds.
+
+        A failure raises :class:`StreamlearnError` (the store is unchanged) and makes the
+        next commit a full one, since this one consumed the learner's changed-row lists.
+        """
+        started = time.perf_counter()
+        try:
+            self.store.commit(self._build(metrics, config))
+        except StreamlearnError:
+            self._full = True
+            raise
+        self._full = False
+        self.commits += 1
+        if self._audit is not None:
+            self._audit.clear()
+        return time.perf_counter() - started
+
+    def _build(self, metrics: dict, config: Config) -> Checkpoint:
+        specs, rows, blobs, kv = self.learner.checkpoint_parts(full=self._full)
+        if not self._specs_declared:
+            self.store.declare_tables(specs)
+            self._specs_declared = True
+        if self._audit is not None:
+            kv[AUDIT] = {(self.commits + 1).to_bytes(8, "big"): self._audit.take()}
+        key = lambda p: partition_key(self.topic, p)  # noqa: E731
+        return Checkpoint(
+            step=self.learner.steps,
+            offsets={key(p): n for p, n in self.positions.items()},
+            records_applied={key(p): n for p, n in self.applied.items()},
+            rows=rows, blobs=blobs, kv=kv, config=config.to_dict(),
+            metrics={**metrics, **self.totals},
+        )

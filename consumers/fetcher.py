@@ -1,0 +1,338 @@
+"""The fetch thread: poll -> decode -> dead-letter the bad -> prepare -> hand over.
+
+It owns every Kafka client of the worker (kafka-python clients are not thread-safe), so
+the training loop never waits on Kafka while prepared batches are queued. It also decides
+when to checkpoint (every ``worker.checkpoint_every`` records or
+``worker.checkpoint_seconds``, on partition revocation, at shutdown) and asks the training
+loop for one through the :class:`~streamlearn.consumers.handoff.Handoff` (see
+:mod:`streamlearn.consumers.checkpoint` for the commit order).
+
+Positions: ``positions`` maps each partition to the next offset to prepare. It starts
+from the checkpoint's offsets and on every assignment the consumer is sought to it (to
+the beginning for a partition the state has never seen); Kafka's committed offsets are
+never used. Records fetched but not yet prepared are dropped on reassignment and fetched
+again after the seek.
+
+Rebalance callbacks run on kafka-python's IO thread while this thread is blocked inside
+``poll()`` (or ``close()``), so the two never touch the fetcher's state at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import ConsumerRebalanceListener
+
+from ..config import WorkerConfig
+from ..learner import Learner
+from ..records import decode_many, reason_code
+from .connect import Backoff, close_quietly, dlq_partitions, new_consumer, new_producer, retry
+from .dlq import DeadLetters
+from .handoff import CheckpointRequest, Finished, Handoff, Prepared
+
+log = logging.getLogger(__name__)
+
+_CHECKPOINT_WAIT_S = 120.0  # bound on waiting for the training loop to commit
+_DLQ_FLUSH_S = 5.0
+_PROBE_TIMEOUT_MS = 1_000
+_COMMIT_TIMEOUT_MS = 2_000
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """What the fetch thread reads and when it stops on its own.
+
+    ``max_records``: stop after this many records (learned or dead-lettered);
+    ``until_idle_s``: stop when no record arrived for this long after the assignment.
+    """
+
+    topic: str
+    batch_size: int
+    max_records: int | None = None
+    until_idle_s: float | None = None
+
+
+class Fetcher(threading.Thread):
+    """The fetch/decode/prepare thread of one worker (see the module docstring).
+
+    Read by the training loop: ``end_offsets`` (partition -> end offset, refreshed every
+    ``worker.log_seconds``), ``broker_errors``, ``consumed``, ``stop_reason`` and
+    ``final_ok`` (None: nothing was left to checkpoint at the end; else whether the final
+    checkpoint succeeded).
+    """
+
+    def __init__(self, learner: Learner, cfg: WorkerConfig, plan: FetchPlan, handoff: Handoff,
+                 positions: dict[int, int]):
+        super().__init__(name=f"fetch-{plan.topic}", daemon=True)
+        self.learner, self.cfg, self.plan, self.handoff = learner, cfg, plan, handoff
+        self.positions = dict(positions)
+        self.end_offsets: dict[int, int] = {}
+        self.broker_errors = 0
+        self.consumed = 0  # records prepared (learned or dead-lettered) by this process
+        self.stop_reason = ""
+        self.final_ok: bool | None = None
+        self._stopping = threading.Event()
+        self._consumer: Any = None
+        self._dlq: DeadLetters | None = None
+        self._buffer: list[Any] = []  # fetched, not yet prepared
+        self._buffered_at = 0.0
+        self._unsaved = 0  # records prepared since the last checkpoint
+        self._saved_at = time.monotonic()
+        self._retry_at = 0.0  # after a failed checkpoint: not before this time
+        self._idle_since: float | None = None  # set once partitions are assigned
+        self._probe_at = 0.0
+        self._closing = False
+        self._backoff = Backoff(cfg.retry_max_s)
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.plan.topic + self.cfg.dlq_suffix
+
+    def stop(self) -> None:
+        """Ask the thread to checkpoint what it prepared and finish (returns at once)."""
+        self._stopping.set()
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self.stop_reason = self._run()
+        except BaseException as exc:  # handed to the training loop, which re-raises it
+            error = exc
+            self.stop_reason = f"error: {exc!r}"
+        finally:
+            self._close()
+            self.handoff.put(Finished(error, self.stop_reason))
+
+    def _run(self) -> str:
+        if not self._connect():
+            return "stopped before the broker was reachable"
+        while (reason := self._why_stop()) is None:
+            self._cycle()
+        if self._unsaved and not self.handoff.closed:
+            self.final_ok = self.checkpoint("shutdown", blocking_commit=True)
+        return reason
+
+    def _connect(self) -> bool:
+        cfg, topic = self.cfg, self.plan.topic
+        partitions = retry(f"setting up dead-letter topic {self.dlq_topic!r}", cfg,
+                           lambda: dlq_partitions(cfg, topic, self.dlq_topic), self._stopping)
+        producer = partitions and retry("connecting the dead-letter producer", cfg,
+                                        lambda: new_producer(cfg), self._stopping)
+        if not producer:
+            return False
+        self._dlq = DeadLetters(producer, self.dlq_topic, partitions, cfg.dlq_max_bytes)
+        self._consumer = retry("connecting the consumer", cfg, lambda: new_consumer(cfg), self._stopping)
+        if self._consumer is None:
+            return False
+        self._consumer.subscribe([topic], listener=_Rebalance(self))
+        log.info("joining group %r on %s for topic %r", cfg.group, cfg.bootstrap, topic)
+        return True
+
+    def _close(self) -> None:
+        self._closing = True  # the close-time revocation needs no checkpoint: it is done
+        if self._consumer is not None:
+            close_quietly(lambda: self._consumer.close(autocommit=False, timeout_ms=_COMMIT_TIMEOUT_MS), "consumer")
+        if self._dlq is not None:
+            if self._dlq.pending:
+                log.error("%d dead letters were not confirmed; the records they belong to are after the "
+                          "last checkpoint and will be consumed (and dead-lettered) again", self._dlq.pending)
+            close_quietly(self._dlq.close, "dead-letter producer")
+
+    def _why_stop(self) -> str | None:
+        plan, now = self.plan, time.monotonic()
+        if self._stopping.is_set():
+            return "stop requested"
+        if self.handoff.closed:
+            return "training loop stopped"
+        if plan.max_records is not None and self.consumed >= plan.max_records:
+            return f"{plan.max_records} records consumed (--max-records)"
+        idle = self._idle_since is not None and not self._buffer and now - self._idle_since
+        if plan.until_idle_s is not None and idle and idle >= plan.until_idle_s:
+            return f"no new record for {plan.until_idle_s:g} s (--until-idle)"
+        return None
+
+    # ------------------------------------------------------------------ one cycle
+    def _cycle(self) -> None:
+        if self._checkpoint_due():
+            self.checkpoint("interval")
+        self._probe()
+        messages = self._poll()
+        now = time.monotonic()
+        if messages:
+            self._idle_since = now
+            if not self._buffer:
+                self._buffered_at = now
+            self._buffer.extend(messages)
+        lingered = now - self._buffered_at >= self.cfg.poll_timeout_ms / 1000
+        self._emit(flush=not messages or lingered)
+
+    def _checkpoint_due(self) -> bool:
+        now, cfg = time.monotonic(), self.cfg
+        if not self._unsaved or now < self._retry_at:
+            return False
+        return self._unsaved >= cfg.checkpoint_every or now - self._saved_at >= cfg.checkpoint_seconds
+
+    def _poll(self) -> list[Any]:
+        from kafka.errors import KafkaError
+
+        try:
+            polled = self._consumer.poll(timeout_ms=self.cfg.poll_timeout_ms)
+        except KafkaError as exc:
+            self.broker_errors += 1
+            delay = self._backoff.next()
+            log.warning("poll failed (%s); retrying in %.1f s", exc, delay)
+            self._stopping.wait(delay)
+            return []
+        self._backoff.reset()
+        return [m for records in polled.values() for m in records]
+
+    def _probe(self) -> None:
+        """Refresh ``end_offsets`` (lag) every ``log_seconds``; log an unreachable broker."""
+        from kafka.errors import KafkaError
+
+        now = time.monotonic()
+        assigned = self._consumer.assignment()
+        if now < self._probe_at or not assigned:
+            return
+        self._probe_at = now + self.cfg.log_seconds
+        try:
+            ends = self._consumer.end_offsets(list(assigned), timeout_ms=_PROBE_TIMEOUT_MS)
+        except KafkaError as exc:
+            self.broker_errors += 1
+            log.warning("broker %s unreachable (%s); the client reconnects with backoff up to %g s, "
+                        "nothing is lost meanwhile", self.cfg.bootstrap, type(exc).__name__, self.cfg.retry_max_s)
+            return
+        self.end_offsets = {tp.partition: offset for tp, offset in ends.items()}
+
+    # ------------------------------------------------------------------ preparing
+    def _emit(self, flush: bool) -> None:
+        size = self.plan.batch_size
+        while self._buffer and (flush or len(self._buffer) >= size) and self._why_stop() is None:
+            take = size
+            if self.plan.max_records is not None:
+                take = min(take, self.plan.max_records - self.consumed)
+            chunk, self._buffer = self._buffer[:take], self._buffer[take:]
+            self._buffered_at = time.monotonic()
+            self._prepare(chunk)
+            if self._checkpoint_due():
+                self.checkpoint("interval")
+
+    def _prepare(self, chunk: list[Any]) -> None:
+        decoded, errors = decode_many([m.value for m in chunk], self.cfg.max_record_bytes)
+        dead = [self._dead_letter(chunk[i], reason) for i, reason in errors]
+        batch = self.learner.prepare([record for _, record in decoded])
+        dead += [self._dead_letter(chunk[decoded[j][0]], str(exc)) for j, exc in batch.rejected]
+        spans = _spans(chunk)
+        for partition, (_, last, _) in spans.items():
+            self.positions[partition] = last + 1
+        self.consumed += len(chunk)
+        self._unsaved += len(chunk)
+        self.handoff.put(Prepared(batch, spans, dead))
+        self._idle_since = time.monotonic()  # waiting for queue space is not idleness
+
+    def _dead_letter(self, message: Any, reason: str) -> str:
+        self._dlq.send(message, reason)
+        return reason_code(reason)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, reason: str, blocking_commit: bool = False, kafka_commit: bool = True) -> bool:
+        """Have the training loop checkpoint everything prepared so far, then commit the
+        offsets to Kafka (advisory). Returns True if the state holds everything prepared."""
+        if not self._unsaved:
+            return True
+        if not self._dlq.flush(_DLQ_FLUSH_S):
+            return self._postpone(reason, f"{self._dlq.pending} dead letters not confirmed by the broker")
+        request = CheckpointRequest(reason)
+        if not (self.handoff.put(request) and self.handoff.wait(request, _CHECKPOINT_WAIT_S)):
+            return self._postpone(reason, "the training loop did not answer")
+        if not request.ok:
+            return self._postpone(reason, "the commit failed (see above)")
+        self._unsaved, self._saved_at = 0, time.monotonic()
+        if kafka_commit:
+            self._commit_kafka(request.offsets, blocking_commit)
+        return True
+
+    def _postpone(self, reason: str, why: str) -> bool:
+        delay = self._backoff.next()
+        self._retry_at = time.monotonic() + delay
+        log.warning("%s checkpoint postponed: %s; retrying in %.1f s", reason, why, delay)
+        return False
+
+    def _commit_kafka(self, offsets: dict[int, int], blocking: bool) -> None:
+        """Advisory: lets lag monitors and other tools see our progress; never read back."""
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        assigned = self._consumer.assignment()
+        commit = {tp: OffsetAndMetadata(offsets[tp.partition], "", -1)
+                  for tp in assigned if tp.partition in offsets}
+        if not commit:
+            return
+        try:
+            if blocking:
+                self._consumer.commit(commit, timeout_ms=_COMMIT_TIMEOUT_MS)
+            else:
+                self._consumer.commit_async(commit, callback=_log_commit)
+        except KafkaError as exc:
+            log.info("advisory Kafka offset commit failed (%s); the checkpoint is what counts", exc)
+
+    # ------------------------------------------------------------------ rebalance (IO thread)
+    def on_revoked(self, partitions: Any, lost: bool = False) -> None:
+        if self._closing:
+            return
+        log.info("partitions %s %s: checkpointing first", _names(partitions), "lost" if lost else "revoked")
+        self.checkpoint("lost" if lost else "revoke", kafka_commit=not lost)
+
+    def on_assigned(self, partitions: Any) -> None:
+        self._buffer.clear()
+        for tp in partitions:
+            position = self.positions.get(tp.partition)
+            if position is None:
+                self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, position)
+        self._idle_since = time.monotonic()
+        where = {tp.partition: self.positions.get(tp.partition, "beginning") for tp in partitions}
+        log.info("assigned partitions %s of %r; seeking to the checkpoint's offsets %s",
+                 _names(partitions), self.plan.topic, where)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, fetcher: Fetcher):
+        self.fetcher = fetcher
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        if revoked:
+            self.fetcher.on_revoked(revoked)
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        if lost:
+            self.fetcher.on_revoked(lost, lost=True)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.fetcher.on_assigned(assigned)
+
+
+def _spans(chunk: list[Any]) -> dict[int, tuple[int, int, int]]:
+    """Per partition: (first offset, last offset, records) of a chunk in fetch order."""
+    spans: dict[int, list[int]] = {}
+    for m in chunk:
+        span = spans.get(m.partition)
+        if span is None:
+            spans[m.partition] = [m.offset, m.offset, 1]
+        else:
+            span[1], span[2] = m.offset, span[2] + 1
+    return {p: (first, last, n) for p, (first, last, n) in spans.items()}
+
+
+def _names(partitions: Any) -> str:
+    return "[" + ", ".join(str(tp.partition) for tp in sorted(partitions)) + "]"
+
+
+def _log_commit(offsets: Any, response: Any) -> None:
+    if isinstance(response, Exception):
+        log.info("advisory Kafka offset commit failed (%s); the checkpoint is what counts", response)

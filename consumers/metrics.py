@@ -1,0 +1,177 @@
+"""What a worker reports: a status line every ``worker.log_seconds`` and Prometheus metrics.
+
+Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
+
+==============================================  =========================================
+``records_total``                               records consumed (learned or dead-lettered)
+``records_learned_total``                       valid records learned
+``dead_letters_total{reason}``                  records sent to the dead-letter topic
+``records_per_second``                          consumption rate over the last interval
+``lag_records{partition}``                      end offset - next offset to learn
+``loss``                                        training loss, moving average over batches
+``prequential_accuracy``                        accuracy before learning, moving average
+``prequential_evaluated_total`` / ``_correct``  evaluated and correct predictions (classify)
+``steps_total``                                 optimizer steps
+``checkpoint_seconds``                          histogram of checkpoint durations
+``checkpoint_failures_total``                   checkpoints that failed (state unchanged)
+``last_checkpoint_timestamp_seconds``           unix time of the last checkpoint
+``broker_errors_total``                         failed polls and end-offset probes
+==============================================  =========================================
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ..learner import Batch, Learner, StepReport
+from .handoff import Prepared
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "streamlearn_worker_"
+_SMOOTHING = 0.05  # weight of the newest batch in the moving averages (about 20 batches)
+_CHECKPOINT_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+
+
+def prequential_hits(learner: Learner, batch: Batch) -> int | None:
+    """Correct label predictions on a classify training batch, made before learning it;
+    None for other tasks and empty batches.
+
+    The Learner has no public verb that predicts on an already prepared batch: predict_many
+    would tokenize and hash the records again on the training thread. ``_infer`` is the
+    forward pass predict_many itself uses, in inference mode.
+    """
+    if batch.task != "classify" or not batch.examples or batch.n_labels == 0:
+        return None
+    logits = learner._infer(batch)  # (N, n_labels)
+    predicted = logits.argmax(-1).cpu().numpy()
+    return int((predicted == batch.targets["labels"]).sum())
+
+
+class _Average:
+    def __init__(self) -> None:
+        self.value = math.nan
+
+    def add(self, x: float) -> float:
+        self.value = x if math.isnan(self.value) else (1 - _SMOOTHING) * self.value + _SMOOTHING * x
+        return self.value
+
+
+class WorkerMetrics:
+    """Counters, moving averages and the Prometheus registry of one worker (its own
+    registry, so several workers can live in one process, e.g. in tests)."""
+
+    def __init__(self, log_seconds: float, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.log_seconds = log_seconds
+        self._make_metrics()
+        self.records = self.learned_records = self.dead_letters = 0
+        self.loss, self.accuracy = _Average(), _Average()
+        self.checkpoint_s: float | None = None
+        self._checkpoint_at: float | None = None
+        self._last_line = time.monotonic()
+        self._records_at_line = 0
+        self._server: Any = None
+
+    def _make_metrics(self) -> None:
+        r, p = self.registry, _PREFIX
+        self.m_records = Counter(p + "records", "records consumed (learned or dead-lettered)", registry=r)
+        self.m_learned = Counter(p + "records_learned", "valid records learned", registry=r)
+        self.m_dead = Counter(p + "dead_letters", "records sent to the dead-letter topic", ["reason"], registry=r)
+        self.m_rate = Gauge(p + "records_per_second", "records consumed per second (last interval)", registry=r)
+        self.m_lag = Gauge(p + "lag_records", "end offset minus next offset to learn", ["partition"], registry=r)
+        self.m_loss = Gauge(p + "loss", "training loss (moving average over batches)", registry=r)
+        self.m_acc = Gauge(p + "prequential_accuracy", "accuracy before learning (moving average)", registry=r)
+        self.m_evaluated = Counter(p + "prequential_evaluated", "records predicted before learning", registry=r)
+        self.m_correct = Counter(p + "prequential_correct", "records predicted right before learning", registry=r)
+        self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
+        self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,
+                                buckets=_CHECKPOINT_BUCKETS)
+        self.m_ckpt_failed = Counter(p + "checkpoint_failures", "failed checkpoints", registry=r)
+        self.m_ckpt_time = Gauge(p + "last_checkpoint_timestamp_seconds", "unix time of the last checkpoint",
+                                 registry=r)
+        self.m_broker_errors = Counter(p + "broker_errors", "failed polls and end-offset probes", registry=r)
+
+    def serve(self, port: int) -> None:
+        """Expose the metrics over HTTP on ``port`` (0: not at all)."""
+        if port:
+            self._server, _ = start_http_server(port, registry=self.registry)
+            log.info("metrics on http://0.0.0.0:%d/metrics", port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # ---------------------------------------------------------------- events
+    def learned(self, item: Prepared, report: StepReport, hits: int | None) -> None:
+        self.records += item.records
+        self.learned_records += report.records
+        self.m_records.inc(item.records)
+        self.m_learned.inc(report.records)
+        for code in item.dead:
+            self.m_dead.labels(code).inc()
+        self.dead_letters += len(item.dead)
+        if report.examples:
+            self.m_steps.inc()
+            self.m_loss.set(self.loss.add(report.loss))
+        if hits is not None:
+            self.m_evaluated.inc(report.examples)
+            self.m_correct.inc(hits)
+            self.m_acc.set(self.accuracy.add(hits / report.examples))
+
+    def checkpointed(self, seconds: float, ok: bool) -> None:
+        if not ok:
+            self.m_ckpt_failed.inc()
+            return
+        self.checkpoint_s, self._checkpoint_at = seconds, time.monotonic()
+        self.m_ckpt.observe(seconds)
+        self.m_ckpt_time.set(time.time())
+
+    def broker_error(self) -> None:
+        self.m_broker_errors.inc()
+
+    def snapshot(self) -> dict[str, float | None]:
+        """The numbers a checkpoint stores in the manifest's metrics."""
+        return {"loss": _finite(self.loss.value), "prequential_accuracy": _finite(self.accuracy.value),
+                "checkpoint_seconds": self.checkpoint_s}
+
+    # ---------------------------------------------------------------- status line
+    def status(self, positions: dict[int, int], end_offsets: dict[int, int]) -> str | None:
+        """The status line when ``log_seconds`` have passed since the last one, else None."""
+        now = time.monotonic()
+        elapsed = now - self._last_line
+        if elapsed < self.log_seconds:
+            return None
+        rate = (self.records - self._records_at_line) / elapsed
+        self._last_line, self._records_at_line = now, self.records
+        self.m_rate.set(rate)
+        lag = self._lag(positions, end_offsets)
+        ago = "" if self._checkpoint_at is None else f" ({now - self._checkpoint_at:.0f} s ago)"
+        ckpt = "none yet" if self.checkpoint_s is None else f"{self.checkpoint_s:.3f} s{ago}"
+        return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, loss {_fmt(self.loss.value)}, "
+                f"prequential accuracy {_fmt(self.accuracy.value)}, dead letters {self.dead_letters}, "
+                f"records {self.records:,}, last checkpoint {ckpt}")
+
+    def _lag(self, positions: dict[int, int], end_offsets: dict[int, int]) -> int | None:
+        if not end_offsets:
+            return None
+        total = 0
+        for partition, end in end_offsets.items():
+            lag = max(0, end - positions.get(partition, 0))
+            self.m_lag.labels(str(partition)).set(lag)
+            total += lag
+        return total
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.4f}"

@@ -1,0 +1,190 @@
+"""The worker: a fetch thread feeding this thread's training loop, checkpointing to LMDB.
+
+::
+
+    fetch thread (Fetcher)                          training loop (Worker.run, this thread)
+    poll -> decode -> DLQ bad -> prepare   --->     learn_batch -> counters, metrics, status
+            checkpoint due / revoke / stop --->     commit rows + offsets (one LMDB txn)
+            advisory Kafka commit          <---     answer
+
+The loop is thin on purpose: it learns what the queue gives it, answers checkpoint
+requests, and reports. Everything about Kafka lives in :mod:`.fetcher`, the commit in
+:mod:`.checkpoint`, the numbers in :mod:`.metrics`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..config import Config
+from ..exceptions import ConfigError, StreamlearnError
+from ..state import open_store
+from .checkpoint import Checkpointer, open_learner
+from .fetcher import Fetcher, FetchPlan
+from .handoff import CheckpointRequest, Finished, Handoff, Prepared
+from .metrics import WorkerMetrics, prequential_hits
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 15.0  # the fetch thread finishes its final checkpoint well before this
+
+
+class WorkerError(StreamlearnError):
+    """The worker stopped on an error (the state holds the last good checkpoint)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What one run consumes, where its state lives, and when it stops on its own."""
+
+    topic: str
+    state: str
+    max_records: int | None = None  # stop after this many records (learned or dead-lettered)
+    until_idle_s: float | None = None  # stop after this long without a new record
+    metrics_port: int = 0  # Prometheus metrics on this port; 0: off
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``saved``: the state holds every record the run consumed."""
+
+    records: int = 0
+    learned: int = 0
+    dead_letters: int = 0
+    checkpoints: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)
+    stop_reason: str = ""
+    saved: bool = True
+
+    def __str__(self) -> str:
+        saved = "all saved" if self.saved else "NOT all saved: they will be consumed again on restart"
+        return (f"consumed {self.records} records ({self.learned} learned, {self.dead_letters} dead-lettered), "
+                f"{self.checkpoints} checkpoints, {saved}; offsets {self.offsets}; stopped: {self.stop_reason}")
+
+
+class Worker:
+    """One consumer worker on ``options.topic`` with its state in ``options.state``.
+
+    ``run()`` blocks until the worker stops (``stop()``, ``max_records``, ``until_idle_s``)
+    and returns a :class:`RunSummary`; ``stop()`` may be called from any thread or a
+    signal handler. Only one worker can write a state directory at a time.
+    """
+
+    def __init__(self, cfg: Config, options: RunOptions):
+        check_worker_config(cfg, options)
+        self.cfg, self.options = cfg, options
+        self.store = open_store(options.state, cfg.store)
+        try:
+            self.learner = open_learner(self.store, cfg)
+        except BaseException:
+            self.store.close()
+            raise
+        self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
+        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
+        self.handoff = Handoff(cfg.worker.queue_batches)
+        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
+        self.fetcher = Fetcher(self.learner, cfg.worker, plan, self.handoff, self.checkpointer.positions)
+        self.summary = RunSummary()
+        self._batches = 0
+        self._broker_errors = 0
+
+    def stop(self) -> None:
+        self.fetcher.stop()
+
+    def run(self) -> RunSummary:
+        self.metrics.serve(self.options.metrics_port)
+        log.info("worker on %r: state %s at offsets %s (%d commits so far)", self.options.topic,
+                 self.options.state, self.checkpointer.positions or "none", self.checkpointer.commits)
+        self.fetcher.start()
+        try:
+            finished = self._loop()
+        finally:
+            self.handoff.close()
+            self.fetcher.stop()
+            self.fetcher.join(_JOIN_S)
+            self.metrics.close()
+            self.store.close()
+        return self._summarize(finished)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> Finished:
+        while True:
+            item = self.handoff.get(timeout_s=0.25)
+            if isinstance(item, Prepared):
+                self._learn(item)
+            elif isinstance(item, CheckpointRequest):
+                self._checkpoint(item)
+            elif isinstance(item, Finished):
+                return item
+            self._report()
+
+    def _learn(self, item: Prepared) -> None:
+        every = self.cfg.worker.eval_every
+        hits = prequential_hits(self.learner, item.batch) if every and self._batches % every == 0 else None
+        report = self.learner.learn_batch(item.batch)
+        self._batches += 1
+        self.checkpointer.note(item, report.records)
+        self.metrics.learned(item, report, hits)
+
+    def _checkpoint(self, request: CheckpointRequest) -> None:
+        ok, seconds = True, 0.0
+        try:
+            seconds = self.checkpointer.commit(self.metrics.snapshot(), self.cfg)
+        except StreamlearnError as exc:
+            ok = False
+            log.error("%s checkpoint failed, the state is unchanged (the next one writes every row): %s",
+                      request.reason, exc)
+        self.metrics.checkpointed(seconds, ok)
+        if ok:
+            self.summary.checkpoints += 1
+            level = logging.DEBUG if request.reason == "interval" else logging.INFO
+            log.log(level, "%s checkpoint: step %d, offsets %s, %.3f s", request.reason, self.learner.steps,
+                    self.checkpointer.positions, seconds)
+        request.answer(ok, self.checkpointer.positions, seconds)
+
+    def _report(self) -> None:
+        errors = self.fetcher.broker_errors
+        if errors > self._broker_errors:
+            self.metrics.m_broker_errors.inc(errors - self._broker_errors)
+            self._broker_errors = errors
+        line = self.metrics.status(self.checkpointer.positions, self.fetcher.end_offsets)
+        if line:
+            log.info("%s: %s", self.options.topic, line)
+
+    def _summarize(self, finished: Finished) -> RunSummary:
+        s, m = self.summary, self.metrics
+        s.records, s.learned, s.dead_letters = m.records, m.learned_records, m.dead_letters
+        s.offsets, s.stop_reason = dict(self.checkpointer.positions), finished.reason
+        s.saved = self.fetcher.final_ok is not False and finished.error is None
+        if finished.error is not None:
+            raise WorkerError(f"the fetch thread failed: {finished.error!r}; the state keeps its last "
+                              "checkpoint") from finished.error
+        log.info("worker stopped (%s): %s", finished.reason, s)
+        return s
+
+
+def check_worker_config(cfg: Config, options: RunOptions) -> None:
+    """Reject settings that cannot work, saying which one to change."""
+    w = cfg.worker
+    rules = [
+        (w.checkpoint_every >= 1, f"worker.checkpoint_every must be >= 1 record, got {w.checkpoint_every}"),
+        (w.checkpoint_seconds > 0, f"worker.checkpoint_seconds must be > 0, got {w.checkpoint_seconds}"),
+        (w.queue_batches >= 1, f"worker.queue_batches must be >= 1, got {w.queue_batches}"),
+        (w.eval_every >= 0, f"worker.eval_every must be >= 0 (0: off), got {w.eval_every}"),
+        (w.log_seconds > 0, f"worker.log_seconds must be > 0, got {w.log_seconds}"),
+        (w.retry_max_s > 0, f"worker.retry_max_s must be > 0, got {w.retry_max_s}"),
+        (w.poll_timeout_ms > 0, f"worker.poll_timeout_ms must be > 0, got {w.poll_timeout_ms}"),
+        (w.max_record_bytes > 0, f"worker.max_record_bytes must be > 0, got {w.max_record_bytes}"),
+        (w.dlq_max_bytes >= 1024, f"worker.dlq_max_bytes must be >= 1024, got {w.dlq_max_bytes}"),
+        (bool(w.dlq_suffix), "worker.dlq_suffix must not be empty (the dead letters would go back to the topic)"),
+        (cfg.learner.batch_size >= 1, f"learner.batch_size must be >= 1, got {cfg.learner.batch_size}"),
+        (options.max_records is None or options.max_records >= 1,
+         f"--max-records must be >= 1, got {options.max_records}"),
+        (options.until_idle_s is None or options.until_idle_s > 0,
+         f"--until-idle must be > 0 seconds, got {options.until_idle_s}"),
+        (0 <= options.metrics_port <= 65535, f"--metrics-port must be in [0, 65535], got {options.metrics_port}"),
+        (bool(options.topic), "--topic must not be empty"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)

@@ -1,0 +1,80 @@
+"""``streamlearn worker --topic T --state DIR``: train a model from a Kafka topic."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+from typing import Iterator
+
+from ..config import WorkerConfig, load_config
+from ..consumers import RunOptions, Worker
+
+log = logging.getLogger("streamlearn.worker")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a consumer worker: train from a topic, checkpoint to a state directory",
+        description="Join a consumer group on --topic, decode and validate each record (bad ones go "
+        "to <topic>.dlq with the reason), train the model, and checkpoint it to --state together "
+        "with the consumed offsets. Restarted, it resumes from the checkpoint: no record is lost or "
+        "applied twice. SIGTERM or Ctrl-C: final checkpoint, exit 0. See docs/operations.md.",
+    )
+    parser.add_argument("--topic", required=True, help="topic to consume")
+    parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
+    parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
+    parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
+    parser.add_argument("--task", choices=("classify", "mlm", "next-item"), help="learner.task (default: classify)")
+    parser.add_argument("--config", metavar="FILE", help="TOML config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted config override, repeatable (e.g. --set model.layers=0)")
+    parser.add_argument("--max-records", type=int, help="stop after N records (checkpoint, exit 0)")
+    parser.add_argument("--until-idle", type=float, metavar="SECONDS",
+                        help="stop when no new record arrived for this long (checkpoint, exit 0)")
+    parser.add_argument("--checkpoint-every", type=int, metavar="N",
+                        help=f"checkpoint every N records (default: {WorkerConfig.checkpoint_every}; "
+                        f"also every worker.checkpoint_seconds={WorkerConfig.checkpoint_seconds:g})")
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                        help="serve Prometheus metrics on this port (default: off)")
+    parser.set_defaults(func=run)
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """--set items, then the dedicated flags (which win)."""
+    flags = {"worker.bootstrap": args.bootstrap, "worker.group": args.group, "learner.task": args.task,
+             "worker.checkpoint_every": args.checkpoint_every}
+    return [*args.set, *(f"{key}={value}" for key, value in flags.items() if value is not None)]
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, overrides(args))
+    options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port)
+    worker = Worker(cfg, options)
+    with _stop_on_signals(worker):
+        summary = worker.run()
+    print(f"streamlearn worker: {summary}", flush=True)
+    return 0 if summary.saved else 1
+
+
+@contextlib.contextmanager
+def _stop_on_signals(worker: Worker) -> Iterator[None]:
+    """SIGTERM / SIGINT: checkpoint and stop; a second one: stop now (exit 130; the state
+    keeps its last checkpoint)."""
+    received: list[int] = []
+
+    def handle(signum: int, frame: object) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt
+        log.info("%s: stopping after a final checkpoint (send it again to stop at once)",
+                 signal.Signals(signum).name)
+        worker.stop()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

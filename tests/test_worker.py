@@ -1,0 +1,334 @@
+"""The consumer worker against the real broker: learns a topic, checkpoints rows with offsets,
+resumes from its checkpoint (never from Kafka's offsets), survives a broker that is not
+there yet, checkpoints on revocation and on stop, and exports its metrics."""
+import logging
+import random
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
+from streamlearn.config import Config, StoreConfig
+from streamlearn.consumers import AUDIT, RunOptions, Worker, read_audit
+from streamlearn.consumers.checkpoint import AuditLog, Checkpointer, open_learner
+from streamlearn.consumers.dlq import Letter
+from streamlearn.consumers.handoff import CheckpointRequest, Handoff
+from streamlearn.exceptions import ConfigError, StreamlearnError
+from streamlearn.learner import Learner
+from streamlearn.state import open_store
+
+SMALL = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
+         "model.max_labels=16", "learner.batch_size=16", "store.shards=2", "store.map_size_gb=0.05",
+         "store.sync=false", "worker.session_timeout_ms=2000", "worker.heartbeat_interval_ms=300",
+         "worker.poll_timeout_ms=100", "worker.log_seconds=0.5", "worker.audit=true", "worker.retry_max_s=1")
+VOCAB = {"sport": ["goal", "match", "team", "score", "coach", "league"],
+         "tech": ["chip", "code", "cloud", "server", "laptop", "robot"],
+         "food": ["pasta", "bread", "soup", "cheese", "salad", "spice"]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models on a shared 2-core machine: one intra-op thread is several times faster.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def stream(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        label = rng.choice(sorted(VOCAB))
+        out.append({"text": " ".join(rng.choice(VOCAB[label]) for _ in range(rng.randint(3, 8))), "label": label})
+    return out
+
+
+def produce(bootstrap: str, topic: str, records: list[dict]) -> dict[int, int]:
+    """Write ``records``; return the count per partition (= end offsets of a fresh topic)."""
+    return produce_rows(bootstrap, topic, [(None, r, None) for r in records]).per_partition
+
+
+def config(bootstrap: str, group: str, *overrides: str) -> Config:
+    return Config().override(*SMALL, f"worker.bootstrap={bootstrap}", f"worker.group={group}", *overrides)
+
+
+def run_worker(cfg: Config, topic: str, state, **options):
+    return Worker(cfg, RunOptions(topic, str(state), **options)).run()
+
+
+def manifest(state):
+    with open_store(state, readonly=True) as store:
+        return store.manifest(), list(read_audit(store))
+
+
+def offsets_of(mapping: dict, topic: str) -> dict[int, int]:
+    return {int(k.rpartition(":")[2]): v for k, v in mapping.items() if k.rpartition(":")[0] == topic}
+
+
+def applied_once(audit: list, ends: dict[int, int]) -> bool:
+    """The audit ranges of all checkpoints cover offsets 0..end-1 of each partition exactly once."""
+    seen = {p: np.zeros(end, dtype=np.int64) for p, end in ends.items()}
+    for _, ranges in audit:
+        for partition, first, last, count in ranges:
+            assert count == last - first + 1
+            seen[partition][first:last + 1] += 1
+    return all((hits == 1).all() for hits in seen.values())
+
+
+# ---------------------------------------------------------------------------- end to end
+
+def test_learns_a_topic_and_checkpoints_rows_with_offsets(broker, make_topic, group, tmp_path):
+    topic = make_topic(2)
+    ends = produce(broker, topic, stream(600))
+    cfg = config(broker, group, "worker.checkpoint_every=200", "worker.eval_every=1")
+    summary = run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0)
+    assert (summary.records, summary.learned, summary.dead_letters, summary.saved) == (600, 600, 0, True)
+    assert summary.offsets == ends
+    m, audit = manifest(tmp_path / "s")
+    assert offsets_of(m.offsets, topic) == ends and offsets_of(m.records_applied, topic) == ends
+    assert m.commits >= 3 and m.metrics["records_learned"] == 600  # every 200 records, then at the end
+    assert m.metrics["prequential_accuracy"] > 0.6  # 3 separable classes: chance is 1/3
+    assert applied_once(audit, ends)
+    with open_store(tmp_path / "s", readonly=True) as store:
+        learner = Learner.restore(store)
+    assert sorted(learner.labels) == ["food", "sport", "tech"]
+    assert learner.predict_many([{"text": "goal match team"}, {"text": "pasta soup bread"}]) == ["sport", "food"]
+
+
+def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic, group, tmp_path):
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    topic = make_topic(3)
+    ends = produce(broker, topic, stream(500, seed=1))
+    cfg = config(broker, group, "worker.checkpoint_every=1000000")
+    first = run_worker(cfg, topic, tmp_path / "s", max_records=170)
+    assert first.records == 170 and first.saved
+    # Kafka's committed offsets say "all consumed"; the worker must ignore them.
+    admin = KafkaConsumer(bootstrap_servers=broker, group_id=group, enable_auto_commit=False)
+    tps = [TopicPartition(topic, p) for p in ends]
+    admin.assign(tps)
+    admin.commit({tp: OffsetAndMetadata(ends[tp.partition], "", -1) for tp in tps})
+    admin.close()
+    second = run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0)
+    assert second.records == 330 and second.offsets == ends
+    m, audit = manifest(tmp_path / "s")
+    assert m.commits == 2 and offsets_of(m.records_applied, topic) == ends
+    assert applied_once(audit, ends)
+
+
+def test_waits_for_a_broker_that_is_not_there_yet(tmp_path, group, caplog):
+    port = free_port()
+    cfg = config(f"127.0.0.1:{port}", group)
+    worker = Worker(cfg, RunOptions("late", str(tmp_path / "s"), until_idle_s=1.5))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
+    with caplog.at_level(logging.WARNING, logger="streamlearn.consumers"):
+        thread.start()
+        time.sleep(3)
+        assert thread.is_alive()
+        with EmbeddedBroker(port=port) as late:
+            create_topic(late.bootstrap, "late", 2)
+            ends = produce(late.bootstrap, "late", stream(120, seed=2))
+            thread.join(60)
+    assert not thread.is_alive()
+    assert result["summary"].records == 120 and result["summary"].offsets == ends
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) >= 2, retries  # it logged its attempts while the broker was away
+    assert offsets_of(manifest(tmp_path / "s")[0].offsets, "late") == ends
+
+
+def test_stop_writes_a_final_checkpoint_of_everything_learned(broker, make_topic, group, tmp_path):
+    topic = make_topic(1)
+    produce(broker, topic, stream(3000, seed=3))
+    port = free_port()
+    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000")
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), metrics_port=port))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
+    thread.start()
+    text = scrape_until(port, lambda t: metric(t, "streamlearn_worker_records_total") >= 200)
+    for name in ("streamlearn_worker_records_per_second", "streamlearn_worker_loss",
+                 "streamlearn_worker_prequential_accuracy", "streamlearn_worker_checkpoint_seconds_count",
+                 "streamlearn_worker_steps_total", "streamlearn_worker_broker_errors_total"):
+        assert name in text, name
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    summary = result["summary"]
+    assert summary.saved and 200 <= summary.records < 3000
+    m, audit = manifest(tmp_path / "s")
+    assert m.commits == 1  # only the final checkpoint, and it holds everything consumed
+    assert offsets_of(m.offsets, topic) == {0: summary.records} == offsets_of(m.records_applied, topic)
+    assert applied_once(audit, {0: summary.records})
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return values[0] if values else 0.0
+
+
+def scrape_until(port: int, ready, timeout_s: float = 30.0) -> str:
+    deadline, text = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            if ready(text):
+                return text
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"metrics never got ready:\n{text[-2000:]}")
+
+
+def test_revocation_checkpoints_before_the_partitions_move(broker, make_topic, group, tmp_path, caplog):
+    topic = make_topic(2)
+    producing = threading.Event()
+    producer = threading.Thread(target=trickle, args=(broker, topic, producing))
+    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000")
+    a = Worker(cfg, RunOptions(topic, str(tmp_path / "a")))
+    b = Worker(cfg, RunOptions(topic, str(tmp_path / "b")))
+    runs = {}
+    threads = [threading.Thread(target=lambda w=w, n=n: runs.update({n: w.run()})) for n, w in (("a", a), ("b", b))]
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        producing.set()
+        producer.start()
+        threads[0].start()
+        wait_for(lambda: a.fetcher.consumed >= 100)
+        threads[1].start()  # joining makes the group take a partition from a
+        wait_for(lambda: b.fetcher.consumed >= 100)
+        producing.clear()
+        for worker, thread in ((b, threads[1]), (a, threads[0])):
+            worker.stop()
+            thread.join(20)
+    producer.join(10)
+    revokes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("revoke checkpoint")]
+    assert revokes, "a did not checkpoint when its partitions were revoked"
+    for name in ("a", "b"):
+        m, audit = manifest(tmp_path / name)
+        offsets = offsets_of(m.offsets, topic)
+        assert applied_once(audit, offsets)  # each state: every offset once, across reassignments
+        assert sum(offsets_of(m.records_applied, topic).values()) == runs[name].records
+    assert manifest(tmp_path / "a")[0].commits >= 2  # at the revocation and at the end
+
+
+def trickle(bootstrap: str, topic: str, running: threading.Event) -> None:
+    seed = 100
+    while running.is_set():
+        produce(bootstrap, topic, stream(40, seed=seed))
+        seed += 1
+        time.sleep(0.05)
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.05)
+
+
+def test_the_command_consumes_and_exits_0(broker, make_topic, group, tmp_path, consume):
+    from streamlearn.cli import main
+
+    topic = make_topic(1)
+    produce(broker, topic, stream(100, seed=5) + [{"text": "x", "label": "a"}])
+    code = main(["worker", "--topic", topic, "--state", str(tmp_path / "s"), "--bootstrap", broker,
+                 "--group", group, "--until-idle", "1", *(f"--set={o}" for o in SMALL),
+                 "--set", "model.max_labels=3", "--checkpoint-every", "50"])
+    assert code == 0
+    m, audit = manifest(tmp_path / "s")
+    assert offsets_of(m.offsets, topic) == {0: 101} and m.commits >= 2
+    assert m.metrics["dead_letters"] == 1  # the 4th label does not fit model.max_labels=3
+    (letter,) = consume(topic + ".dlq", 1)
+    assert dict(letter.headers)["reason"].startswith(b"label-capacity")
+
+
+# ---------------------------------------------------------------------------- settings and state
+
+def small_state(path, *overrides: str) -> None:
+    cfg = Config().override(*SMALL, *overrides)
+    with open_store(path, cfg.store) as store:
+        learner = open_learner(store, cfg)
+        learner.learn_many(stream(16))
+        Checkpointer(store, learner, "t").commit({}, cfg)
+
+
+def test_a_state_trained_with_another_model_config_is_refused_clearly(tmp_path):
+    small_state(tmp_path / "s", "model.layers=0")
+    cfg = Config().override(*SMALL, "model.layers=1", "model.heads=2", "model.ffn=32")
+    with open_store(tmp_path / "s", cfg.store) as store:
+        with pytest.raises(StreamlearnError, match=r"model.layers 0 -> 1.*same --config/--set"):
+            open_learner(store, cfg)
+    same = Config().override(*SMALL, "optim.sparse_lr=0.01")  # a learning rate may change
+    with open_store(tmp_path / "s", same.store) as store:
+        assert open_learner(store, same).steps == 1
+
+
+@pytest.mark.parametrize("overrides, options, message", [
+    (["worker.checkpoint_every=0"], {}, "worker.checkpoint_every must be >= 1"),
+    (["worker.dlq_suffix="], {}, "worker.dlq_suffix must not be empty"),
+    (["worker.queue_batches=0"], {}, "worker.queue_batches"),
+    ([], {"max_records": 0}, "--max-records must be >= 1"),
+    ([], {"until_idle_s": -1.0}, "--until-idle must be > 0"),
+])
+def test_bad_settings_say_what_to_change(tmp_path, overrides, options, message):
+    with pytest.raises(ConfigError, match=message):
+        Worker(Config().override(*SMALL, *overrides), RunOptions("t", str(tmp_path / "s"), **options))
+    assert not (tmp_path / "s").exists()  # refused before the state directory is created
+
+
+def test_the_command_reports_bad_settings_with_exit_2(tmp_path, capsys):
+    from streamlearn.cli import main
+
+    code = main(["worker", "--topic", "t", "--state", str(tmp_path / "s"), "--set", "model.layerz=1"])
+    assert code == 2 and "unknown key model.layerz" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- pieces
+
+def test_audit_merges_contiguous_spans_and_keeps_gaps():
+    log = AuditLog()
+    log.add({0: (0, 9, 10), 1: (0, 4, 5)})
+    log.add({0: (10, 19, 10)})
+    log.add({0: (25, 27, 3)})  # a gap (e.g. compaction): a new range
+    log.add({1: (5, 9, 4)})  # offsets missing inside: not merged
+    assert log.ranges == [[0, 0, 19, 20], [1, 0, 4, 5], [0, 25, 27, 3], [1, 5, 9, 4]]
+
+
+def test_audit_ranges_are_committed_with_the_checkpoint(tmp_path):
+    cfg = Config().override(*SMALL)
+    with open_store(tmp_path / "s", cfg.store) as store:
+        learner = Learner(cfg)
+        ckpt = Checkpointer(store, learner, "t", audit=True)
+        from streamlearn.consumers.handoff import Prepared
+
+        item = Prepared(learner.prepare(stream(4)), {0: (0, 3, 4)})
+        learner.learn_batch(item.batch)
+        ckpt.note(item, learned=4)
+        ckpt.commit({}, cfg)
+        assert list(read_audit(store)) == [(1, [(0, 0, 3, 4)])]
+        assert dict(store.iter_kv(AUDIT)) and store.manifest().offsets == {"t:0": 4}
+
+
+def test_handoff_never_blocks_after_close():
+    handoff = Handoff(1)
+    assert handoff.put("a")
+    request = CheckpointRequest("interval")
+    threading.Timer(0.2, handoff.close).start()
+    assert handoff.put(request) is False  # full queue, then closed: gives up
+    assert handoff.wait(request, timeout_s=5) is False
+
+
+def test_letters_cut_to_size_keep_their_origin():
+    letter = Letter(b"t:0:5", b"x" * 100, (("reason", b"too-large: ..."), ("source", b"t:0:5"),
+                                           ("key", b"k" * 50)), 0)
+    cut = letter.cut(10)
+    assert cut.value == b"x" * 10 and dict(cut.headers)["truncated-from"] == b"100"
+    assert cut.cut(5).headers.count(("truncated-from", b"100")) == 1  # the original size stays
+    assert {k for k, _ in letter.minimal().headers} == {"reason", "source"}
+    assert letter.cut(1000) is letter
