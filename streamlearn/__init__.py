@@ -6,9 +6,11 @@ from ._version import __version__
 from .config import Config, load_config
 from .exceptions import StreamlearnError
 from .hashing import TokenHasher
+from .learner import Learner
 
 __all__ = [
     "Config",
+    "Learner",
     "StreamlearnError",
     "TokenHasher",
     "__version__",

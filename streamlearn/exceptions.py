@@ -14,3 +14,12 @@ class ConfigError(StreamlearnError, ValueError):
 
 class RecordError(StreamlearnError, ValueError):
     """A stream record cannot be decoded or fails validation (it goes to the DLQ)."""
+
+
+class LabelCapacityError(RecordError):
+    """A new label arrived with the label table full (``model.max_labels`` labels).
+
+    The record is rejected (dead-lettered with reason ``label-capacity``); labels seen
+    before keep training. Raise ``model.max_labels`` and retrain from scratch to admit
+    more: the head's size is fixed when the model is built.
+    """

@@ -25,20 +25,11 @@ from typing import Hashable, Sequence
 import msgpack
 import numpy as np
 
-from .exceptions import RecordError
+from .exceptions import LabelCapacityError, RecordError
 
 MASK_TOKEN = "\x00[MASK]"  # input placeholder at [MASK] slots; the model swaps in a learned vector
 INTACT, SHUFFLED, RANDOM = 0, 1, 2  # Shuffle+Random classes
 SR_RATE = 0.1  # shuffled share, and random share, of the tokens (Yamaguchi et al.)
-
-
-class LabelCapacityError(RecordError):
-    """A new label arrived with the label table full (``model.max_labels`` labels).
-
-    The record is rejected (dead-lettered with reason ``label-capacity``); labels seen
-    before keep training. Raise ``model.max_labels`` and retrain from scratch to admit
-    more: the head's size is fixed when the model is built.
-    """
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import streamlearn
 def test_public_api_is_exactly_this():
     assert sorted(streamlearn.__all__) == sorted([
         "Config",
+        "Learner",
         "StreamlearnError",
         "TokenHasher",
         "__version__",
