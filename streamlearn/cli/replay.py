@@ -1,0 +1,183 @@
+"""``streamlearn replay``: evaluate a model on a recorded stretch of a stream.
+
+Examples::
+
+    streamlearn replay --file SMSSpamCollection --baselines all --report r.json --plot r.png
+    streamlearn replay --topic events --start-offset 0:1000 --end-offset 0:5000 --state model/ --mode frozen
+    streamlearn replay --topic events --start-time 2024-05-01T00:00:00Z --compare old/ new/
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tqdm import tqdm
+
+from ..config import WorkerConfig, load_config
+from ..datasets import ReadOptions
+from ..exceptions import StreamlearnError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay a file or a Kafka range through a model and baselines; report metrics and a plot",
+        description="Evaluate on a recorded stretch of a stream. prequential: predict each record, then "
+        "learn it (per mini-batch: a batch is predicted before its optimizer step), from --state or from "
+        "scratch (--config/--set/--task); frozen: a fixed --state, no learning. Nothing is written to any "
+        "state unless --save names a new directory. Metrics (river): accuracy, macro_f1, log_loss "
+        "(classify); recall@K and mrr (next-item, mlm), overall and over a rolling --window. "
+        "Baselines run side by side on the same records. See docs/evaluation.md.",
+    )
+    src = parser.add_argument_group("source (one of --file or --topic)")
+    src.add_argument("--file", metavar="FILE", help="log file: JSON lines, CSV/TSV, MovieLens, or a msgpack stream")
+    src.add_argument("--input-format", choices=_file_formats(), help="file format (default: detected)")
+    src.add_argument("--text-column", help="CSV/TSV text column (name or 0-based index; 'a,b' joins)")
+    src.add_argument("--label-column", help="CSV/TSV label column (name or 0-based index)")
+    src.add_argument("--topic", help="Kafka topic to read (no consumer group: nothing is committed)")
+    src.add_argument("--bootstrap", default=WorkerConfig.bootstrap, help="Kafka bootstrap servers (default: %(default)s)")
+    src.add_argument("--partitions", help="comma-separated partitions to read (default: all)")
+    src.add_argument("--start-offset", metavar="N|P:N,..", help="first offset, for every partition or per partition")
+    src.add_argument("--end-offset", metavar="N|P:N,..", help="end offset, exclusive (default: the end at start-up)")
+    src.add_argument("--start-time", metavar="TIME", help="first record at or after TIME (ms or ISO 8601)")
+    src.add_argument("--end-time", metavar="TIME", help="stop before the first record at or after TIME")
+    src.add_argument("--limit", type=int, help="read at most N records")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--state", metavar="DIR", help="snapshot to start from (read-only)")
+    model.add_argument("--mode", choices=("prequential", "frozen"), default="prequential",
+                       help="prequential: predict then learn; frozen: predict only (default: %(default)s)")
+    model.add_argument("--compare", nargs=2, metavar=("A", "B"), help="evaluate two snapshots on the same records")
+    model.add_argument("--save", metavar="DIR", help="after a prequential replay, write the learner to this new directory")
+    model.add_argument("--config", metavar="FILE", help="TOML config for a model from scratch")
+    model.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="dotted config override, repeatable (e.g. --set model.layers=0)")
+    model.add_argument("--task", choices=("classify", "mlm", "next-item"), help="learner.task of a model from scratch")
+
+    ev = parser.add_argument_group("evaluation")
+    ev.add_argument("--baselines", default="", help="comma-separated: river-nb,river-logreg,vw,popularity,markov; or 'all'")
+    ev.add_argument("--k", type=int, default=10, help="top-k list length for recall@K and mrr (default: %(default)s)")
+    ev.add_argument("--window", type=int, default=1000, help="rolling window, in scored records (default: %(default)s)")
+    ev.add_argument("--delay", type=int, default=0, help="labels arrive this many records late (default: %(default)s)")
+    ev.add_argument("--seed", type=int, default=0, help="learner.seed and the mlm masking seed (default: %(default)s)")
+    ev.add_argument("--report", metavar="FILE", help="write the JSON report here")
+    ev.add_argument("--plot", metavar="FILE", help="write a PNG of the rolling metrics here")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _file_formats() -> tuple[str, ...]:
+    from ..replay.sources import FILE_FORMATS
+
+    return FILE_FORMATS
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..replay import ReplayOptions, replay
+    from ..replay.baselines import parse_baselines
+
+    _check_args(args)
+    source = _source(args)
+    config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    options = _options(args, parse_baselines(args.baselines, _task(args, config)))
+    with tqdm(total=source.estimate() if args.limit is None else args.limit, unit="rec", desc="replay",
+              disable=True if args.no_progress else None, file=sys.stderr) as bar:
+        report = replay(source, options, state=args.state, compare=tuple(args.compare) if args.compare else None,
+                        config=config, overrides=args.set, save=args.save, progress=bar)
+    _write(args, report)
+    print(summary(report))
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if (args.file is None) == (args.topic is None):
+        raise StreamlearnError("give one source: --file FILE or --topic T")
+    kafka_only = ("partitions", "start_offset", "end_offset", "start_time", "end_time")
+    if args.file is not None and any(getattr(args, name) is not None for name in kafka_only):
+        raise StreamlearnError("--partitions/--start-*/--end-* select a Kafka range: use them with --topic")
+    if args.topic is not None and any(getattr(args, n) for n in ("input_format", "text_column", "label_column")):
+        raise StreamlearnError("--input-format/--text-column/--label-column read files: use them with --file")
+    if (args.start_offset or args.end_offset) and (args.start_time or args.end_time):
+        raise StreamlearnError("give an offset range (--start-offset/--end-offset) or a time range "
+                               "(--start-time/--end-time), not both")
+    if (args.state or args.compare) and (args.config or args.task):
+        raise StreamlearnError("--config/--task build a model from scratch; a snapshot keeps its own config "
+                               "(use --set for overrides that keep its tables)")
+
+
+def _task(args: argparse.Namespace, config) -> str:
+    """The task, known before the snapshot is loaded (to validate --baselines early)."""
+    if args.state or args.compare:
+        from ..learner_state import stored_config
+        from ..state import open_store
+
+        path = args.state or args.compare[0]
+        try:
+            with open_store(path, readonly=True, backend="lmdb") as store:
+                return stored_config(store).learner.task
+        except StreamlearnError:
+            return config.learner.task  # load_learner raises the precise error
+    return config.learner.task
+
+
+def _source(args: argparse.Namespace):
+    from ..replay.sources import FileSource, KafkaRange, KafkaSource, parse_offsets, parse_time
+
+    if args.file is not None:
+        return FileSource(args.file, ReadOptions(args.input_format, args.text_column, args.label_column))
+    rng = KafkaRange(
+        args.topic,
+        start=parse_offsets(args.start_offset) if args.start_offset else None,
+        end=parse_offsets(args.end_offset) if args.end_offset else None,
+        start_ms=parse_time(args.start_time) if args.start_time else None,
+        end_ms=parse_time(args.end_time) if args.end_time else None,
+        partitions=_partitions(args.partitions),
+    )
+    return KafkaSource(args.bootstrap, rng)
+
+
+def _partitions(spec: str | None) -> tuple[int, ...] | None:
+    if spec is None:
+        return None
+    try:
+        return tuple(int(p) for p in spec.split(","))
+    except ValueError as exc:
+        raise StreamlearnError(f"--partitions {spec!r}: a comma-separated list of partition numbers") from exc
+
+
+def _options(args: argparse.Namespace, baselines: list[str]):
+    from ..replay import ReplayOptions
+
+    return ReplayOptions(mode=args.mode, k=args.k, window=args.window, delay=args.delay,
+                         baselines=tuple(baselines), seed=args.seed, limit=args.limit)
+
+
+def _write(args: argparse.Namespace, report: dict) -> None:
+    from ..replay import plot_report, write_report
+
+    if args.report:
+        write_report(report, args.report)
+    if args.plot:
+        plot_report(report, args.plot)
+
+
+def summary(report: dict) -> str:
+    """A few lines for the terminal: counts, then one row per model and baseline."""
+    bad, rej = report["bad_records"], report["rejected_records"]
+    lines = [f"replay {report['task']} {report['mode']}: {report['records']} records, {report['evaluated']} scored, "
+             f"{bad['total']} bad{_reasons(bad)}, {rej['total']} rejected{_reasons(rej)}"]
+    names = list(report["metrics"])
+    lines.append(f"  {'':<14}" + "".join(f"{n:>11}" for n in names) + f"{'records/s':>14}")
+    rows = {**report["models"], **report["baselines"]}
+    for who, row in rows.items():
+        if "skipped" in row:
+            lines.append(f"  {who:<14}skipped: {row['skipped']}")
+            continue
+        rate = row["records_per_s"]
+        lines.append(f"  {who:<14}" + "".join(f"{row[n]:>11.4f}" for n in names)
+                     + f"{(f'{rate:,.0f}' if rate else '-'):>14}")
+    return "\n".join(lines)
+
+
+def _reasons(counts: dict) -> str:
+    return f" ({', '.join(f'{k}: {v}' for k, v in counts['reasons'].items())})" if counts["reasons"] else ""

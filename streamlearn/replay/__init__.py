@@ -1,0 +1,87 @@
+"""Replay and evaluation: a recorded stretch of a stream through a model and baselines.
+
+>>> from streamlearn.replay import FileSource, ReplayOptions, replay
+>>> report = replay(FileSource(path), ReplayOptions(baselines=("river-nb",)), config=cfg)  # doctest: +SKIP
+>>> report["metrics"]["accuracy"], report["baselines"]["river-nb"]["accuracy"]  # doctest: +SKIP
+
+:func:`replay` evaluates prequentially (predict each record, then learn it; from a snapshot
+or from scratch) or frozen (a fixed snapshot, no learning), on a file or a Kafka range,
+with river metrics overall and over rolling windows, optional label delay and baselines
+side by side, and returns the JSON report (:mod:`.report`); :func:`plot_report` draws it.
+Nothing is written to a state unless ``save`` names a new directory. See docs/evaluation.md.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..config import Config
+from ..exceptions import StreamlearnError
+from ..learner import Learner
+from .baselines import BASELINES
+from .metrics import MRR, RecallAtK
+from .plot import plot_report
+from .report import build_report, write_report
+from .runner import MODES, ReplayOptions, ReplayResult, run_replay
+from .snapshots import check_new_dir, load_learner, save_learner
+from .sources import FILE_FORMATS, FileSource, KafkaRange, KafkaSource, ReplaySourceError
+
+__all__ = [
+    "BASELINES", "FILE_FORMATS", "MODES", "MRR", "FileSource", "KafkaRange", "KafkaSource", "RecallAtK",
+    "ReplayOptions", "ReplayResult", "ReplaySourceError", "build_report", "load_learner", "plot_report",
+    "replay", "run_replay", "save_learner", "write_report",
+]
+
+
+def replay(source: FileSource | KafkaSource, options: ReplayOptions = ReplayOptions(), *,
+           state: str | os.PathLike | None = None, compare: tuple[str, str] | None = None,
+           config: Config | None = None, overrides: list[str] = (), save: str | os.PathLike | None = None,
+           progress: Any = None) -> dict[str, Any]:
+    """Replay ``source`` and return the report dict.
+
+    The model: the snapshot at ``state``, or two snapshots ``compare=(A, B)`` evaluated
+    side by side (report keys ``models.a``/``models.b`` and ``compare``), or a new learner
+    from ``config`` (prequential from scratch). ``overrides`` (dotted keys) apply to the
+    stored or given config; ``learner.seed`` is set to ``options.seed``. ``save``: a new
+    state directory to write the learner to after a prequential replay.
+    """
+    learners, where = _learners(options, state, compare, config, list(overrides))
+    if save is not None:
+        _check_save(options, compare, save, state)
+    result = run_replay(source, learners, options, progress)
+    first = next(iter(learners.values()))
+    run_config = {"replay": {"mode": options.mode, "k": options.k, "window": options.window,
+                             "delay": options.delay, "baselines": list(options.baselines),
+                             "seed": options.seed, "limit": options.limit,
+                             "batch_size": first.cfg.learner.batch_size},
+                  "state": where, "compare": [os.fspath(p) for p in compare] if compare else None,
+                  "save": None if save is None else os.fspath(save), "model": first.cfg.to_dict()}
+    report = build_report(result, run_config, source.describe())
+    if save is not None:
+        report["saved_step"] = save_learner(first, save, {"replay": report["metrics"], "records": report["records"]})
+    return report
+
+
+def _learners(options: ReplayOptions, state, compare, config, overrides: list[str]) -> tuple[dict[str, Learner], Any]:
+    seeded = [*overrides, f"learner.seed={options.seed}"]
+    if compare is not None:
+        if state is not None:
+            raise StreamlearnError("--compare A B names both snapshots: drop --state")
+        a, b = (os.fspath(p) for p in compare)
+        return {"a": load_learner(a, seeded), "b": load_learner(b, seeded)}, None
+    if state is not None:
+        return {"model": load_learner(state, seeded)}, os.fspath(state)
+    if options.mode == "frozen":
+        raise StreamlearnError("frozen replay evaluates a fixed snapshot: pass --state DIR (or --compare A B)")
+    cfg = (config or Config()).override(*seeded)
+    return {"model": Learner(cfg)}, None
+
+
+def _check_save(options: ReplayOptions, compare, save, state) -> None:
+    if options.mode != "prequential":
+        raise StreamlearnError("--save writes what a prequential replay learned; frozen replay learns nothing")
+    if compare is not None:
+        raise StreamlearnError("--save takes one model; it cannot be combined with --compare")
+    if state is not None and os.path.realpath(save) == os.path.realpath(state):
+        raise StreamlearnError("--save must name a new directory, not the --state being replayed")
+    check_new_dir(save)

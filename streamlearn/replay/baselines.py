@@ -1,0 +1,292 @@
+"""Simple alternatives evaluated side by side with the model, on the same events.
+
+Every baseline learns online, prequentially, in every replay mode (a frozen snapshot is
+compared with baselines that learn as the stream goes), and sees exactly what the model
+sees: the same tokens, the same history, the same excluded items, the same label delay.
+
+=============  =========================  ===================================================
+name           tasks                      what it is
+=============  =========================  ===================================================
+river-nb       classify                   river MultinomialNB on the bag of words (counts)
+river-logreg   classify                   river TFIDF -> one-vs-rest LogisticRegression
+vw             classify                   Vowpal Wabbit ``--oaa`` logistic, when the
+                                          ``vowpalwabbit`` package is installed
+popularity     classify, next-item, mlm   classify: the label frequencies so far; top-k: the
+                                          most frequent items so far
+markov         next-item, mlm             first-order transitions from the previous item
+                                          (token), backfilled by popularity
+=============  =========================  ===================================================
+
+Top-k lists skip the event's excluded items; ties go to the item seen first.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..exceptions import StreamlearnError
+from .events import Event
+
+__all__ = ["BASELINES", "Baseline", "build_baselines", "parse_baselines"]
+
+BASELINES = ("river-nb", "river-logreg", "vw", "popularity", "markov")
+_TASKS = {"river-nb": ("classify",), "river-logreg": ("classify",), "vw": ("classify",),
+          "popularity": ("classify", "next-item", "mlm"), "markov": ("next-item", "mlm")}
+VW_MAX_LABELS = 64  # --oaa needs the label count up front; each label costs one weight set
+
+
+class Baseline:
+    """``predict(events)``: classify -> ``{label: probability}`` per event; top-k tasks ->
+    the ranked list. ``learn(events)``: the revealed events, in order. ``notes``: anything
+    a reader of the report must know (e.g. labels a baseline could not learn)."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def predict(self, events: Sequence[Event]) -> list:
+        raise NotImplementedError
+
+    def learn(self, events: Sequence[Event]) -> None:
+        raise NotImplementedError
+
+
+def parse_baselines(spec: str | None, task: str) -> list[str]:
+    """``"river-nb,markov"`` -> names; ``"all"``: every baseline of the task; None/"": none."""
+    if not spec:
+        return []
+    if spec.strip() == "all":
+        return [name for name in BASELINES if task in _TASKS[name]]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise StreamlearnError(f"unknown baseline {unknown[0]!r} in --baselines; choose from "
+                               f"{', '.join(BASELINES)} or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def build_baselines(names: Sequence[str], task: str, k: int, seed: int = 0) -> tuple[list[Baseline], dict[str, str]]:
+    """The baselines that apply, and ``{name: why it was skipped}`` for the others."""
+    built, skipped = [], {}
+    for name in names:
+        if task not in _TASKS[name]:
+            skipped[name] = f"{name} does not apply to task {task} (it serves {', '.join(_TASKS[name])})"
+        elif name == "vw" and not vw_available():
+            skipped[name] = "the vowpalwabbit package is not installed (pip install vowpalwabbit)"
+        else:
+            built.append(_make(name, task, k, seed))
+    return built, skipped
+
+
+def vw_available() -> bool:
+    try:
+        import vowpalwabbit  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _make(name: str, task: str, k: int, seed: int) -> Baseline:
+    if name == "river-nb":
+        return RiverNB()
+    if name == "river-logreg":
+        return RiverLogReg()
+    if name == "vw":
+        return VowpalWabbit(seed)
+    if name == "popularity":
+        return LabelFrequency() if task == "classify" else Popularity(k)
+    return Markov(k)
+
+
+# ---------------------------------------------------------------------------- classify
+
+class _River(Baseline):
+    """A river classifier fed one event at a time (river has no batch verbs without pandas)."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def _x(self, event: Event) -> Any:
+        raise NotImplementedError
+
+    def predict(self, events: Sequence[Event]) -> list:
+        return [dict(self.model.predict_proba_one(self._x(e))) for e in events]
+
+    def learn(self, events: Sequence[Event]) -> None:
+        for e in events:
+            self.model.learn_one(self._x(e), e.target)
+
+
+class RiverNB(_River):
+    name = "river-nb"
+
+    def __init__(self) -> None:
+        from river import naive_bayes
+
+        super().__init__(naive_bayes.MultinomialNB(alpha=1.0))
+
+    def _x(self, event: Event) -> dict[str, int]:
+        return Counter(event.tokens)  # the bag of words
+
+
+class RiverLogReg(_River):
+    name = "river-logreg"
+
+    def __init__(self) -> None:
+        from river import compose, feature_extraction, linear_model, multiclass, optim
+
+        tfidf = feature_extraction.TFIDF(lowercase=False, tokenizer=str.split)
+        # SGD(0.5): the default 0.01 barely moves on unit-norm TF-IDF vectors in one pass.
+        logreg = linear_model.LogisticRegression(optimizer=optim.SGD(0.5))
+        super().__init__(compose.Pipeline(tfidf, multiclass.OneVsRestClassifier(logreg)))
+
+    def _x(self, event: Event) -> str:
+        return " ".join(t.replace(" ", "_") for t in event.tokens)
+
+
+_VW_SPECIAL = re.compile(r"[\s|:]")
+
+
+class VowpalWabbit(Baseline):
+    """``--oaa`` over the first :data:`VW_MAX_LABELS` labels; probabilities renormalised over
+    the labels seen so far. Later labels are predicted never and counted in ``notes``."""
+
+    name = "vw"
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        import vowpalwabbit
+
+        self.ws = vowpalwabbit.Workspace(f"--oaa {VW_MAX_LABELS} --probabilities --loss_function logistic "
+                                         f"-b 18 --random_seed {seed} --quiet")
+        self.labels: dict[Any, int] = {}
+        self.unlearnable = 0
+
+    @staticmethod
+    def _features(event: Event) -> str:
+        return "| " + " ".join(_VW_SPECIAL.sub("_", t) for t in event.tokens)
+
+    def predict(self, events: Sequence[Event]) -> list:
+        if not self.labels:
+            return [{} for _ in events]
+        out = []
+        for e in events:
+            probs = self.ws.predict(self._features(e))
+            seen = {label: float(probs[i - 1]) for label, i in self.labels.items()}
+            total = sum(seen.values()) or 1.0
+            out.append({label: p / total for label, p in seen.items()})
+        return out
+
+    def learn(self, events: Sequence[Event]) -> None:
+        for e in events:
+            label = self.labels.get(e.target)
+            if label is None:
+                if len(self.labels) == VW_MAX_LABELS:
+                    self.unlearnable += 1
+                    continue
+                label = self.labels[e.target] = len(self.labels) + 1
+            self.ws.learn(f"{label} {self._features(e)}")
+        if self.unlearnable:
+            self.notes = [f"{self.unlearnable} record(s) had a label beyond the first {VW_MAX_LABELS} "
+                          "(--oaa capacity) and were not learned"]
+
+
+class LabelFrequency(Baseline):
+    """Predicts the label distribution seen so far (the majority label as its argmax)."""
+
+    name = "popularity"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[Any, int] = {}
+
+    def predict(self, events: Sequence[Event]) -> list:
+        total = sum(self.counts.values())
+        proba = {label: n / total for label, n in self.counts.items()} if total else {}
+        return [proba for _ in events]
+
+    def learn(self, events: Sequence[Event]) -> None:
+        for e in events:
+            self.counts[e.target] = self.counts.get(e.target, 0) + 1
+
+
+# ---------------------------------------------------------------------------- top-k
+
+class Popularity(Baseline):
+    """The k most frequent items so far (ties: the item seen first), minus excluded ones."""
+
+    name = "popularity"
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+        self.ids: dict[str, int] = {}  # item -> first-seen ordinal
+        self.counts = np.zeros(1024, dtype=np.int64)
+        self._ranking: list[str] | None = []
+
+    def learn(self, events: Sequence[Event]) -> None:
+        for e in events:
+            for item in e.counts:
+                i = self.ids.setdefault(item, len(self.ids))
+                if i == len(self.counts):
+                    self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+                self.counts[i] += 1
+        self._ranking = None
+
+    def ranking(self) -> list[str]:
+        """Items by count descending, first seen first on ties (recomputed after learning)."""
+        if self._ranking is None:
+            n = len(self.ids)
+            order = np.lexsort((np.arange(n), -self.counts[:n]))
+            items = list(self.ids)
+            self._ranking = [items[i] for i in order]
+        return self._ranking
+
+    def top(self, event: Event, skip: set[str] | None = None, want: int | None = None) -> list[str]:
+        want = self.k if want is None else want
+        out: list[str] = []
+        for item in self.ranking():
+            if len(out) == want:
+                break
+            if not event.excluded(item) and (skip is None or item not in skip):
+                out.append(item)
+        return out
+
+    def predict(self, events: Sequence[Event]) -> list:
+        return [self.top(e) for e in events]
+
+
+class Markov(Baseline):
+    """First-order transitions: the items that most often followed the event's previous
+    item (ties: the one seen first), then popular items to fill the k slots."""
+
+    name = "markov"
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+        self.transitions: dict[str, dict[str, int]] = {}
+        self.popularity = Popularity(k)
+
+    def learn(self, events: Sequence[Event]) -> None:
+        for e in events:
+            for a, b in e.transitions:
+                after = self.transitions.setdefault(a, {})
+                after[b] = after.get(b, 0) + 1
+        self.popularity.learn(events)
+
+    def predict(self, events: Sequence[Event]) -> list:
+        return [self._top(e) for e in events]
+
+    def _top(self, event: Event) -> list[str]:
+        after = self.transitions.get(event.prev, {}) if event.prev is not None else {}
+        ranked = sorted(after, key=lambda item: -after[item])  # stable: first seen first on ties
+        out = [item for item in ranked if not event.excluded(item)][: self.k]
+        if len(out) < self.k:
+            out += self.popularity.top(event, skip=set(out), want=self.k - len(out))
+        return out

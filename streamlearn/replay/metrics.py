@@ -1,0 +1,181 @@
+"""Replay metrics: river's classification metrics, and river-style top-k metrics.
+
+Every metric is kept twice: over the whole replay and over a rolling window of the last
+``window`` evaluated events (river's ``utils.Rolling``, which reverts the oldest update), so
+a report can say both "how good overall" and "how good lately" (the plotted curve).
+
+Classification: :class:`river.metrics.Accuracy`, :class:`river.metrics.MacroF1` and the log
+loss, computed by :class:`river.metrics.CrossEntropy` (equal to river's ``LogLoss`` when
+there are two labels, and defined for any number of them, which a stream never announces).
+
+Top-k tasks (next-item, mlm): :class:`RecallAtK` and :class:`MRR` below, written like
+river's metrics (``update`` / ``revert`` / ``get``) since river has none. Each event has
+one true item, so recall@k is the hit rate of the true item in the k-list.
+
+>>> r, m = RecallAtK(k=2), MRR(k=2)
+>>> for truth, ranked in [("a", ["b", "a", "c"]), ("c", ["a", "b"]), ("x", ["x"])]:
+...     r.update(truth, ranked); m.update(truth, ranked)
+>>> round(r.get(), 3), round(m.get(), 3)  # hits: 2 of 3; reciprocal ranks 1/2, 0, 1
+(0.667, 0.5)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+from river import metrics as river_metrics
+from river import utils as river_utils
+from river.metrics.base import MeanMetric, Metric
+
+__all__ = ["MRR", "MetricSet", "RecallAtK", "classify_metrics", "metric_names", "topk_metrics"]
+
+_PROB_FLOOR = 1e-15  # river's CrossEntropy clips at this probability too
+
+
+class _TopKMetric(MeanMetric, Metric):
+    """A running mean of a per-event score of a ranked list (best first)."""
+
+    def __init__(self, k: int = 10):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        super().__init__()
+        self.k = k
+
+    @property
+    def bigger_is_better(self) -> bool:
+        return True
+
+    def works_with(self, model: Any) -> bool:
+        return True
+
+    def _rank(self, y_true: Any, y_pred: Sequence[Any]) -> int | None:
+        """1-based rank of ``y_true`` in the first k of ``y_pred``, or None."""
+        for rank, item in enumerate(list(y_pred)[: self.k], 1):
+            if item == y_true:
+                return rank
+        return None
+
+
+class RecallAtK(_TopKMetric):
+    """Share of events whose true item is among the first ``k`` of the ranked list."""
+
+    _fmt = ".6f"
+
+    def _eval(self, y_true: Any, y_pred: Sequence[Any]) -> float:
+        return 0.0 if self._rank(y_true, y_pred) is None else 1.0
+
+
+class MRR(_TopKMetric):
+    """Mean reciprocal rank of the true item within the first ``k`` (0 when absent): MRR@k."""
+
+    _fmt = ".6f"
+
+    def _eval(self, y_true: Any, y_pred: Sequence[Any]) -> float:
+        rank = self._rank(y_true, y_pred)
+        return 0.0 if rank is None else 1.0 / rank
+
+
+class _CrossEntropy(river_metrics.CrossEntropy):
+    """river's CrossEntropy, but a label missing from ``y_pred`` has probability 0.
+
+    river sums only over the labels present in ``y_pred``, so an empty prediction (a model
+    that has not seen the true label yet) would cost nothing; here it costs -log(1e-15).
+    """
+
+    def update(self, y_true, y_pred, w=1.0):
+        super().update(y_true, _with_truth(y_true, y_pred), w)
+
+    def revert(self, y_true, y_pred, w=1.0):
+        super().revert(y_true, _with_truth(y_true, y_pred), w)
+
+
+def _with_truth(y_true: Any, proba: dict) -> dict:
+    if y_true in proba:
+        return proba
+    return {**proba, y_true: 0.0}
+
+
+class _Argmax:
+    """A label metric updated with a probability dict: it scores the argmax label."""
+
+    metric_cls: type = river_metrics.Accuracy
+
+    def __init__(self) -> None:
+        self.metric = self.metric_cls()
+
+    def update(self, y_true: Any, proba: dict) -> None:
+        self.metric.update(y_true, argmax(proba))
+
+    def revert(self, y_true: Any, proba: dict) -> None:
+        self.metric.revert(y_true, argmax(proba))
+
+    def get(self) -> float:
+        return self.metric.get()
+
+
+class _Accuracy(_Argmax):
+    metric_cls = river_metrics.Accuracy
+
+
+class _MacroF1(_Argmax):
+    metric_cls = river_metrics.MacroF1
+
+
+def argmax(proba: dict) -> Any:
+    """The most probable label (the first one on ties, in the dict's order), None if empty."""
+    return max(proba, key=proba.get) if proba else None
+
+
+Spec = tuple[type, dict[str, Any]]  # a metric class and its constructor arguments
+
+
+def classify_metrics() -> dict[str, Spec]:
+    """Report name -> metric updated with (label, {label: probability})."""
+    return {"accuracy": (_Accuracy, {}), "macro_f1": (_MacroF1, {}), "log_loss": (_CrossEntropy, {})}
+
+
+def topk_metrics(k: int) -> dict[str, Spec]:
+    """Report name -> metric updated with (item, ranked list)."""
+    return {f"recall@{k}": (RecallAtK, {"k": k}), "mrr": (MRR, {"k": k})}
+
+
+def metric_names(task: str, k: int) -> list[str]:
+    return list((classify_metrics() if task == "classify" else topk_metrics(k)).keys())
+
+
+class MetricSet:
+    """The metrics of one contestant (the model or a baseline): overall and rolling.
+
+    ``update(y_true, y_pred)``: classify takes ``{label: probability}``, top-k tasks take
+    the ranked list. ``overall()`` / ``rolling()``: ``{name: value}`` (NaN-free: a metric
+    with no update yet reads 0.0).
+    """
+
+    def __init__(self, task: str, k: int, window: int):
+        specs = classify_metrics() if task == "classify" else topk_metrics(k)
+        self.names = list(specs)
+        self.window = window
+        self._overall = {name: cls(**kw) for name, (cls, kw) in specs.items()}
+        self._rolling = {name: river_utils.Rolling(cls, window_size=window, **kw) for name, (cls, kw) in specs.items()}
+        self.count = 0
+
+    def update(self, y_true: Any, y_pred: Any) -> None:
+        self.count += 1
+        for name in self.names:
+            self._overall[name].update(y_true, y_pred)
+            self._rolling[name].update(y_true, y_pred)
+
+    def update_many(self, pairs: Iterable[tuple[Any, Any]]) -> None:
+        for y_true, y_pred in pairs:
+            self.update(y_true, y_pred)
+
+    def overall(self) -> dict[str, float]:
+        return {name: _finite(m.get()) for name, m in self._overall.items()}
+
+    def rolling(self) -> dict[str, float]:
+        return {name: _finite(m.get()) for name, m in self._rolling.items()}
+
+
+def _finite(value: float) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else 0.0

@@ -1,0 +1,50 @@
+"""The rolling metrics of a replay over stream position, as a PNG (``--plot FILE``).
+
+One panel per metric, one line per contestant (the model(s) solid, baselines dashed),
+drawn from a report's ``series`` so a saved report can be plotted again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..exceptions import StreamlearnError
+
+__all__ = ["plot_report"]
+
+
+def plot_report(report: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:
+    """Draw ``report["series"]`` into the PNG at ``path`` (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font cache notices
+    import matplotlib.pyplot as plt
+
+    series = report["series"]
+    positions = series["positions"]
+    names = list(report["metrics"])
+    models = set(report["models"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(7.5, 2.3 * len(names) + 0.6), sharex=True, squeeze=False)
+    for ax, metric in zip(axes[:, 0], names):
+        for who, values in series.items():
+            if who == "positions" or metric not in values:
+                continue
+            style = "-" if who in models else "--"
+            ax.plot(positions, values[metric], style, linewidth=1.6 if who in models else 1.1, label=who)
+        ax.set_ylabel(metric)
+        if metric == "log_loss":  # a cold start costs -log(1e-15) = 34.5 per record
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8, ncol=3, loc="best")
+    axes[-1, 0].set_xlabel("stream position (records)")
+    window = report.get("rolling", {}).get("window")
+    fig.suptitle(title or f"{report['task']} replay, {report['mode']}: rolling metrics (window {window})", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=90)
+    except OSError as exc:
+        raise StreamlearnError(f"cannot write the plot to {path}: {exc.strerror}; check --plot") from exc
+    finally:
+        plt.close(fig)

@@ -1,0 +1,251 @@
+"""The replay loop: one pass over a source, every contestant on the same events.
+
+Per mini-batch of ``learner.batch_size`` arriving records (river's progressive_val_score,
+batched):
+
+1. Build the events (``events.EventBuilder``); a record that cannot be one is counted
+   with its reason, never dropped silently.
+2. Every contestant (the model(s), then each baseline) predicts the arriving events.
+3. Events whose label is due (``delay`` records later; at once when ``delay`` is 0) are
+   revealed: the model learns them (prequential mode), the metrics of every contestant are
+   updated with the predictions made at arrival, then the baselines learn them.
+
+Deterministic: the same records, config and seed give identical metrics (the learner is
+seeded, baselines are deterministic, sources replay in a fixed order).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..exceptions import RecordError, StreamlearnError
+from ..learner import Learner
+from ..records import reason_code
+from .baselines import Baseline, build_baselines
+from .events import Event, EventBuilder
+from .metrics import MetricSet
+from .model import ModelContestant
+from .sources import Item
+
+__all__ = ["MODES", "ReplayOptions", "ReplayResult", "run_replay"]
+
+MODES = ("prequential", "frozen")
+_EXAMPLES = 5  # bad records quoted in the report
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """``mode``: prequential (predict, then learn) or frozen (predict only). ``k``: list
+    length of top-k metrics. ``window``: rolling metrics' window, in evaluated events.
+    ``delay``: records between a record's arrival and its label (river's ``delay``).
+    ``every``: rolling metrics are sampled for the plot every ``every`` evaluated events
+    (None: window // 10). ``limit``: stop after this many records read."""
+
+    mode: str = "prequential"
+    k: int = 10
+    window: int = 1000
+    delay: int = 0
+    baselines: tuple[str, ...] = ()
+    seed: int = 0
+    limit: int | None = None
+    every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise StreamlearnError(f"--mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        for name, low in (("k", 1), ("window", 1), ("delay", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise StreamlearnError(f"--{name} must be an integer >= {low}, got {value!r}")
+        if self.limit is not None and self.limit < 0:
+            raise StreamlearnError(f"--limit must be >= 0, got {self.limit}")
+
+    @property
+    def sample_every(self) -> int:
+        return self.every or max(1, self.window // 10)
+
+
+@dataclass
+class Contestant:
+    """A predictor with its metrics and its rolling-metric series."""
+
+    name: str
+    impl: Any  # ModelContestant or Baseline
+    metrics: MetricSet
+    seconds: float = 0.0
+    series: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def is_model(self) -> bool:
+        return isinstance(self.impl, ModelContestant)
+
+
+@dataclass
+class ReplayResult:
+    """What one replay measured (``report.build_report`` turns it into the JSON report)."""
+
+    task: str
+    options: ReplayOptions
+    contestants: list[Contestant]
+    skipped: dict[str, str]
+    records: int = 0
+    evaluated: int = 0
+    not_evaluated: int = 0
+    bad: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    examples: list[dict] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # x of the sampled series
+    wall_s: float = 0.0
+
+    @property
+    def models(self) -> list[Contestant]:
+        return [c for c in self.contestants if c.is_model]
+
+    @property
+    def baselines(self) -> list[Contestant]:
+        return [c for c in self.contestants if not c.is_model]
+
+
+def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: ReplayOptions,
+               progress: Any = None) -> ReplayResult:
+    """Replay ``items`` through ``learners`` (name -> learner; the first one's config
+    builds the events) and the baselines of ``options``; ``progress``: a tqdm-like bar."""
+    if not learners:
+        raise StreamlearnError("replay needs a model: --state DIR, --compare A B, or a config to start from scratch")
+    first = next(iter(learners.values()))
+    task, k = first.task, options.k
+    learning = options.mode == "prequential"
+    fused = options.delay == 0
+    contestants = [Contestant(name, ModelContestant(name, lr, learning, k, fused), _metrics(task, options))
+                   for name, lr in learners.items()]
+    baselines, skipped = build_baselines(options.baselines, task, k, options.seed)
+    contestants += [Contestant(b.name, b, _metrics(task, options)) for b in baselines]
+    result = ReplayResult(task, options, contestants, skipped)
+    for c in contestants:
+        c.series = {name: [] for name in c.metrics.names}
+    loop = _Loop(result, EventBuilder(first.cfg, first.histories if task == "next-item" else None, options.seed),
+                 first.cfg.learner.batch_size, progress)
+    started = time.perf_counter()
+    loop.run(items)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _metrics(task: str, options: ReplayOptions) -> MetricSet:
+    return MetricSet(task, options.k, options.window)
+
+
+class _Loop:
+    def __init__(self, result: ReplayResult, builder: EventBuilder, batch_size: int, progress: Any):
+        self.r, self.builder, self.batch_size, self.progress = result, builder, batch_size, progress
+        self.pending: deque[Event] = deque()
+        self.position = 0
+        self._since_sample = 0
+
+    def run(self, items: Iterable[Item]) -> None:
+        for chunk in _chunks(items, self.batch_size, self.r.options.limit):
+            arrived = self._arrive(chunk)
+            self._predict([e for e in arrived if e.evaluate])
+            self.pending.extend(arrived)
+            self._reveal_due(self.position - self.r.options.delay)
+            if self.progress is not None:
+                self.progress.update(len(chunk))
+                self._show()
+        self._reveal_due(None)  # labels still in flight at the end of the range arrive now
+        self._sample(self.position, force=True)
+
+    # ---- 1. arrival
+    def _arrive(self, chunk: Sequence[Item]) -> list[Event]:
+        events = []
+        for item in chunk:
+            self.position += 1
+            self.r.records += 1
+            if item.error is not None:
+                self._bad(item.origin, item.error)
+                continue
+            try:
+                events.append(self.builder.build(self.position, item.record))
+            except RecordError as exc:
+                self._bad(item.origin, str(exc))
+        return events
+
+    def _bad(self, origin: str, reason: str) -> None:
+        self.r.bad[reason_code(reason)] += 1
+        if len(self.r.examples) < _EXAMPLES:
+            self.r.examples.append({"position": self.position, "where": origin, "reason": reason})
+
+    # ---- 2. predictions at arrival
+    def _predict(self, events: list[Event]) -> None:
+        for c in self.r.contestants:
+            started = time.perf_counter()
+            preds = c.impl.predict(events)
+            c.seconds += time.perf_counter() - started
+            for e, p in zip(events, preds):
+                e.preds[c.name] = p
+
+    # ---- 3. labels revealed: learn, score
+    def _reveal_due(self, upto: int | None) -> None:
+        due: list[Event] = []
+        while self.pending and (upto is None or self.pending[0].position <= upto):
+            due.append(self.pending.popleft())
+            if len(due) == self.batch_size:  # one optimizer step per mini-batch, as arrived
+                self._reveal(due)
+                due = []
+        if due:
+            self._reveal(due)
+
+    def _reveal(self, due: list[Event]) -> None:
+        rejected: dict[int, str] = {}
+        for c in self.r.models:
+            started = time.perf_counter()
+            got = c.impl.learn(due)
+            c.seconds += time.perf_counter() - started
+            rejected = rejected or got  # the first model's verdict decides what is scored
+        for reason in rejected.values():
+            self.r.rejected[reason_code(reason)] += 1
+        kept = [e for e in due if e.position not in rejected]
+        for e in kept:
+            if not e.evaluate:
+                self.r.not_evaluated += 1
+                continue
+            self.r.evaluated += 1
+            for c in self.r.contestants:
+                c.metrics.update(e.target, e.preds[c.name])
+            self._since_sample += 1
+            self._sample(e.position)
+        for c in self.r.baselines:
+            started = time.perf_counter()
+            c.impl.learn(kept)
+            c.seconds += time.perf_counter() - started
+
+    def _sample(self, position: int, force: bool = False) -> None:
+        """Record every contestant's rolling metrics at stream ``position`` (the plot's x)."""
+        every = self.r.options.sample_every
+        if self._since_sample < every and not (force and self._since_sample):
+            return
+        self._since_sample = 0
+        self.r.positions.append(position)
+        for c in self.r.contestants:
+            for name, value in c.metrics.rolling().items():
+                c.series[name].append(value)
+
+    def _show(self) -> None:
+        model = self.r.models[0]
+        name = model.metrics.names[0]
+        self.progress.set_postfix({name: f"{model.metrics.rolling()[name]:.3f}", "bad": sum(self.r.bad.values())},
+                                  refresh=False)
+
+
+def _chunks(items: Iterable[Item], size: int, limit: int | None) -> Iterator[list[Item]]:
+    chunk: list[Item] = []
+    for n, item in enumerate(items):
+        if limit is not None and n >= limit:
+            break
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

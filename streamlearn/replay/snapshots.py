@@ -1,0 +1,58 @@
+"""Learners in and out of state directories, for replay.
+
+A replay never writes to the state it starts from: the snapshot is opened read-only and
+restored into memory. ``--save DIR`` writes the replayed learner to a *new* directory.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import StreamlearnError
+from ..learner import Learner
+from ..learner_state import stored_config
+
+__all__ = ["check_new_dir", "load_learner", "save_learner"]
+
+
+def load_learner(state: str | os.PathLike, overrides: list[str] = ()) -> Learner:
+    """The learner of the last checkpoint in ``state`` (its stored config, then
+    ``overrides`` such as ``learner.seed=1``; they must build the same tables)."""
+    from ..state import open_store
+    from ..state.exceptions import StateError
+
+    if not Path(state).is_dir():
+        raise StreamlearnError(f"no state directory {state}: pass a directory a worker or `replay --save` wrote")
+    try:
+        with open_store(state, readonly=True, backend="lmdb") as store:
+            if store.read_blob("learner.meta") is None:
+                raise StreamlearnError(f"state {state} holds no checkpoint yet: nothing to replay from")
+            cfg = stored_config(store).override(*overrides)
+            return Learner.restore(store, cfg)
+    except StateError as exc:
+        raise StreamlearnError(f"cannot open the state {state}: {exc}") from exc
+
+
+def check_new_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a Path if it is free for a new state (absent, or an empty directory)."""
+    target = Path(path)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise StreamlearnError(f"--save {path}: the directory exists and is not empty; choose a new directory")
+    return target
+
+
+def save_learner(learner: Learner, path: str | os.PathLike, metrics: dict[str, Any] | None = None) -> int:
+    """Write ``learner`` as one full checkpoint into a new state directory ``path``
+    (created; an existing non-empty directory is refused, so no state is overwritten).
+    Returns the step saved. The manifest holds no Kafka offsets: a replay is no
+    consumer position, and a worker started on the copy starts where its group is."""
+    from ..state import Checkpoint, open_store
+
+    target = check_new_dir(path)
+    specs, rows, blobs, kv = learner.checkpoint_parts(full=True)
+    with open_store(target, learner.cfg.store, backend="lmdb") as store:
+        store.declare_tables(specs)
+        store.commit(Checkpoint(step=learner.steps, rows=rows, blobs=blobs, kv=kv,
+                                config=learner.cfg.to_dict(), metrics=metrics))
+    return learner.steps

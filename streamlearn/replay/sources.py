@@ -1,0 +1,361 @@
+"""Where replayed records come from: a log file or a Kafka range, in a deterministic order.
+
+Every source yields :class:`Item` s: a validated :class:`~streamlearn.records.Record`, or
+the reason why a line / message / object could not become one (never skipped silently:
+the runner counts and reports each reason). ``origin`` says where the item was read
+(``FILE:LINE``, ``FILE#N`` for the N-th msgpack object, ``topic:partition@offset``).
+
+- :class:`FileSource`: JSON lines, CSV/TSV and MovieLens through the same
+  :class:`~streamlearn.datasets.DatasetReader` as ``streamlearn produce``, plus
+  ``msgpack``: a stream of concatenated msgpack maps (the message values of a topic dump).
+- :class:`KafkaSource`: a topic over an offset range per partition, or a time range turned
+  into offsets with ``offsets_for_times``. Partitions are merged by (Kafka timestamp,
+  partition, offset), which does not depend on how the broker batches fetches, so the
+  same range replays in the same order every time.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+
+from ..broker import BrokerError, topic_partitions
+from ..datasets import FORMATS as DATASET_FORMATS
+from ..datasets import DatasetReader, ReadOptions
+from ..exceptions import RecordError, StreamlearnError
+from ..records import Record, decode, from_dict
+
+__all__ = ["FILE_FORMATS", "FileSource", "Item", "KafkaRange", "KafkaSource", "ReplaySourceError",
+           "parse_offsets", "parse_time"]
+
+FILE_FORMATS = (*DATASET_FORMATS, "msgpack")
+_MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack-stream")
+_MAX_BUFFERED = 2_000  # per partition, while merging partitions in timestamp order
+
+
+class ReplaySourceError(StreamlearnError):
+    """The replay source cannot be read: a missing file or topic, a bad range."""
+
+
+@dataclass(frozen=True)
+class Item:
+    record: Record | None  # None: ``error`` says why
+    error: str | None
+    origin: str
+
+
+# ---------------------------------------------------------------------------- files
+
+class FileSource:
+    """Records of a dataset file. ``format``: one of :data:`FILE_FORMATS` (None: detected,
+    ``msgpack`` from a ``.msgpack`` / ``.mpk`` suffix)."""
+
+    kind = "file"
+
+    def __init__(self, path: str | Path, options: ReadOptions = ReadOptions()):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ReplaySourceError(f"no such file: {self.path} (--file)")
+        fmt = options.format
+        if fmt is None and self.path.name.lower().endswith(_MSGPACK_SUFFIXES):
+            fmt = "msgpack"
+        if fmt is not None and fmt not in FILE_FORMATS:
+            raise ReplaySourceError(f"unknown input format {fmt!r}; choose one of {', '.join(FILE_FORMATS)}")
+        self.format = fmt
+        self._reader = None
+        if fmt != "msgpack":  # bad lines are counted, not fatal: replay reports them
+            opts = ReadOptions(fmt, options.text_column, options.label_column, skip_bad_lines=True)
+            self._reader = DatasetReader(self.path, opts)
+            self.format = self._reader.format
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "format": self.format}
+
+    def estimate(self) -> int | None:
+        return self._reader.estimate_rows() if self._reader is not None else None
+
+    def __iter__(self) -> Iterator[Item]:
+        return self._msgpack() if self._reader is None else self._dataset()
+
+    def _dataset(self) -> Iterator[Item]:
+        reader, seen_bad = self._reader, 0
+        for row in reader:
+            # The reader collects bad lines as it passes them: emit them in stream order.
+            yield from self._bad_lines(seen_bad)
+            seen_bad = len(reader.bad_lines)
+            yield Item(from_dict(row.record), None, f"{self.path.name}")
+        yield from self._bad_lines(seen_bad)
+
+    def _bad_lines(self, start: int) -> Iterator[Item]:
+        for lineno, reason in self._reader.bad_lines[start:]:
+            yield Item(None, reason, f"{self.path.name}:{lineno}")
+
+    def _msgpack(self) -> Iterator[Item]:
+        with self.path.open("rb") as f:
+            unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=64 << 20)
+            n = 0
+            while True:
+                start = unpacker.tell()
+                try:
+                    obj = next(unpacker)
+                except StopIteration:
+                    break
+                except (ValueError, msgpack.UnpackException) as exc:
+                    # A corrupt byte stream has no record boundaries left to resync on.
+                    yield Item(None, f"invalid-msgpack: at byte {start}: {str(exc)[:100]}; the rest of the "
+                               "file cannot be split into records", f"{self.path.name}#{n}")
+                    return
+                yield self._msgpack_item(obj, f"{self.path.name}#{n}")
+                n += 1
+            size = self.path.stat().st_size
+            if unpacker.tell() < size:
+                yield Item(None, f"truncated-msgpack: the file ends inside an object at byte {unpacker.tell()} "
+                           f"of {size}", f"{self.path.name}#{n}")
+
+    @staticmethod
+    def _msgpack_item(obj: Any, origin: str) -> Item:
+        if not isinstance(obj, dict):
+            return Item(None, f"invalid-msgpack: expected a map, got {type(obj).__name__}", origin)
+        try:
+            return Item(from_dict(obj), None, origin)
+        except RecordError as exc:
+            return Item(None, str(exc), origin)
+
+
+# ---------------------------------------------------------------------------- kafka ranges
+
+@dataclass(frozen=True)
+class KafkaRange:
+    """What to read. Offsets: ``{partition: offset}``, or one int for every partition;
+    ``end`` is exclusive. Times: ms since the epoch, each mapped to the first offset whose
+    timestamp is >= it. Unset bounds: the beginning / the end as of the replay's start."""
+
+    topic: str
+    start: dict[int, int] | int | None = None
+    end: dict[int, int] | int | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    partitions: tuple[int, ...] | None = None  # None: all
+
+    def __post_init__(self) -> None:
+        if (self.start is not None or self.end is not None) and (self.start_ms is not None or self.end_ms is not None):
+            raise ReplaySourceError("give an offset range or a time range, not both")
+
+
+@dataclass
+class _Partition:
+    partition: int
+    start: int
+    end: int
+    buffer: list = field(default_factory=list)  # fetched, not yet merged
+    done: bool = False
+
+
+class KafkaSource:
+    """A topic's records over a :class:`KafkaRange` (see the module docstring).
+
+    Uses a consumer with manually assigned partitions (no group, nothing committed), so a
+    replay never disturbs the workers' group offsets.
+    """
+
+    kind = "kafka"
+
+    def __init__(self, bootstrap: str, rng: KafkaRange, max_bytes: int = 1_000_000, timeout_s: float = 10.0):
+        self.bootstrap, self.range, self.max_bytes, self.timeout_s = bootstrap, rng, max_bytes, timeout_s
+        try:  # the admin API: a metadata request would auto-create a missing topic on Tansu
+            n = topic_partitions(bootstrap, rng.topic, timeout_s)
+        except BrokerError as exc:
+            raise ReplaySourceError(str(exc)) from exc
+        parts = rng.partitions if rng.partitions is not None else tuple(range(n))
+        bad = [p for p in parts if not 0 <= p < n]
+        if bad:
+            raise ReplaySourceError(f"topic {rng.topic!r} has partitions 0..{n - 1}; no partition {bad[0]}")
+        self.partitions = tuple(sorted(parts))
+        self._bounds: dict[int, tuple[int, int]] | None = None
+        self.notes: list[str] = []
+
+    def describe(self) -> dict[str, Any]:
+        bounds = self.bounds()
+        return {"kind": self.kind, "bootstrap": self.bootstrap, "topic": self.range.topic,
+                "offsets": {str(p): [s, e] for p, (s, e) in bounds.items()},
+                "start_ms": self.range.start_ms, "end_ms": self.range.end_ms, "notes": list(self.notes)}
+
+    def estimate(self) -> int:
+        return sum(max(0, e - s) for s, e in self.bounds().values())
+
+    def bounds(self) -> dict[int, tuple[int, int]]:
+        """``{partition: (start, end)}`` resolved against the broker (once)."""
+        if self._bounds is None:
+            consumer = self._consumer()
+            try:
+                self._bounds = self._resolve(consumer)
+            finally:
+                consumer.close()
+        return self._bounds
+
+    def _consumer(self) -> Any:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        ms = int(self.timeout_s * 1000)
+        try:
+            return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", bootstrap_timeout_ms=ms, request_timeout_ms=ms + 1000,
+                                 allow_auto_create_topics=False, fetch_max_bytes=max(52_428_800, self.max_bytes),
+                                 max_partition_fetch_bytes=max(1_048_576, self.max_bytes + 65_536))
+        except (KafkaError, OSError, ValueError) as exc:
+            raise ReplaySourceError(f"cannot reach a Kafka broker at {self.bootstrap}: {exc}; check --bootstrap") from exc
+
+    def _tps(self) -> list:
+        from kafka import TopicPartition
+
+        return [TopicPartition(self.range.topic, p) for p in self.partitions]
+
+    def _resolve(self, consumer: Any) -> dict[int, tuple[int, int]]:
+        tps = self._tps()
+        low, high = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+        r = self.range
+        starts = self._times(consumer, tps, r.start_ms, high) if r.start_ms is not None else _per_partition(r.start, low)
+        ends = self._times(consumer, tps, r.end_ms, high) if r.end_ms is not None else _per_partition(r.end, high)
+        out = {}
+        for tp in tps:
+            lo, hi = low[tp], high[tp]
+            start, end = starts[tp.partition], ends[tp.partition]
+            if start < lo or end > hi:
+                self.notes.append(f"partition {tp.partition}: range [{start}, {end}) clamped to the "
+                                  f"available offsets [{lo}, {hi})")
+            start, end = min(max(start, lo), hi), min(max(end, lo), hi)
+            out[tp.partition] = (start, max(start, end))
+        return out
+
+    @staticmethod
+    def _times(consumer: Any, tps: list, ms: int, high: dict) -> dict[int, int]:
+        found = consumer.offsets_for_times({tp: ms for tp in tps})
+        # No record at or after ms: the range bound is the partition's end.
+        return {tp.partition: (found[tp].offset if found.get(tp) is not None else high[tp]) for tp in tps}
+
+    def __iter__(self) -> Iterator[Item]:
+        bounds = self.bounds()
+        parts = {p: _Partition(p, s, e, done=s >= e) for p, (s, e) in bounds.items()}
+        if all(part.done for part in parts.values()):
+            return
+        consumer = self._consumer()
+        try:
+            yield from self._merge(consumer, parts)
+        finally:
+            consumer.close()
+
+    def _merge(self, consumer: Any, parts: dict[int, _Partition]) -> Iterator[Item]:
+        """Emit messages in (timestamp, partition, offset) order: a message is emitted only
+        while every unfinished partition has a buffered head to compare it with."""
+        from kafka import TopicPartition
+
+        tps = {p: TopicPartition(self.range.topic, p) for p in parts}
+        consumer.assign([tps[p] for p in parts if not parts[p].done])
+        for p, part in parts.items():
+            if not part.done:
+                consumer.seek(tps[p], part.start)
+        heap: list = []
+        while True:
+            waiting = [p for p, part in parts.items() if not part.done and not part.buffer]
+            if waiting:
+                self._fetch(consumer, parts, tps, waiting)
+                continue
+            live = [part for part in parts.values() if part.buffer]
+            if not live:
+                return
+            heap = [(m.timestamp, p.partition, m.offset) for p in live for m in p.buffer[:1]]
+            _, p, _ = min(heap)
+            msg = parts[p].buffer.pop(0)
+            yield self._item(msg)
+
+    def _fetch(self, consumer: Any, parts: dict[int, _Partition], tps: dict, waiting: list[int]) -> None:
+        """Poll until some waiting partition gets records or finishes; a partition that
+        holds enough buffered records is paused so the others can catch up."""
+        full = [tps[p] for p, part in parts.items() if len(part.buffer) >= _MAX_BUFFERED]
+        consumer.pause(*full)
+        consumer.resume(*[tps[p] for p in waiting])
+        deadline = time.monotonic() + max(30.0, 3 * self.timeout_s)
+        while True:
+            for tp, msgs in consumer.poll(timeout_ms=200).items():
+                part = parts[tp.partition]
+                part.buffer.extend(m for m in msgs if part.start <= m.offset < part.end)
+            for p in waiting:
+                part = parts[p]
+                if not part.done and consumer.position(tps[p]) >= part.end:
+                    part.done = True
+                    consumer.pause(tps[p])
+            if any(parts[p].buffer or parts[p].done for p in waiting):
+                return
+            if time.monotonic() > deadline:
+                stuck = [p for p in waiting if not parts[p].done]
+                raise ReplaySourceError(
+                    f"no records from {self.range.topic!r} partition(s) {stuck} at {self.bootstrap} for "
+                    f"{deadline:.0f} s although the range is not finished: is the broker up?")
+
+    def _item(self, msg: Any) -> Item:
+        origin = f"{msg.topic}:{msg.partition}@{msg.offset}"
+        try:
+            return Item(decode(msg.value, self.max_bytes), None, origin)
+        except RecordError as exc:
+            return Item(None, str(exc), origin)
+
+
+def _per_partition(spec: dict[int, int] | int | None, default: dict) -> dict[int, int]:
+    out = {tp.partition: off for tp, off in default.items()}
+    if isinstance(spec, int):
+        return {p: spec for p in out}
+    for p, off in (spec or {}).items():
+        out[p] = off
+    return out
+
+
+# ---------------------------------------------------------------------------- CLI parsing
+
+def parse_offsets(spec: str) -> dict[int, int] | int:
+    """``"120"`` (every partition) or ``"0:120,1:80"`` (per partition).
+
+    >>> parse_offsets("120"), parse_offsets("0:5,2:7")
+    (120, {0: 5, 2: 7})
+    """
+    spec = spec.strip()
+    try:
+        if ":" not in spec:
+            return _offset(int(spec))
+        out = {}
+        for part in spec.split(","):
+            p, _, off = part.partition(":")
+            out[int(p)] = _offset(int(off))
+        return out
+    except ValueError as exc:
+        raise ReplaySourceError(f"offset {spec!r}: use N (every partition) or P:N,P:N with integers >= 0") from exc
+
+
+def _offset(n: int) -> int:
+    if n < 0:
+        raise ValueError(n)
+    return n
+
+
+def parse_time(text: str) -> int:
+    """ms since the epoch, from an integer (ms) or an ISO 8601 time (UTC unless it says).
+
+    >>> parse_time("1700000000000"), parse_time("1970-01-01T00:00:01Z")
+    (1700000000000, 1000)
+    """
+    from datetime import datetime, timezone
+
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ReplaySourceError(f"time {text!r}: use ms since the epoch or ISO 8601 (2024-05-01T12:00:00Z)") from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp() * 1000)

@@ -1,0 +1,286 @@
+"""`streamlearn replay` on files: prequential and frozen, metrics, baselines, report, plot,
+--save/--compare, determinism, and bad input (counted, never a crash or a silent skip)."""
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+from river import utils as river_utils
+
+from streamlearn.cli import main
+from streamlearn.config import Config
+from streamlearn.records import Record
+from streamlearn.replay import FileSource, ReplayOptions, replay
+from streamlearn.replay.baselines import Markov, Popularity, build_baselines, parse_baselines, vw_available
+from streamlearn.replay.events import EventBuilder
+from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
+from streamlearn.state import open_store
+
+TINY = ["model.layers=0", "embedding.K=2000", "embedding.B=200", "embedding.d=16", "model.d_model=16",
+        "model.max_labels=8", "learner.batch_size=16", "store.shards=2", "store.map_size_gb=0.05"]
+TINY_ITEMS = [*TINY, "learner.task=next-item", "hashing.tokenizer=ids", "model.out_B=256", "learner.history=4"]
+REPORT_KEYS = {"config", "source", "records", "metrics", "baselines", "records_per_s", "series", "models",
+               "bad_records", "rejected_records", "evaluated", "rolling", "task", "mode", "compare"}
+
+
+def words_stream(n: int) -> list[dict]:
+    """A separable stream: the label is named by one of its words."""
+    pool = {"spam": ["win", "prize", "cash", "free"], "ham": ["lunch", "meeting", "home", "later"]}
+    out = []
+    for i in range(n):
+        label = "spam" if i % 3 == 0 else "ham"
+        words = pool[label]
+        out.append({"text": f"{words[i % 4]} {words[(i + 1) % 4]} and {words[(i + 2) % 4]}", "label": label})
+    return out
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def movielens(path, users: int = 12, per_user: int = 8) -> str:
+    """u.data lines; every user walks the same cycle of 20 items from its own start, so the
+    transitions (Markov) predict the next item and popularity, nearly uniform, does not."""
+    lines, ts = [], 1000
+    for step in range(per_user):
+        for u in range(users):
+            item = (u * 7 + step) % 20 + 1
+            lines.append(f"{u + 1}\t{item}\t4\t{ts}")
+            ts += 1
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def cfg(*extra: str, base=TINY) -> Config:
+    return Config().override(*base, *extra)
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def test_recall_and_mrr_by_hand_and_under_rolling_revert():
+    r, m = RecallAtK(k=2), MRR(k=2)
+    pairs = [("a", ["a", "b"]), ("b", ["a", "b"]), ("c", ["a", "b", "c"])]  # rank 1, rank 2, beyond k
+    for y, p in pairs:
+        r.update(y, p)
+        m.update(y, p)
+    assert r.get() == pytest.approx(2 / 3) and m.get() == pytest.approx((1 + 0.5 + 0) / 3)
+    rolling = river_utils.Rolling(MRR, window_size=2, k=2)
+    for y, p in pairs:
+        rolling.update(y, p)
+    assert rolling.get() == pytest.approx((0.5 + 0) / 2)  # the first pair was reverted
+
+
+def test_metric_set_log_loss_charges_a_missing_label():
+    ms = MetricSet("classify", k=10, window=5)
+    ms.update("spam", {})  # no label known yet: p(spam) = 0, clipped to 1e-15
+    ms.update("ham", {"ham": 0.5, "spam": 0.5})
+    overall = ms.overall()
+    assert overall["accuracy"] == 0.5
+    assert overall["log_loss"] == pytest.approx((34.538776 + 0.693147) / 2, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------- baselines
+
+
+def test_popularity_and_markov_exclude_what_the_key_already_had():
+    builder = EventBuilder(cfg(base=TINY_ITEMS))
+    stream = [("u1", "a"), ("u2", "a"), ("u3", "a"), ("u1", "b"), ("u2", "b"), ("u3", "c"), ("u1", "c")]
+    events = [builder.build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
+    pop, markov = Popularity(k=2), Markov(k=2)
+    pop.learn(events[:6])
+    markov.learn(events[:6])
+    last = events[6]  # u1 had a and b; its previous item is b
+    assert last.excluded("a") and last.excluded("b") and not last.excluded("c")
+    assert pop.predict([last]) == [["c"]]  # a (3) and b (2) are excluded
+    assert markov.predict([last]) == [["c"]]  # after b came nothing yet: backfilled by popularity
+    fresh = builder.build(7, Record(key="u9", item="a"))
+    # events[3] is u1 taking b: then u1 had only a (b, learned later, is not excluded back in time)
+    assert not fresh.evaluate and pop.predict([events[3]]) == [["b", "c"]]
+
+
+def test_baseline_names_are_checked_and_inapplicable_ones_skipped_with_a_reason():
+    assert parse_baselines("all", "next-item") == ["popularity", "markov"]
+    with pytest.raises(Exception, match="unknown baseline 'nb'"):
+        parse_baselines("nb,markov", "classify")
+    built, skipped = build_baselines(["markov", "popularity"], "classify", 10)
+    assert [b.name for b in built] == ["popularity"] and "does not apply to task classify" in skipped["markov"]
+
+
+# ---------------------------------------------------------------------------- file replay
+
+
+def test_prequential_file_replay_report_learns_and_ranks_baselines(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(240))
+    report = replay(FileSource(path), ReplayOptions(window=50, baselines=("river-nb", "popularity", "markov")),
+                    config=cfg())
+    assert REPORT_KEYS <= set(report)
+    assert report["records"] == 240 and report["evaluated"] == 240 and report["bad_records"]["total"] == 0
+    assert set(report["metrics"]) == {"accuracy", "macro_f1", "log_loss"}
+    assert report["rolling"]["accuracy"] > 0.9  # the words name the label: the model learns it
+    assert report["baselines"]["popularity"]["accuracy"] == pytest.approx(report["baselines"]["popularity"]["accuracy"])
+    assert report["rolling"]["accuracy"] > report["baselines"]["popularity"]["rolling"]["accuracy"]
+    assert report["baselines"]["river-nb"]["records_per_s"] > 0 and report["records_per_s"] > 0
+    assert "does not apply" in report["baselines"]["markov"]["skipped"]
+    assert report["source"] == {"kind": "file", "path": path, "format": "jsonl"}
+    positions = report["series"]["positions"]
+    assert positions == sorted(positions) and positions[-1] == 240
+    assert len(report["series"]["model"]["accuracy"]) == len(positions)
+
+
+def test_same_input_and_seed_give_identical_metrics(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(120))
+    options = ReplayOptions(window=40, baselines=("river-nb", "river-logreg", "popularity"), seed=3)
+    a, b = (replay(FileSource(path), options, config=cfg()) for _ in range(2))
+    for key in ("metrics", "series", "evaluated"):
+        assert a[key] == b[key]
+    for name in ("river-nb", "river-logreg", "popularity"):
+        assert {k: v for k, v in a["baselines"][name].items() if k not in ("seconds", "records_per_s")} == \
+               {k: v for k, v in b["baselines"][name].items() if k not in ("seconds", "records_per_s")}
+
+
+def test_label_delay_scores_every_record_once(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(100))
+    now = replay(FileSource(path), ReplayOptions(window=50), config=cfg())
+    late = replay(FileSource(path), ReplayOptions(window=50, delay=30), config=cfg())
+    assert now["evaluated"] == late["evaluated"] == 100
+    assert late["metrics"]["accuracy"] < now["metrics"]["accuracy"]  # 30 more records predicted untrained
+
+
+def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(160))
+    saved = tmp_path / "saved"
+    report = replay(FileSource(path), ReplayOptions(), config=cfg(), save=saved)
+    assert report["saved_step"] == 10  # 160 records / 16 per step
+    assert main(["inspect", "--state", str(saved), "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["step"] == 10 and manifest["metrics"]["records"] == 160
+    with open_store(saved, readonly=True) as store:
+        commits = store.manifest().commits
+    frozen = replay(FileSource(path), ReplayOptions(mode="frozen"), state=saved)
+    assert frozen["metrics"]["accuracy"] > 0.9 and frozen["models"]["model"]["records_per_s"] > 0
+    pre = replay(FileSource(path), ReplayOptions(), state=saved)  # prequential from the snapshot
+    assert pre["evaluated"] == 160
+    with open_store(saved, readonly=True) as store:
+        assert store.manifest().commits == commits  # replays never write to the state they read
+
+
+def test_compare_two_snapshots_on_the_same_records(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(160))
+    short = write_jsonl(tmp_path / "short.jsonl", words_stream(16))
+    replay(FileSource(path), ReplayOptions(), config=cfg(), save=tmp_path / "a")
+    replay(FileSource(short), ReplayOptions(), config=cfg(), save=tmp_path / "b")
+    report = replay(FileSource(path), ReplayOptions(mode="frozen", baselines=("popularity",)),
+                    compare=(tmp_path / "a", tmp_path / "b"))
+    assert set(report["models"]) == {"a", "b"}
+    assert report["metrics"] == {k: report["models"]["a"][k] for k in report["metrics"]}
+    cmp = report["compare"]
+    assert cmp["a"]["state"] == str(tmp_path / "a")
+    assert cmp["diff"]["accuracy"] == pytest.approx(cmp["b"]["metrics"]["accuracy"] - cmp["a"]["metrics"]["accuracy"])
+    assert cmp["diff"]["accuracy"] < 0  # b learned one batch, a ten
+
+
+def test_next_item_file_replay_with_top_k_baselines(tmp_path):
+    path = movielens(tmp_path / "u.data")
+    report = replay(FileSource(path), ReplayOptions(k=3, window=30, baselines=("popularity", "markov")),
+                    config=cfg(base=TINY_ITEMS))
+    assert set(report["metrics"]) == {"recall@3", "mrr"}
+    assert report["records"] == 96 and report["not_evaluated"] == 12 and report["evaluated"] == 84
+    markov = report["baselines"]["markov"]
+    assert markov["recall@3"] > report["baselines"]["popularity"]["recall@3"]  # the shared sequence
+    assert 0 <= report["metrics"]["mrr"] <= report["metrics"]["recall@3"] <= 1
+
+
+def test_mlm_file_replay(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(64))
+    report = replay(FileSource(path), ReplayOptions(k=5, baselines=("popularity", "markov")),
+                    config=cfg("learner.task=mlm", "model.out_B=256"))
+    assert set(report["metrics"]) == {"recall@5", "mrr"} and report["evaluated"] == 64
+    assert report["baselines"]["markov"]["recall@5"] > 0
+
+
+@pytest.mark.skipif(not vw_available(), reason="vowpalwabbit (an optional extra) is not installed")
+def test_vw_baseline_learns(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(150))
+    report = replay(FileSource(path), ReplayOptions(window=50, baselines=("vw",)), config=cfg())
+    assert report["baselines"]["vw"]["rolling"]["accuracy"] > 0.9
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_bad_records_are_counted_with_reasons_and_examples(tmp_path):
+    good = words_stream(40)
+    lines = [json.dumps(r) for r in good[:20]] + ["{not json", json.dumps({"text": "no label"}),
+                                                   json.dumps({"text": "  ", "label": "ham"}), "[1, 2]"]
+    lines += [json.dumps(r) for r in good[20:]]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = replay(FileSource(path), ReplayOptions(baselines=("river-nb",)), config=cfg())
+    bad = report["bad_records"]
+    assert report["records"] == 44 and report["evaluated"] == 40 and bad["total"] == 4
+    assert bad["reasons"] == {"not valid JSON": 1, "missing-field": 1, "bad-value": 1, "a JSON line must be an object (a record), got list": 1}
+    assert [e["position"] for e in bad["examples"]] == [21, 22, 23, 24]
+    assert [e["where"] for e in bad["examples"]] == ["bad.jsonl:21", "bad.jsonl", "bad.jsonl", "bad.jsonl:24"]
+
+
+def test_msgpack_stream_with_bad_objects_and_a_truncated_tail(tmp_path):
+    path = tmp_path / "dump.msgpack"
+    objs = [{"text": r["text"], "label": r["label"]} for r in words_stream(30)]
+    data = b"".join(msgpack.packb(o) for o in objs[:10]) + msgpack.packb([1, 2]) + msgpack.packb({"label": "x"})
+    data += b"".join(msgpack.packb(o) for o in objs[10:]) + msgpack.packb({"text": "cut"})[:-2]
+    path.write_bytes(data)
+    report = replay(FileSource(path), ReplayOptions(), config=cfg())
+    assert report["source"]["format"] == "msgpack"
+    assert report["records"] == 33 and report["evaluated"] == 30
+    assert report["bad_records"]["reasons"] == {"invalid-msgpack": 1, "missing-field": 1, "truncated-msgpack": 1}
+
+
+def test_labels_beyond_capacity_are_rejected_and_reported(tmp_path):
+    records = [{"text": f"word{i} common", "label": f"l{i % 10}"} for i in range(40)]
+    path = write_jsonl(tmp_path / "many.jsonl", records)
+    report = replay(FileSource(path), ReplayOptions(), config=cfg())  # model.max_labels=8
+    assert report["rejected_records"] == {"total": 8, "reasons": {"label-capacity": 8}}
+    assert report["evaluated"] == 32
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def run_cli(*args: str) -> int:
+    return main(["replay", "--no-progress", *args])
+
+
+def test_cli_writes_report_and_png_plot(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(96))
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    sets = [a for s in TINY for a in ("--set", s)]
+    assert run_cli("--file", path, *sets, "--baselines", "all", "--window", "30", "--report", str(out),
+                   "--plot", str(png)) == 0
+    text = capsys.readouterr().out
+    assert "replay classify prequential: 96 records, 96 scored, 0 bad, 0 rejected" in text and "river-nb" in text
+    report = json.loads(out.read_text())
+    assert REPORT_KEYS <= set(report) and "accuracy" in report["baselines"]["river-nb"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give one source"),
+    (["--file", "x.jsonl", "--topic", "t"], "give one source"),
+    (["--file", "{path}", "--start-offset", "5"], "use them with --topic"),
+    (["--file", "{path}", "--mode", "frozen"], "frozen replay evaluates a fixed snapshot"),
+    (["--file", "{path}", "--baselines", "knn"], "unknown baseline 'knn'"),
+    (["--file", "{path}", "--window", "0"], "--window must be an integer >= 1"),
+    (["--file", "{path}", "--state", "{tmp}/none"], "no state directory"),
+    (["--file", "{path}", "--save", "{path}"], "exists and is not empty"),
+    (["--file", "{tmp}/missing.jsonl"], "no such file"),
+    (["--topic", "t", "--start-offset", "x"], "offset 'x'"),
+    (["--topic", "t", "--start-offset", "1", "--end-time", "5"], "not both"),
+])
+def test_cli_bad_arguments_are_clear_errors(tmp_path, capsys, args, message):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(4))
+    args = [a.format(path=path, tmp=tmp_path) for a in args]
+    assert run_cli(*args, "--set", "model.layers=0") == 2
+    assert message in capsys.readouterr().err
