@@ -36,6 +36,7 @@ Usage (see docs/serving.md)::
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import threading
 import time
@@ -51,6 +52,7 @@ from .exceptions import RecordError, StreamlearnError
 from .hashing import canonical_id, tokenize
 from .learner import Learner
 from . import learner_state
+from .objectives import LabelTable
 from .state import Manifest, Store, open_store
 
 __all__ = [
@@ -169,13 +171,14 @@ class Snapshot:
 
     def predict(self, records: Iterable) -> Answer:
         """classify: each record's most probable label (None before any label)."""
-        self._require_task("classify", "predict", "topk")
-        return self._answer(records, lambda rs, _: self._learner.predict_many(rs))
+        answer = self.predict_proba(records)
+        labels = [max(p, key=p.get) if p else None for p in answer.values]
+        return dataclasses.replace(answer, values=labels)
 
     def predict_proba(self, records: Iterable) -> Answer:
         """classify: ``{label: probability}`` per record over the labels seen so far."""
         self._require_task("classify", "predict_proba", "topk")
-        return self._answer(records, lambda rs, _: self._learner.predict_proba_many(rs))
+        return self._answer(records, self._probs, prepare=self._query_batch)
 
     def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:
         """mlm / next-item: :class:`~streamlearn.decoding.TopK` per record (tokens, scores
@@ -217,6 +220,17 @@ class Snapshot:
 
     def _query_feats(self, records: list) -> tuple[dict[str, np.ndarray], None]:
         return self._learner.prepare(records, train=False).feats, None
+
+    def _query_batch(self, records: list) -> tuple[dict[str, np.ndarray], Any]:
+        batch = self._learner.prepare(records, train=False)
+        return batch.feats, batch
+
+    def _probs(self, records: list, batch: Any) -> list[dict]:
+        """Label probabilities of a prepared query batch (prepared once, for the row
+        reads and the forward pass)."""
+        probs = self._learner.predict_proba_batch(batch)  # (N, n_labels)
+        labels = self._learner.label_table.labels[:batch.n_labels]
+        return [dict(zip(labels, row.tolist())) for row in probs]
 
     def _fetch_rows(self, feats: dict[str, np.ndarray]) -> None:
         """Read the touched rows not yet read at this checkpoint into the model."""
@@ -294,9 +308,8 @@ class Snapshot:
         if config_blob != self._config_blob or rewound:
             self._rebuild(config_blob)  # a rewritten store, or another model in the directory
         meta = msgpack.unpackb(meta_blob)
-        # Dense weights and the label table (and the optimizer blobs, which queries do not
-        # use: they are small, and one loader keeps the blob formats in learner_state).
-        learner_state._load_blobs(self._learner, self._store)
+        self._load_dense()
+        self._learner.prep.label_table = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
         self._extend_candidates(meta.get("candidates", 0))
         for name in self._whole:
             if name in manifest.tables:
@@ -321,6 +334,21 @@ class Snapshot:
         }
         self._config_blob = config_blob
         self._version = dataclasses.replace(self._version, commits=-1)
+
+    def _load_dense(self) -> None:
+        """The dense weights only: the optimizer blobs (twice their size) are for training."""
+        model = self._learner.model
+        blob = self._store.read_blob("model.dense")
+        dense = torch.load(io.BytesIO(blob), map_location=self._learner.device, weights_only=True)
+        rows = {id(p) for p in self._tables.values()}
+        row_names = {n for n, p in model.named_parameters() if id(p) in rows}
+        missing, unexpected = model.load_state_dict(dense, strict=False)
+        if unexpected or set(missing) != row_names:
+            raise SnapshotError(
+                f"stored dense weights do not fit the stored config (missing "
+                f"{sorted(set(missing) - row_names)}, unexpected {sorted(unexpected)}): the state "
+                "directory was written by another streamlearn version"
+            )
 
     def _extend_candidates(self, count: int) -> None:
         index = self._learner.index
@@ -374,12 +402,14 @@ def _write_rows(table: torch.Tensor, ids: np.ndarray, values: np.ndarray) -> Non
 
 
 @torch.no_grad()
-def _load_whole(store: Store, name: str, table: torch.Tensor) -> None:
-    # Rows never stored keep the in-memory value, which is their init (never overwritten).
-    host = table.detach().cpu().numpy() if table.device.type != "cpu" else table.detach().numpy()
-    store.load_table(name, host)
-    if table.device.type != "cpu":
-        table.copy_(torch.from_numpy(host).to(table.device))
+def _load_whole(store: Store, name: str, table: torch.Tensor, chunk: int = 65536) -> None:
+    """Every stored row of ``name`` into ``table``. Rows never stored keep the in-memory
+    value, which is their init (they were never overwritten). ``read_rows`` over all ids
+    (in chunks) is about 2.5x faster here than ``load_table``'s cursor scan."""
+    for start in range(0, table.shape[0], chunk):
+        ids = np.arange(start, min(start + chunk, table.shape[0]), dtype=np.int64)
+        values, found = store.read_rows(name, ids)  # (n, width), (n,)
+        _write_rows(table, ids[found], values[found])
 
 
 def _is_key_query(record: Any) -> bool:

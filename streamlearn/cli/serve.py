@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
+import gc
 import logging
 import os
 import shutil
@@ -77,12 +77,27 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
     return service
 
 
+class _Factory:
+    """``create_app(settings)``, then ``gc.freeze()``: the model and the app live as long
+    as the process, so the collector need not walk them again (fewer long GC pauses in
+    the latency tail). Picklable, for uvicorn's worker processes."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+
+    def __call__(self):
+        from ..service import create_app
+
+        app = create_app(self.settings)
+        gc.collect()
+        gc.freeze()
+        return app
+
+
 def _serve_one(settings, access_log: bool) -> int:
     import uvicorn
 
-    from ..service import create_app
-
-    app = create_app(settings)  # opens the snapshot: a bad --state fails here, before binding
+    app = _Factory(settings)()  # opens the snapshot: a bad --state fails here, before binding
     log.info("serving %s (task %s, step %d) on http://%s:%d", settings.state, app.state.snapshot.task,
              app.state.snapshot.step, settings.service.host, settings.service.port)
     uvicorn.run(app, host=settings.service.host, port=settings.service.port, access_log=access_log,
@@ -94,7 +109,6 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from ..service import create_app
     from ..snapshot import wait_for_checkpoint
     from ..state import open_store
 
@@ -104,7 +118,7 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
     # prometheus_client reads this in each worker process when it is first imported there.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        factory = functools.partial(create_app, dataclasses.replace(settings, metrics_dir=metrics_dir))
+        factory = _Factory(dataclasses.replace(settings, metrics_dir=metrics_dir))
         config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,
                                 workers=workers, access_log=access_log, log_level="info")
         sock = config.bind_socket()
