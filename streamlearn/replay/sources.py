@@ -12,6 +12,12 @@ the runner counts and reports each reason). ``origin`` says where the item was r
   into offsets with ``offsets_for_times``. Partitions are merged by (Kafka timestamp,
   partition, offset), which does not depend on how the broker batches fetches, so the
   same range replays in the same order every time.
+
+Range ends are taken from the fetch responses' high watermark as well as from ListOffsets,
+and ``offsets_for_times`` answers are used as lower bounds refined by the records'
+timestamps: some Kafka-compatible brokers (the embedded Tansu) answer ListOffsets per
+record *batch* (the end of a 40-record batch comes back as 1; a time lookup as the batch's
+base offset), which would otherwise cut a range short.
 """
 from __future__ import annotations
 
@@ -151,8 +157,28 @@ class _Partition:
     partition: int
     start: int
     end: int
+    start_ms: int | None = None  # skip records before the first one at or after start_ms
+    end_ms: int | None = None  # stop at the first record at or after end_ms
     buffer: list = field(default_factory=list)  # fetched, not yet merged
     done: bool = False
+    first: int | None = None  # offsets actually replayed: [first, last]
+    last: int | None = None
+
+    def take(self, msgs: list) -> None:
+        """Buffer the fetched messages that fall in the range."""
+        for m in msgs:
+            if self.done or m.offset >= self.end:
+                return
+            if m.offset < self.start:
+                continue
+            if self.first is None and self.start_ms is not None and m.timestamp < self.start_ms:
+                continue
+            if self.end_ms is not None and m.timestamp >= self.end_ms:
+                self.end, self.done = m.offset, True
+                return
+            self.first = m.offset if self.first is None else self.first
+            self.last = m.offset
+            self.buffer.append(m)
 
 
 class KafkaSource:
@@ -177,12 +203,14 @@ class KafkaSource:
         self.partitions = tuple(sorted(parts))
         self._bounds: dict[int, tuple[int, int]] | None = None
         self.notes: list[str] = []
+        self.replayed: dict[int, list[int]] = {}  # partition -> [first, last] offset of the last pass
 
     def describe(self) -> dict[str, Any]:
         bounds = self.bounds()
         return {"kind": self.kind, "bootstrap": self.bootstrap, "topic": self.range.topic,
                 "offsets": {str(p): [s, e] for p, (s, e) in bounds.items()},
-                "start_ms": self.range.start_ms, "end_ms": self.range.end_ms, "notes": list(self.notes)}
+                "start_ms": self.range.start_ms, "end_ms": self.range.end_ms,
+                "replayed": {str(p): fl for p, fl in self.replayed.items()}, "notes": list(self.notes)}
 
     def estimate(self) -> int:
         return sum(max(0, e - s) for s, e in self.bounds().values())
@@ -217,10 +245,11 @@ class KafkaSource:
 
     def _resolve(self, consumer: Any) -> dict[int, tuple[int, int]]:
         tps = self._tps()
-        low, high = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+        low = consumer.beginning_offsets(tps)
+        high = self._latest(consumer, tps, low)
         r = self.range
         starts = self._times(consumer, tps, r.start_ms, high) if r.start_ms is not None else _per_partition(r.start, low)
-        ends = self._times(consumer, tps, r.end_ms, high) if r.end_ms is not None else _per_partition(r.end, high)
+        ends = {tp.partition: high[tp] for tp in tps} if r.end_ms is not None else _per_partition(r.end, high)
         out = {}
         for tp in tps:
             lo, hi = low[tp], high[tp]
@@ -232,6 +261,18 @@ class KafkaSource:
             out[tp.partition] = (start, max(start, end))
         return out
 
+    def _latest(self, consumer: Any, tps: list, low: dict) -> dict:
+        """Each partition's end offset: the larger of ListOffsets and the high watermark of
+        a fetch response (see the module docstring)."""
+        listed = consumer.end_offsets(tps)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, low[tp])
+        deadline = time.monotonic() + self.timeout_s
+        while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200, max_records=1)
+        return {tp: max(listed[tp], consumer.highwater(tp) or 0) for tp in tps}
+
     @staticmethod
     def _times(consumer: Any, tps: list, ms: int, high: dict) -> dict[int, int]:
         found = consumer.offsets_for_times({tp: ms for tp in tps})
@@ -239,8 +280,9 @@ class KafkaSource:
         return {tp.partition: (found[tp].offset if found.get(tp) is not None else high[tp]) for tp in tps}
 
     def __iter__(self) -> Iterator[Item]:
-        bounds = self.bounds()
-        parts = {p: _Partition(p, s, e, done=s >= e) for p, (s, e) in bounds.items()}
+        bounds, r = self.bounds(), self.range
+        parts = {p: _Partition(p, s, e, r.start_ms, r.end_ms, done=s >= e) for p, (s, e) in bounds.items()}
+        self.replayed = {}
         if all(part.done for part in parts.values()):
             return
         consumer = self._consumer()
@@ -248,6 +290,7 @@ class KafkaSource:
             yield from self._merge(consumer, parts)
         finally:
             consumer.close()
+            self.replayed = {p: [part.first, part.last] for p, part in parts.items() if part.first is not None}
 
     def _merge(self, consumer: Any, parts: dict[int, _Partition]) -> Iterator[Item]:
         """Emit messages in (timestamp, partition, offset) order: a message is emitted only
@@ -259,7 +302,6 @@ class KafkaSource:
         for p, part in parts.items():
             if not part.done:
                 consumer.seek(tps[p], part.start)
-        heap: list = []
         while True:
             waiting = [p for p, part in parts.items() if not part.done and not part.buffer]
             if waiting:
@@ -268,8 +310,7 @@ class KafkaSource:
             live = [part for part in parts.values() if part.buffer]
             if not live:
                 return
-            heap = [(m.timestamp, p.partition, m.offset) for p in live for m in p.buffer[:1]]
-            _, p, _ = min(heap)
+            _, p, _ = min((part.buffer[0].timestamp, part.partition, part.buffer[0].offset) for part in live)
             msg = parts[p].buffer.pop(0)
             yield self._item(msg)
 
@@ -279,11 +320,11 @@ class KafkaSource:
         full = [tps[p] for p, part in parts.items() if len(part.buffer) >= _MAX_BUFFERED]
         consumer.pause(*full)
         consumer.resume(*[tps[p] for p in waiting])
-        deadline = time.monotonic() + max(30.0, 3 * self.timeout_s)
+        patience = max(30.0, 3 * self.timeout_s)
+        deadline = time.monotonic() + patience
         while True:
             for tp, msgs in consumer.poll(timeout_ms=200).items():
-                part = parts[tp.partition]
-                part.buffer.extend(m for m in msgs if part.start <= m.offset < part.end)
+                parts[tp.partition].take(msgs)
             for p in waiting:
                 part = parts[p]
                 if not part.done and consumer.position(tps[p]) >= part.end:
@@ -295,7 +336,7 @@ class KafkaSource:
                 stuck = [p for p in waiting if not parts[p].done]
                 raise ReplaySourceError(
                     f"no records from {self.range.topic!r} partition(s) {stuck} at {self.bootstrap} for "
-                    f"{deadline:.0f} s although the range is not finished: is the broker up?")
+                    f"{patience:.0f} s although the range is not finished: is the broker up?")
 
     def _item(self, msg: Any) -> Item:
         origin = f"{msg.topic}:{msg.partition}@{msg.offset}"
