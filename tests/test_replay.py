@@ -79,6 +79,7 @@ def test_metric_set_log_loss_charges_a_missing_label():
     ms.update("ham", {"ham": 0.5, "spam": 0.5})
     overall = ms.overall()
     assert overall["accuracy"] == 0.5
+    assert overall["macro_f1"] == pytest.approx(0.5)  # ham F1 1, spam F1 0; river alone: 1/3 (a "None" class)
     assert overall["log_loss"] == pytest.approx((34.538776 + 0.693147) / 2, rel=1e-5)
 
 

@@ -117,8 +117,29 @@ class _Accuracy(_Argmax):
     metric_cls = river_metrics.Accuracy
 
 
+class _LabelMacroF1(river_metrics.MacroF1):
+    """river's MacroF1 over the labels that occur (as truth or prediction) in the current
+    counts. A missing prediction (None: no label known yet) still counts against its
+    record's label, but is no class of its own: river would average in a phantom "None"
+    class with F1 0 (a binary stream would read 2/3 of its real macro F1)."""
+
+    def get(self) -> float:
+        cm = self.cm
+        classes = [c for c in cm.classes if c is not None and (cm.sum_row[c] or cm.sum_col[c])]
+        if not classes:
+            return 0.0
+        return sum(self._f1(c) for c in classes) / len(classes)
+
+    def _f1(self, c: Any) -> float:
+        cm = self.cm
+        hit = cm[c][c]
+        p = hit / cm.sum_col[c] if cm.sum_col[c] else 0.0
+        r = hit / cm.sum_row[c] if cm.sum_row[c] else 0.0
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
 class _MacroF1(_Argmax):
-    metric_cls = river_metrics.MacroF1
+    metric_cls = _LabelMacroF1
 
 
 def argmax(proba: dict) -> Any:
