@@ -14,7 +14,10 @@ requests, and reports. Everything about Kafka lives in :mod:`.fetcher`, the comm
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
+
+import torch
 
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
@@ -92,6 +95,7 @@ class Worker:
         self.fetcher.stop()
 
     def run(self) -> RunSummary:
+        torch.set_num_threads(training_threads(self.cfg))  # this thread is the training loop
         self.metrics.serve(self.options.metrics_port)
         log.info("worker on %r: state %s at offsets %s (%d commits so far)", self.options.topic,
                  self.options.state, self.checkpointer.positions or "none", self.checkpointer.commits)
@@ -163,6 +167,16 @@ class Worker:
         return s
 
 
+def training_threads(cfg: Config) -> int:
+    """Intra-op threads for the training loop: ``worker.torch_threads``, or one less than
+    the CPUs this process may use (the fetch thread keeps one busy; oversubscribed OpenMP
+    threads spin and can slow small steps down several times)."""
+    if cfg.worker.torch_threads > 0:
+        return cfg.worker.torch_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus - 1)
+
+
 def check_worker_config(cfg: Config, options: RunOptions) -> None:
     """Reject settings that cannot work, saying which one to change."""
     w = cfg.worker
@@ -170,6 +184,7 @@ def check_worker_config(cfg: Config, options: RunOptions) -> None:
         (w.checkpoint_every >= 1, f"worker.checkpoint_every must be >= 1 record, got {w.checkpoint_every}"),
         (w.checkpoint_seconds > 0, f"worker.checkpoint_seconds must be > 0, got {w.checkpoint_seconds}"),
         (w.queue_batches >= 1, f"worker.queue_batches must be >= 1, got {w.queue_batches}"),
+        (w.torch_threads >= 0, f"worker.torch_threads must be >= 0 (0: CPUs - 1), got {w.torch_threads}"),
         (w.eval_every >= 0, f"worker.eval_every must be >= 0 (0: off), got {w.eval_every}"),
         (w.log_seconds > 0, f"worker.log_seconds must be > 0, got {w.log_seconds}"),
         (w.retry_max_s > 0, f"worker.retry_max_s must be > 0, got {w.retry_max_s}"),

@@ -143,6 +143,36 @@ def test_waits_for_a_broker_that_is_not_there_yet(tmp_path, group, caplog):
     assert offsets_of(manifest(tmp_path / "s")[0].offsets, "late") == ends
 
 
+def test_a_broker_outage_mid_run_loses_nothing(tmp_path, group, caplog):
+    import os
+    import signal
+
+    with EmbeddedBroker() as own:  # its own broker: this test freezes it
+        create_topic(own.bootstrap, "outage", 2)
+        first = produce(own.bootstrap, "outage", stream(200, seed=6))
+        worker = Worker(config(own.bootstrap, group, "worker.log_seconds=0.3"), RunOptions("outage", str(tmp_path / "s")))
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
+        with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+            thread.start()
+            wait_for(lambda: worker.metrics.records >= 200)
+            os.kill(own.pid, signal.SIGSTOP)  # connections stay open, nothing answers
+            try:
+                wait_for(lambda: worker.fetcher.broker_errors >= 2, timeout_s=30)
+                assert thread.is_alive()
+            finally:
+                os.kill(own.pid, signal.SIGCONT)
+            second = produce(own.bootstrap, "outage", stream(200, seed=7))
+            wait_for(lambda: worker.metrics.records >= 400, timeout_s=60)
+            worker.stop()
+            thread.join(20)
+    ends = {p: first.get(p, 0) + second.get(p, 0) for p in (0, 1)}
+    assert result["summary"].records == 400 and result["summary"].offsets == ends
+    assert any("unreachable" in r.getMessage() for r in caplog.records)
+    m, audit = manifest(tmp_path / "s")
+    assert offsets_of(m.offsets, "outage") == ends and applied_once(audit, ends)
+
+
 def test_stop_writes_a_final_checkpoint_of_everything_learned(broker, make_topic, group, tmp_path):
     topic = make_topic(1)
     produce(broker, topic, stream(3000, seed=3))
