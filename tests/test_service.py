@@ -1,6 +1,7 @@
 """The HTTP service: answers equal the snapshot's and carry snapshot_step; limits and
 task mismatches are JSON 4xx; fuzzed bodies never get a 5xx; metrics; start errors;
 the CLI with several workers."""
+import asyncio
 import json
 import random
 import signal
@@ -18,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamlearn.config import Config, ServiceConfig
 from streamlearn.learner import Learner
-from streamlearn.service import Settings, create_app
-from streamlearn.snapshot import NoCheckpointError
+from streamlearn.exceptions import RecordError
+from streamlearn.service import Settings, _Coalescer, create_app
+from streamlearn.snapshot import Answer, NoCheckpointError
 from streamlearn.state import NotAStoreError, open_store
 from test_snapshot import SMALL, commit, stream
 
@@ -116,6 +118,42 @@ def test_answers_move_to_new_checkpoints_without_a_restart(tmp_path):
         commit(store, learner, 11)
         assert client.post("/v1/predict", json={"text": "w1"}).json()["snapshot_step"] == 11
         client.app.state.snapshot.close()
+
+
+def test_concurrent_requests_share_one_snapshot_call(states):
+    app = create_app(Settings(state=states["classify"]))
+    snap, calls = app.state.snapshot, []
+    alone = [snap.predict_proba([{"text": f"w{i} w{i + 1}"}]).values[0] for i in range(12)]
+    original = snap.predict_proba
+    snap.predict_proba = lambda records: calls.append(len(records)) or original(records)
+
+    async def burst():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await asyncio.gather(*(client.post("/v1/predict", json={"text": f"w{i} w{i + 1}"})
+                                          for i in range(12)))
+
+    bodies = [r.json() for r in asyncio.run(burst())]
+    assert sum(calls) == 12 and len(calls) < 12  # grouped, every record answered once
+    for body, want in zip(bodies, alone):
+        assert body["snapshot_step"] == 2 and body["probs"] == pytest.approx(want, abs=1e-6)
+    snap.close()
+
+
+def test_a_failing_request_in_a_group_fails_alone():
+    def call(records):
+        if any(r.get("bad") for r in records):
+            raise RecordError("bad-value: this one")
+        return Answer(5, None, [r["n"] * 10 for r in records])
+
+    async def group():
+        coalescer = _Coalescer(max_records=64)
+        requests = [[{"n": 1}], [{"n": 2}, {"n": 3}], [{"bad": True}], [{"n": 4}]]
+        return await asyncio.gather(*(coalescer.run(("k",), call, r) for r in requests), return_exceptions=True)
+
+    first, second, third, fourth = asyncio.run(group())
+    assert first.values == [10] and second.values == [20, 30] and fourth.values == [40]
+    assert isinstance(third, RecordError) and first.step == 5
 
 
 # ---------------------------------------------------------------------------- limits and errors
