@@ -17,7 +17,6 @@ import time
 import urllib.request
 
 import numpy as np
-import pytest
 
 from streamlearn.broker import free_port, produce_rows
 from streamlearn.consumers import read_audit
@@ -159,13 +158,12 @@ def test_sigkill_restarts_apply_every_offset_exactly_once(broker, make_topic, gr
     assert runs == MID_STREAM_KILLS + 3
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT])
-def test_interrupt_before_any_record_exits_0(broker, make_topic, group, tmp_path, sig):
+def test_interrupt_before_any_record_exits_0(broker, make_topic, group, tmp_path):
     topic = make_topic(1)
     worker = WorkerProcess(tmp_path, 0, ["--topic", topic, "--state", str(tmp_path / "s"), "--bootstrap", broker,
                                          "--group", group, *(f"--set={s}" for s in SETTINGS)])
-    time.sleep(4)
+    wait_for(lambda: "assigned partitions" in worker.output(), 60, "the assignment", worker)
     started = time.monotonic()
-    assert worker.end(sig, timeout_s=10) == 0, worker.output()[-3000:]
+    assert worker.end(signal.SIGINT, timeout_s=10) == 0, worker.output()[-3000:]
     assert time.monotonic() - started < 10
     assert "consumed 0 records" in worker.output()
