@@ -21,7 +21,10 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=["streamlearn", "streamlearn.cli", "streamlearn.embeddings", "streamlearn.consumers", "streamlearn.state"],
+    packages=[
+        "streamlearn", "streamlearn.cli", "streamlearn.embeddings", "streamlearn.replay",
+        "streamlearn.consumers", "streamlearn.state",
+    ],
     package_dir={
         "streamlearn": "streamlearn",
         "streamlearn.consumers": "consumers",
@@ -47,6 +50,8 @@ setup(
     ],
     extras_require={
         "dev": ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "pyinstrument>=4.6"],
+        # Vowpal Wabbit as a replay baseline (`--baselines vw`); replay skips it, saying so, without.
+        "vw": ["vowpalwabbit>=9"],
     },
     entry_points={"console_scripts": ["streamlearn=streamlearn.cli:main"]},
 )
