@@ -122,6 +122,26 @@ def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic
     assert applied_once(audit, ends)
 
 
+def test_next_item_histories_follow_the_stream_across_a_restart(broker, make_topic, group, tmp_path):
+    # A key's history is the same whatever the batching, so any record applied twice or
+    # skipped across the restart would show in it.
+    rng = random.Random(8)
+    events = [(f"u{rng.randrange(12)}", f"item{rng.randrange(40)}") for _ in range(600)]
+    topic = make_topic(3)
+    produce_rows(broker, topic, [(user.encode(), {"key": user, "item": item}, None) for user, item in events])
+    cfg = config(broker, group, "learner.task=next-item", "learner.history=5", "model.out_B=256",
+                 "worker.checkpoint_every=100")
+    assert run_worker(cfg, topic, tmp_path / "s", max_records=250).records == 250
+    assert run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0).records == 350
+    with open_store(tmp_path / "s", readonly=True) as store:
+        learner = Learner.restore(store)
+    expected: dict[str, list[str]] = {}
+    for user, item in events:
+        expected.setdefault(user, []).append(item)
+    assert {u: list(learner.histories.get(u)) for u in expected} == {u: items[-5:] for u, items in expected.items()}
+    assert learner.topk_many([{"key": "u1"}], k=3)[0].tokens  # it answers from the restored state
+
+
 def test_waits_for_a_broker_that_is_not_there_yet(tmp_path, group, caplog):
     port = free_port()
     cfg = config(f"127.0.0.1:{port}", group)

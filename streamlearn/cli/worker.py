@@ -7,7 +7,7 @@ import logging
 import signal
 from typing import Iterator
 
-from ..config import WorkerConfig, load_config
+from ..config import TASKS, WorkerConfig, load_config
 from ..consumers import RunOptions, Worker
 
 log = logging.getLogger("streamlearn.worker")
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
     parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
     parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
-    parser.add_argument("--task", choices=("classify", "mlm", "next-item"), help="learner.task (default: classify)")
+    parser.add_argument("--task", choices=TASKS, help="learner.task (default: classify)")
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, repeatable (e.g. --set model.layers=0)")
