@@ -73,12 +73,16 @@ def _file_formats() -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..learner import intra_op_threads
     from ..replay import ReplayOptions, replay
     from ..replay.baselines import parse_baselines
 
     _check_args(args)
     source = _source(args)
     config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    torch.set_num_threads(intra_op_threads(config))
     options = _options(args, parse_baselines(args.baselines, _task(args, config)))
     with tqdm(total=source.estimate() if args.limit is None else args.limit, unit="rec", desc="replay",
               disable=True if args.no_progress else None, file=sys.stderr) as bar:
