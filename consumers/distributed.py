@@ -1,0 +1,273 @@
+"""Several workers, one model: the torch.distributed process group, model averaging, fencing.
+
+Why averaging and not gradient all-reduce: the worker's step is small (a batch of a few
+dozen records, sparse rows) and the workers consume different partitions at different
+rates. An all-reduce per step would put a blocking collective (and the slowest worker's
+pace) into every step; periodic averaging pays one collective per sync and lets each
+replica run at its own speed in between (local SGD). bench/scaleout.py measures both the
+step cost and the bytes per sync.
+
+What one sync (:func:`average_replicas`) exchanges, every rank in the same order:
+
+1. the label tables (all_gather_object): replicas whose classify heads index labels
+   differently cannot be averaged, so a mismatch raises instead of corrupting the model;
+2. the ids of the rows each rank touched since the last sync, per row table and row
+   optimizer state table (all_gather of counts, then of the padded ids);
+3. one flat float32 buffer: every dense parameter, then the union rows of every table,
+   summed by one all_reduce and divided by the world size.
+
+Rows nobody touched are equal on every replica already (they were equal after the last
+sync and nobody changed them), so only the union moves. The union is put back into the
+learner's dirty rows, so the writer's next checkpoint stores every row any rank changed.
+The dense optimizer's moments (AdamW) stay local: they describe each replica's own recent
+gradients, and averaging them would need state every rank may not have yet.
+
+Environment: :func:`dist_settings` is the one place that reads torchrun's variables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping
+
+import msgpack
+import numpy as np
+import torch
+import torch.distributed as dist
+import xxhash
+
+from ..exceptions import ConfigError, StreamlearnError
+from ..learner import Learner
+from ..learner_state import row_tables
+from ..state import Checkpoint, Store
+
+FENCE_BLOB = "dist.fence"  # msgpack {"generation": int, "rank": int, "world_size": int}
+_DIGEST_SEED = 0x5CA1E0
+
+
+class DistributedError(StreamlearnError):
+    """A collective failed or timed out (a peer died or hung), or the replicas disagree."""
+
+
+class StaleWorkerError(DistributedError):
+    """A writer from an older group generation tried to overwrite newer state."""
+
+
+@dataclass(frozen=True)
+class DistSettings:
+    """One process's place in the group. ``url``: ``tcp://host:port`` of rank 0's store."""
+
+    rank: int
+    world_size: int
+    url: str
+    backend: str = "gloo"
+    timeout_s: float = 15.0  # a collective waiting longer than this means a dead or hung peer
+
+
+def dist_settings(world_size: int | None = None, rank: int | None = None, url: str | None = None,
+                  timeout_s: float = 15.0, environ: Mapping[str, str] | None = None) -> DistSettings | None:
+    """Settings from explicit options, else from torchrun's ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` (the only reader of these variables). None: single worker.
+
+    gloo on CPU, nccl when CUDA is available.
+    """
+    env = os.environ if environ is None else environ
+    if world_size is None and "WORLD_SIZE" in env:
+        world_size = _int_env(env, "WORLD_SIZE")
+    if world_size is None or world_size == 1 and rank in (None, 0) and url is None:
+        return None
+    if rank is None:
+        if "RANK" not in env:
+            raise ConfigError("--world-size is set but not --rank (nor the RANK variable torchrun sets)")
+        rank = _int_env(env, "RANK")
+    if url is None:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise ConfigError("pass --dist-url tcp://HOST:PORT (rank 0's address), or run under torchrun, "
+                              "which sets MASTER_ADDR and MASTER_PORT")
+        url = f"tcp://{env['MASTER_ADDR']}:{_int_env(env, 'MASTER_PORT')}"
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"need 0 <= rank < world size, got rank {rank}, world size {world_size}")
+    if not url.startswith("tcp://"):
+        raise ConfigError(f"--dist-url must look like tcp://HOST:PORT, got {url!r}")
+    if timeout_s <= 0:
+        raise ConfigError(f"the collective timeout must be > 0 s, got {timeout_s}")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    return DistSettings(rank, world_size, url, backend, timeout_s)
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {name} must be an integer, got {env[name]!r}") from exc
+
+
+class Group:
+    """The process group of one run; :meth:`close` leaves it (idempotent).
+
+    Every collective runs under ``settings.timeout_s``: a peer that died (SIGKILL closes
+    its sockets, gloo fails at once) or hangs (the timeout) makes the call raise
+    :class:`DistributedError`, after which the group is unusable and must be closed.
+    """
+
+    def __init__(self, settings: DistSettings):
+        self.settings = settings
+        try:
+            dist.init_process_group(settings.backend, init_method=settings.url, rank=settings.rank,
+                                    world_size=settings.world_size,
+                                    timeout=timedelta(seconds=settings.timeout_s))
+        except (RuntimeError, ValueError) as exc:
+            raise DistributedError(f"could not join the process group at {settings.url} as rank "
+                                   f"{settings.rank} of {settings.world_size} within {settings.timeout_s:g} s: "
+                                   f"{exc}; check that every rank uses the same --dist-url and --world-size") from exc
+        self.open = True
+
+    @property
+    def rank(self) -> int:
+        return self.settings.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, ValueError):
+                pass  # a group broken by a dead peer may fail to tear down; it is gone either way
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """One sync: ``payload_bytes`` handed to collectives by this rank (ids + values; a ring
+    all-reduce sends about 2 (W-1)/W of its part), ``rows`` averaged per table."""
+
+    seconds: float
+    payload_bytes: int
+    dense_values: int
+    rows: dict[str, int]
+
+
+def average_replicas(learner: Learner, group: Group) -> SyncReport:
+    """Average this replica with every other rank's (see the module docstring); every
+    rank must call it at the same point of its sync sequence. Raises DistributedError."""
+    started = time.perf_counter()
+    try:
+        _check_labels(learner, group)
+        touched = learner.take_dirty()
+        tables = row_tables(learner)
+        union, id_bytes = _union_ids(touched, tables, group.world_size)
+        dense = list(learner.model.dense_parameters().values())
+        flat = _pack(dense, tables, union)  # (n,) float32
+        dist.all_reduce(flat)
+        flat /= group.world_size
+        _unpack(flat, dense, tables, union)
+    except RuntimeError as exc:
+        raise DistributedError(f"model sync failed (a peer died or did not answer within "
+                               f"{group.settings.timeout_s:g} s): {exc}") from exc
+    _mark_dirty(learner, union)
+    dense_values = sum(p.numel() for p in dense)
+    return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4, dense_values,
+                      {name: len(ids) for name, ids in union.items()})
+
+
+def _check_labels(learner: Learner, group: Group) -> None:
+    labels: list = [None] * group.world_size
+    dist.all_gather_object(labels, list(learner.labels))
+    if any(other != labels[0] for other in labels):
+        raise DistributedError(
+            f"the replicas' label tables differ ({labels}): their classify heads cannot be averaged; "
+            "every label must reach every rank in the same order before the first sync (seed the "
+            "stream with one record per label, or sync before new labels diverge)")
+
+
+def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor],
+               world: int) -> tuple[dict[str, np.ndarray], int]:
+    """Per table (sorted store-name order, the same on every rank): the union of the ids
+    every rank touched; and the bytes this rank sent for it."""
+    names = sorted(tables)
+    counts = torch.tensor([len(touched.get(n, ())) for n in names], dtype=torch.int64)  # (T,)
+    all_counts = [torch.zeros_like(counts) for _ in range(world)]
+    dist.all_gather(all_counts, counts)
+    widest = int(max(int(c.sum()) for c in all_counts))
+    mine = np.concatenate([touched.get(n, np.zeros(0, np.int64)) for n in names] or [np.zeros(0, np.int64)])
+    padded = torch.full((max(widest, 1),), -1, dtype=torch.int64)  # (widest,)
+    padded[:len(mine)] = torch.from_numpy(mine.astype(np.int64))
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    union: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for rank_counts, ids in zip(all_counts, gathered):
+        at = 0
+        for name, n in zip(names, rank_counts.tolist()):
+            union[name].append(ids[at:at + n].numpy())
+            at += n
+    merged = {n: np.unique(np.concatenate(parts)) for n, parts in union.items()}
+    return {n: ids for n, ids in merged.items() if len(ids)}, (counts.numel() + padded.numel()) * 8
+
+
+def _pack(dense: list[torch.Tensor], tables: dict[str, torch.Tensor], union: dict[str, np.ndarray]) -> torch.Tensor:
+    parts = [p.detach().float().reshape(-1).cpu() for p in dense]
+    parts += [tables[n].detach()[torch.from_numpy(ids).to(tables[n].device)].float().reshape(-1).cpu()
+              for n, ids in sorted(union.items())]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _unpack(flat: torch.Tensor, dense: list[torch.Tensor], tables: dict[str, torch.Tensor],
+            union: dict[str, np.ndarray]) -> None:
+    at = 0
+    with torch.no_grad():
+        for p in dense:
+            p.copy_(flat[at:at + p.numel()].view_as(p).to(p.dtype))
+            at += p.numel()
+        for name, ids in sorted(union.items()):
+            t = tables[name]
+            n = len(ids) * t.shape[1]
+            t[torch.from_numpy(ids).to(t.device)] = flat[at:at + n].view(len(ids), t.shape[1]).to(t.device, t.dtype)
+            at += n
+
+
+def _mark_dirty(learner: Learner, union: dict[str, np.ndarray]) -> None:
+    """Every averaged row changed on this replica too: the next checkpoint must store it.
+    (``take_dirty`` emptied the learner's list; this puts the union back in its format.)"""
+    for name, ids in union.items():
+        learner._dirty.setdefault(name, []).append(ids)
+
+
+def replica_digest(learner: Learner) -> str:
+    """xxh3 digest of every dense parameter and row table: equal replicas, equal digests."""
+    h = xxhash.xxh3_64(seed=_DIGEST_SEED)
+    for _, p in sorted(learner.model.dense_parameters().items()):
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    for _, t in sorted(row_tables(learner).items()):
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- fencing
+
+def stored_generation(store: Store) -> int:
+    """The group generation of the last fenced commit (0: never)."""
+    raw = store.read_blob(FENCE_BLOB)
+    return int(msgpack.unpackb(raw)["generation"]) if raw else 0
+
+
+def fenced_commit(store: Store, ckpt: Checkpoint, generation: int, rank: int, world_size: int) -> None:
+    """Commit ``ckpt`` as the writer of group ``generation``, unless a newer generation
+    already wrote the state (then :class:`StaleWorkerError`, the state unchanged).
+
+    A new group takes ``stored_generation(store) + 1`` when it forms. The check and the
+    commit both happen while this process holds the state directory's writer lock (an
+    exclusive flock for the store's lifetime), so no other writer commits in between.
+    """
+    current = stored_generation(store)
+    if current > generation:
+        raise StaleWorkerError(
+            f"rank {rank} of generation {generation} tried to write {store.path}, which generation "
+            f"{current} already wrote: this worker was replaced; restart it so it joins the current group")
+    fence = msgpack.packb({"generation": generation, "rank": rank, "world_size": world_size})
+    store.commit(dataclasses.replace(ckpt, blobs={**ckpt.blobs, FENCE_BLOB: fence}))

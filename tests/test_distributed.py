@@ -1,0 +1,151 @@
+"""Scale-out pieces with real parts: real gloo process groups in real processes, real
+learners, real LMDB. Replicas trained on different records are averaged exactly (dense
+parameters and every row table), a dead peer makes the sync fail fast with a clear error,
+diverging label tables are refused, and a stale writer cannot overwrite newer state."""
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from streamlearn.broker import free_port
+from streamlearn.config import Config, StoreConfig
+from streamlearn.consumers.distributed import (
+    DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
+from streamlearn.exceptions import ConfigError
+from streamlearn.learner import Learner
+from streamlearn.state import Checkpoint, open_store
+
+SMALL = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
+         "model.max_labels=8", "learner.batch_size=16")
+
+RANK_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np, torch
+    torch.set_num_threads(1)
+    from streamlearn.config import Config
+    from streamlearn.learner import Learner
+    from streamlearn.learner_state import row_tables
+    from streamlearn.consumers.distributed import (DistributedError, Group, average_replicas, dist_settings,
+                                                   replica_digest)
+
+    mode, out = sys.argv[1], sys.argv[2]
+    settings = dist_settings(timeout_s=float(sys.argv[3]))  # from RANK / WORLD_SIZE / MASTER_* like torchrun
+    lrn = Learner(Config().override(*json.loads(sys.argv[4])))
+    rank = settings.rank
+    first = [{"text": "goal match", "label": "sport"}, {"text": "pasta soup", "label": "food"}]
+    if mode == "diverge":
+        first = first[::-1] if rank else first
+    lrn.learn_batch(lrn.prepare(first))
+    words = ["goal", "team", "chip", "code", "bread", "cheese", "cloud", "score"]
+    mine = [{"text": f"{words[(i + 3 * rank) % 8]} w{rank}x{i % 13}", "label": "sport" if i % 2 else "food"}
+            for i in range(48)]
+    for at in range(0, len(mine), 16):
+        lrn.learn_batch(lrn.prepare(mine[at:at + 16]))
+    group = Group(settings)
+    if mode == "die" and rank == 1:
+        os._exit(0)  # gone without a word: rank 0's sync must fail, not hang
+    touched = {n: np.unique(np.concatenate(p)).tolist() for n, p in lrn._dirty.items()}
+    dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
+    tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
+    np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
+             **{"t:" + n: v for n, v in tables.items()})
+    started = time.monotonic()
+    try:
+        report = average_replicas(lrn, group)
+    except DistributedError as exc:
+        print(json.dumps({"error": str(exc), "seconds": time.monotonic() - started}))
+        sys.exit(0)
+    finally:
+        group.close()
+    np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
+             **{"t:" + n: t.detach().numpy() for n, t in row_tables(lrn).items()})
+    dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
+    print(json.dumps({"digest": replica_digest(lrn), "bytes": report.payload_bytes, "rows": report.rows,
+                      "touched": touched, "dirty": dirty}))
+""")
+
+
+def run_ranks(tmp_path, mode: str, timeout_s: float = 10.0, world: int = 2) -> list[dict]:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, mode, str(tmp_path), str(timeout_s),
+                                       json.dumps(SMALL)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=env, text=True))
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {})
+    return outs
+
+
+def test_sync_averages_dense_and_every_row_table_exactly(tmp_path):
+    outs = run_ranks(tmp_path, "sync")
+    pre = [np.load(tmp_path / f"pre{r}.npz") for r in range(2)]
+    post = [np.load(tmp_path / f"post{r}.npz") for r in range(2)]
+    assert outs[0]["digest"] == outs[1]["digest"]
+    differed = 0
+    for name in pre[0].files:
+        a, b = pre[0][name], pre[1][name]
+        differed += int(not np.array_equal(a, b))
+        np.testing.assert_allclose(post[0][name], (a + b) / 2, rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_array_equal(post[0][name], post[1][name], err_msg=name)
+    assert differed >= 3, "the replicas did not diverge before the sync: the test proves nothing"
+    # Only the union of touched rows moved, and it is what the next checkpoint writes.
+    for name, ids in outs[0]["dirty"].items():
+        union = set(outs[0]["touched"].get(name, [])) | set(outs[1]["touched"].get(name, []))
+        assert set(ids) == union == set(outs[1]["dirty"][name]), name
+        assert outs[0]["rows"][name] == len(union)
+    assert outs[0]["bytes"] > 0
+
+
+def test_dead_peer_fails_the_sync_fast_with_a_clear_error(tmp_path):
+    started = time.monotonic()
+    outs = run_ranks(tmp_path, "die", timeout_s=5.0)
+    assert "model sync failed" in outs[0]["error"] and outs[0]["seconds"] < 8
+    assert time.monotonic() - started < 45
+
+
+def test_diverging_label_tables_are_refused(tmp_path):
+    outs = run_ranks(tmp_path, "diverge")
+    for out in outs:
+        assert "label tables differ" in out["error"], out
+
+
+def test_settings_from_options_or_torchrun_env():
+    assert dist_settings(environ={}) is None
+    env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
+    assert dist_settings(environ=env) == DistSettings(1, 3, "tcp://10.0.0.5:29500", "gloo", 15.0)
+    assert dist_settings(2, 0, "tcp://h:1", 5.0, environ=env) == DistSettings(0, 2, "tcp://h:1", "gloo", 5.0)
+    for bad, message in [(dict(world_size=2, environ={}), "--rank"),
+                         (dict(world_size=2, rank=2, url="tcp://h:1", environ={}), "0 <= rank"),
+                         (dict(world_size=2, rank=0, environ={}), "--dist-url"),
+                         (dict(world_size=2, rank=0, url="h:1", environ={}), "tcp://"),
+                         (dict(environ={**env, "RANK": "x"}), "RANK must be an integer")]:
+        with pytest.raises(ConfigError, match=message):
+            dist_settings(**bad)
+
+
+def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
+    lrn = Learner(Config().override(*SMALL))
+    lrn.learn_batch(lrn.prepare([{"text": "goal match", "label": "sport"}]))
+    with open_store(tmp_path / "state", StoreConfig(shards=2, map_size_gb=0.05)) as store:
+        specs, rows, blobs, kv = lrn.checkpoint_parts(full=True)
+        store.declare_tables(specs)
+        ckpt = Checkpoint(step=lrn.steps, offsets={"t:0": 10}, rows=rows, blobs=blobs, kv=kv)
+        assert stored_generation(store) == 0
+        fenced_commit(store, ckpt, generation=2, rank=0, world_size=2)
+        assert stored_generation(store) == 2
+        newer = Checkpoint(step=lrn.steps, offsets={"t:0": 20})
+        fenced_commit(store, newer, generation=3, rank=1, world_size=1)
+        with pytest.raises(StaleWorkerError, match="generation 2 .* generation 3"):
+            fenced_commit(store, Checkpoint(step=lrn.steps, offsets={"t:0": 15}), generation=2, rank=0, world_size=2)
+        manifest = store.manifest()
+        assert manifest.offsets == {"t:0": 20} and manifest.commits == 2 and stored_generation(store) == 3
