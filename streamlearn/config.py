@@ -121,7 +121,7 @@ class WorkerConfig:
     dlq_suffix: str = ".dlq"
     dlq_max_bytes: int = 16_777_216  # larger bad messages are dead-lettered cut to this size
     poll_timeout_ms: int = 200
-    queue_batches: int = 4  # prepared batches buffered between the fetch thread and training
+    queue_batches: int = 16  # prepared batches buffered between the fetch thread and training
     torch_threads: int = 0  # intra-op threads of the training loop; 0: CPUs - 1 (the fetch thread needs one)
     eval_every: int = 10  # prequential accuracy on every n-th batch (0: off); one extra forward each
     log_seconds: float = 5.0  # status line interval
