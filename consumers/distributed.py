@@ -9,8 +9,9 @@ step cost and the bytes per sync.
 
 What one sync (:func:`average_replicas`) exchanges, every rank in the same order:
 
-1. the label tables (all_gather_object): replicas whose classify heads index labels
-   differently cannot be averaged, so a mismatch raises instead of corrupting the model;
+1. the label tables (all_gather_object): workers see new labels in different orders, so
+   the tables are merged (rank 0's labels first) and each replica permutes its label head
+   rows to the merged ids before anything is averaged;
 2. the ids of the rows each rank touched since the last sync, per row table and row
    optimizer state table (all_gather of counts, then of the padded ids);
 3. one flat float32 buffer: every dense parameter, then the union rows of every table,
@@ -42,6 +43,7 @@ import xxhash
 from ..exceptions import ConfigError, StreamlearnError
 from ..learner import Learner
 from ..learner_state import row_tables
+from ..objectives import LabelCapacityError, LabelTable
 from ..state import Checkpoint, Store
 
 FENCE_BLOB = "dist.fence"  # msgpack {"generation": int, "rank": int, "world_size": int}
@@ -158,7 +160,7 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
     rank must call it at the same point of its sync sequence. Raises DistributedError."""
     started = time.perf_counter()
     try:
-        _check_labels(learner, group)
+        _merge_labels(learner, group)
         touched = learner.take_dirty()
         tables = row_tables(learner)
         union, id_bytes = _union_ids(touched, tables, group.world_size)
@@ -176,14 +178,43 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
                       {name: len(ids) for name, ids in union.items()})
 
 
-def _check_labels(learner: Learner, group: Group) -> None:
-    labels: list = [None] * group.world_size
-    dist.all_gather_object(labels, list(learner.labels))
-    if any(other != labels[0] for other in labels):
-        raise DistributedError(
-            f"the replicas' label tables differ ({labels}): their classify heads cannot be averaged; "
-            "every label must reach every rank in the same order before the first sync (seed the "
-            "stream with one record per label, or sync before new labels diverge)")
+def _merge_labels(learner: Learner, group: Group) -> None:
+    """Give every replica the same label table: rank 0's labels, then each later rank's new
+    ones in rank order. A replica whose label ids move permutes its label head rows (and
+    their AdamW moments) to match; a label it never saw gets its zero row, as at start."""
+    if learner.model.label_head is None:
+        return
+    gathered: list = [None] * group.world_size
+    dist.all_gather_object(gathered, list(learner.labels))
+    table = learner.label_table
+    merged = LabelTable(table.capacity)
+    try:
+        for labels in gathered:
+            for label in labels:
+                merged.add(label)
+    except LabelCapacityError as exc:
+        raise DistributedError(f"the replicas together saw more labels than the table holds: {exc}") from exc
+    if merged.labels == table.labels:
+        return
+    old = [table.get(label) for label in merged.labels]
+    head = learner.model.label_head
+    for param in (head.weight, head.bias):
+        _permute_rows(param, old)
+        for moment in learner.dense_optim.state.get(param, {}).values():
+            if torch.is_tensor(moment) and moment.shape == param.shape:
+                _permute_rows(moment, old)
+    table.labels[:] = merged.labels
+    table.__post_init__()  # rebuilds the label -> id index
+
+
+def _permute_rows(t: torch.Tensor, old: list[int | None]) -> None:
+    """Row j becomes old row ``old[j]`` (zero when None); rows past ``len(old)`` stay zero."""
+    with torch.no_grad():
+        fresh = torch.zeros_like(t)
+        for j, i in enumerate(old):
+            if i is not None:
+                fresh[j] = t.data[i]
+        t.data.copy_(fresh)
 
 
 def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor],
