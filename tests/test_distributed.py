@@ -156,3 +156,100 @@ def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
             fenced_commit(store, Checkpoint(step=lrn.steps, offsets={"t:0": 15}), generation=2, rank=0, world_size=2)
         manifest = store.manifest()
         assert manifest.offsets == {"t:0": 20} and manifest.commits == 2 and stored_generation(store) == 3
+
+
+# ---------------------------------------------------------------------------- two workers, real broker
+
+GROUP_SETTINGS = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
+                  "model.max_labels=8", "learner.batch_size=32", "store.shards=2", "store.map_size_gb=0.1",
+                  "worker.session_timeout_ms=1500", "worker.heartbeat_interval_ms=300",
+                  "worker.max_poll_interval_ms=3000", "worker.poll_timeout_ms=100", "worker.audit=true",
+                  "worker.log_seconds=1", "worker.retry_max_s=1", "worker.torch_threads=1", "worker.eval_every=0")
+RECORDS = 12_000
+
+
+def stream(n: int, seed: int):
+    import random
+    rng = random.Random(seed)
+    words = {"a": ["goal", "match", "team"], "b": ["chip", "code", "cloud"], "c": ["pasta", "bread", "soup"]}
+    for i in range(n):
+        label = rng.choice("abc")
+        yield None, {"text": " ".join(rng.choice(words[label]) for _ in range(4)) + f" n{i % 89}", "label": label}, None
+
+
+class Rank:
+    def __init__(self, tmp_path, rank: int, args: list[str]):
+        self.log_path = tmp_path / f"rank{rank}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "worker", *args, "--rank", str(rank)],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def digests(self) -> dict[int, str]:
+        out = {}
+        for line in self.output().splitlines():
+            if " sync " in line and "digest " in line:
+                out[int(line.split(" sync ")[1].split()[0])] = line.rsplit("digest ", 1)[1].strip()
+        return out
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["writer-killed", "reader-killed"])
+def test_two_workers_one_killed_every_offset_applied_once(victim, broker, make_topic, group, tmp_path):
+    """2 workers on 4 partitions; one SIGKILLed mid-stream (the writer, which also hosts the
+    group's store, or the other); the survivor finishes the stream alone."""
+    from streamlearn.consumers import read_audit
+
+    topic = make_topic(4)
+    ends = produce_rows_(broker, topic)
+    state = tmp_path / "state"
+    args = ["--topic", topic, "--state", str(state), "--bootstrap", broker, "--group", group,
+            "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "5",
+            "--checkpoint-every", "400", "--until-idle", "4", *(f"--set={s}" for s in GROUP_SETTINGS)]
+    ranks = [Rank(tmp_path, r, args) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 90
+        while not all(len(r.digests()) >= 2 for r in ranks):
+            assert time.monotonic() < deadline and all(r.proc.poll() is None for r in ranks), \
+                "\n".join(r.output()[-3000:] for r in ranks)
+            time.sleep(0.05)
+        dead, survivor = ranks[victim], ranks[1 - victim]
+        dead.proc.kill()
+        dead.proc.wait(10)
+        assert survivor.proc.wait(120) == 0, survivor.output()[-4000:]
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.log.close()
+    out = survivor.output()
+    assert "now works alone as the writer" in out, out[-3000:]
+    both = set(ranks[0].digests()) & set(ranks[1].digests())
+    assert len(both) >= 2 and all(ranks[0].digests()[n] == ranks[1].digests()[n] for n in both)
+    with open_store(state, readonly=True) as store:
+        m = store.manifest()
+        audit = list(read_audit(store))
+    key = lambda p: f"{topic}:{p}"  # noqa: E731
+    assert {p: m.offsets[key(p)] for p in ends} == ends
+    assert {p: m.records_applied[key(p)] for p in ends} == ends
+    seen = {p: np.zeros(n, dtype=np.int64) for p, n in ends.items()}
+    for _, spans in audit:
+        for partition, first, last, count in spans:
+            assert count == last - first + 1
+            seen[partition][first:last + 1] += 1
+    for partition, hits in seen.items():
+        assert not (hits != 1).any(), (partition, np.flatnonzero(hits > 1)[:10], np.flatnonzero(hits == 0)[:10])
+    assert m.metrics["records_learned"] == RECORDS
+    assert stored_generation_(state) >= 2
+
+
+def produce_rows_(broker: str, topic: str) -> dict[int, int]:
+    from streamlearn.broker import produce_rows
+    return produce_rows(broker, topic, stream(RECORDS, seed=3)).per_partition
+
+
+def stored_generation_(state) -> int:
+    with open_store(state, readonly=True) as store:
+        return stored_generation(store)

@@ -9,6 +9,8 @@ from typing import Iterator
 
 from ..config import TASKS, WorkerConfig, load_config
 from ..consumers import RunOptions, Worker
+from ..consumers.distributed import dist_settings
+from ..consumers.scaleout import GroupWorker
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -38,7 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"also every worker.checkpoint_seconds={WorkerConfig.checkpoint_seconds:g})")
     parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                         help="serve Prometheus metrics on this port (default: off)")
+    _add_group_options(parser)
     parser.set_defaults(func=run)
+
+
+def _add_group_options(parser: argparse.ArgumentParser) -> None:
+    """Several workers, one model (docs/operations.md, "Several workers"); torchrun's
+    RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT are read when these are not given."""
+    group = parser.add_argument_group("several workers (torch.distributed)")
+    group.add_argument("--world-size", type=int, metavar="N", help="workers training this model together")
+    group.add_argument("--rank", type=int, metavar="R", help="this worker's rank in [0, N); rank 0 writes")
+    group.add_argument("--dist-url", metavar="tcp://HOST:PORT", help="rank 0's address for the process group")
+    group.add_argument("--dist-timeout", type=float, default=15.0, metavar="SECONDS",
+                       help="a sync waiting longer than this means a dead peer (default: 15)")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -51,7 +65,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port)
-    worker = Worker(cfg, options)
+    settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
+    worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
     with _stop_on_signals(worker):
         summary = worker.run()
     print(f"streamlearn worker: {summary}", flush=True)

@@ -1,0 +1,290 @@
+"""Several workers in one consumer group training one model (``streamlearn worker --world-size``).
+
+Kafka's group protocol shares the partitions; torch.distributed keeps the replicas one
+model; one designated writer commits (see docs/operations.md, "Several workers").
+
+Syncs. Every checkpoint of a group member is a group sync: whoever wants one (its
+checkpoint interval, a partition revocation, its shutdown) bumps the counter
+``sync.want`` in the group's TCPStore from ``done`` to ``done + 1`` (compare-and-set, so
+simultaneous wishes make one sync); every fetch thread sees the counter ahead of its
+``done`` on its next cycle and hands its training loop a checkpoint request, after the
+batches it already queued. Each training loop then, in the same order on every rank:
+
+1. averages the replicas (:func:`~.distributed.average_replicas`);
+2. gathers every rank's offsets, records applied, totals and audit ranges; per
+   partition the furthest offset wins (only the rank that consumed a partition since the
+   last sync moved it; a revocation is itself a sync, so two ranks never both did);
+3. the writer (rank 0 while the group lives) commits the averaged model with the merged
+   offsets in one fenced LMDB commit; every rank learns whether it succeeded.
+
+Exactly-once across the group: a rank's records since the last sync are either in the
+committed averaged model together with their offsets, or neither.
+
+Failure. A collective that fails or times out (``--dist-timeout``) means a peer died or
+hangs. The survivor leaves the group and goes on alone with the next group generation:
+its model is the last sync's average plus its own records since, its offsets the last
+sync's plus its own, so its next commit is consistent; if it was not the writer it takes
+the state directory's writer lock and writes every row once. Kafka's rebalance (after
+``worker.session_timeout_ms``) then hands it the dead worker's partitions, and it seeks
+them to the last sync's offsets. The dead worker's records since that sync were in
+neither the state nor the offsets, so they are consumed again, once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch.distributed as dist
+
+from ..config import Config
+from ..exceptions import ConfigError, StreamlearnError
+from ..state import open_store
+from .checkpoint import Checkpointer, open_learner, topic_offsets
+from .distributed import (DistributedError, DistSettings, Group, average_replicas, fenced_commit,
+                          replica_digest, stored_generation)
+from .fetcher import Fetcher, FetchPlan
+from .handoff import CheckpointRequest, Handoff
+from .metrics import WorkerMetrics
+from .worker import RunOptions, RunSummary, Worker, WorkerError, check_worker_config
+
+log = logging.getLogger(__name__)
+
+_WANT = "sync.want"
+
+
+class SyncClock:
+    """Which group sync comes next. ``done`` is advanced by the training loop only; the
+    fetch thread reads it while the loop is idle (it waits for the loop's answer)."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.done = 0
+        self.alive = True
+
+    def wanted(self) -> int:
+        """Syncs requested so far by any rank; raises if rank 0's store is gone."""
+        return int(self.group.store.add(_WANT, 0))
+
+    def request(self) -> None:
+        """Ask for sync ``done + 1`` (a no-op if another rank already did)."""
+        self.group.store.compare_set(_WANT, str(self.done), str(self.done + 1))
+
+
+class SyncedFetcher(Fetcher):
+    """A fetch thread whose checkpoints are group syncs while the group lives."""
+
+    def __init__(self, *args, clock: SyncClock, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+
+    def _checkpoint_due(self) -> bool:
+        if not self.clock.alive:
+            return super()._checkpoint_due()
+        try:
+            if self.clock.wanted() > self.clock.done:
+                return True
+            if super()._checkpoint_due():
+                self.clock.request()
+                return True
+        except (RuntimeError, ValueError) as exc:  # rank 0's store is gone: let the loop find out
+            log.warning("group store unreachable (%s): checkpointing now", exc)
+            return True
+        return False
+
+    def checkpoint(self, reason: str, blocking_commit: bool = False, kafka_commit: bool = True) -> bool:
+        if not self.clock.alive:
+            return super().checkpoint(reason, blocking_commit, kafka_commit)
+        try:
+            self.clock.request()  # a revocation or shutdown wants a sync the others join
+        except (RuntimeError, ValueError):
+            pass  # the training loop's collective will fail and take it solo
+        unsaved = self._unsaved
+        self._unsaved = max(unsaved, 1)  # a member answers every sync, even with nothing new
+        ok = super().checkpoint(reason, blocking_commit, kafka_commit)
+        if not ok and not unsaved:
+            self._unsaved = 0
+        return ok
+
+
+class _FencedStore:
+    """The writer's store: every commit carries and checks the group generation."""
+
+    def __init__(self, store, worker: "GroupWorker"):
+        self._store, self._worker = store, worker
+
+    def commit(self, ckpt) -> None:
+        w = self._worker
+        fenced_commit(self._store, ckpt, w.generation, w.rank, w.live_world)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+class GroupWorker(Worker):
+    """One rank of a group of workers on ``options.topic`` sharing ``options.state``.
+
+    Rank 0 is the writer while the group lives; every rank must see the state directory
+    (one machine, or a shared filesystem): a survivor takes over writing.
+    """
+
+    def __init__(self, cfg: Config, options: RunOptions, settings: DistSettings):
+        check_worker_config(cfg, options)
+        if cfg.learner.task != "classify":
+            raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
+                              "per-key histories and candidates are not merged between workers; run one worker")
+        self.cfg, self.options, self.settings = cfg, options, settings
+        self.rank, self.live_world = settings.rank, settings.world_size
+        self.group = Group(settings)
+        try:
+            self.store, self.writer = self._open_state()
+            self.learner = open_learner(self.store, cfg)
+            self.generation = self._agree_generation()
+        except BaseException:
+            self.group.close()
+            raise
+        self.clock = SyncClock(self.group)
+        self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
+        if self.writer:
+            self.checkpointer.store = _FencedStore(self.store, self)
+        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
+        self.handoff = Handoff(cfg.worker.queue_batches)
+        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
+        self.fetcher = SyncedFetcher(self.learner, cfg.worker, plan, self.handoff, self.checkpointer.positions,
+                                     clock=self.clock)
+        self.summary = RunSummary()
+        self._batches = 0
+        self._broker_errors = 0
+        self._base = self._progress()  # what the last sync merged
+
+    def _open_state(self):
+        """Rank 0 opens the state for writing first, the others then read the same
+        checkpoint (nobody commits before the first sync, so every replica starts equal)."""
+        if self.rank == 0:
+            store = open_store(self.options.state, self.cfg.store)
+            dist.barrier()
+            return store, True
+        dist.barrier()
+        return open_store(self.options.state, self.cfg.store, readonly=True), False
+
+    def _agree_generation(self) -> int:
+        """A new group is one generation past the stored one (rank 0 reads it)."""
+        mine = [stored_generation(self.store) + 1 if self.rank == 0 else 0]
+        dist.broadcast_object_list(mine, src=0)
+        log.info("rank %d of %d, group generation %d", self.rank, self.live_world, mine[0])
+        return int(mine[0])
+
+    def run(self) -> RunSummary:
+        try:
+            return super().run()
+        finally:
+            self.group.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self, request: CheckpointRequest) -> None:
+        if self.clock.alive:
+            try:
+                self._sync(request)
+                return
+            except DistributedError as exc:
+                log.error("%s; leaving the group and going on alone", exc)
+                self._go_solo()
+        super()._checkpoint(request)
+
+    def _sync(self, request: CheckpointRequest) -> None:
+        everyone = self._gather()  # before averaging: a peer dying in between leaves both unmerged
+        report = average_replicas(self.learner, self.group)
+        merged = self._merge(everyone)
+        ok, seconds = True, 0.0
+        if self.writer:
+            try:
+                seconds = self.checkpointer.commit(self.metrics.snapshot(), self.cfg)
+            except StreamlearnError as exc:
+                ok = False
+                log.error("group checkpoint failed, the state is unchanged: %s", exc)
+        else:
+            self.learner.take_dirty()  # the writer stores the averaged rows
+        ok = self._all_ok(ok)
+        if ok and self.checkpointer._audit is not None:
+            self.checkpointer._audit.clear()
+        self.clock.done += 1
+        self._base = merged
+        self.metrics.checkpointed(seconds, ok)
+        if ok:
+            self.summary.checkpoints += 1
+        log.info("sync %d (%s): %d bytes sent, %.3f s, rows %s, step %d, offsets %s, digest %s",
+                 self.clock.done, request.reason, report.payload_bytes, report.seconds, report.rows,
+                 self.learner.steps, self.checkpointer.positions, replica_digest(self.learner))
+        request.answer(ok, self.checkpointer.positions, seconds)
+
+    def _progress(self) -> dict:
+        c = self.checkpointer
+        return {"positions": dict(c.positions), "applied": dict(c.applied), "totals": dict(c.totals),
+                "audit": [list(r) for r in c._audit.ranges] if c._audit is not None else []}
+
+    def _gather(self) -> list[dict]:
+        everyone: list = [None] * self.live_world
+        try:
+            dist.all_gather_object(everyone, self._progress())
+        except RuntimeError as exc:
+            raise DistributedError(f"gathering offsets failed (a peer died): {exc}") from exc
+        return everyone
+
+    def _merge(self, everyone: list[dict]) -> dict:
+        """Per partition the furthest offset and count; totals add each rank's part since
+        the last sync; the writer's audit gets every rank's ranges."""
+        c, base = self.checkpointer, self._base
+        for key in ("positions", "applied"):
+            merged = getattr(c, key)
+            for progress in everyone:
+                for p, n in progress[key].items():
+                    merged[p] = max(merged.get(p, 0), n)
+        for name in c.totals:
+            c.totals[name] = base["totals"][name] + sum(p["totals"][name] - base["totals"][name] for p in everyone)
+        for p, n in c.positions.items():
+            if self.fetcher.positions.get(p, -1) < n:
+                self.fetcher.positions[p] = n  # another rank consumed it: start there if it moves here
+        if c._audit is not None:
+            c._audit.clear()
+            c._audit.ranges = [list(r) for progress in everyone for r in progress["audit"]]
+        return self._progress()
+
+    def _all_ok(self, ok: bool) -> bool:
+        flags: list = [None] * self.live_world
+        try:
+            dist.all_gather_object(flags, ok)
+        except RuntimeError as exc:
+            raise DistributedError(f"confirming the group checkpoint failed (a peer died): {exc}") from exc
+        return all(flags)
+
+    def _take_writer_lock(self):
+        """Open the state for writing once the old writer's lock is free (a killed
+        process drops its flock at once; a hung one keeps it, and then we stop)."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:
+            try:
+                return open_store(self.options.state, self.cfg.store)
+            except StreamlearnError as exc:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"cannot take over writing {self.options.state}: {exc}") from exc
+                time.sleep(0.2)
+
+    def _go_solo(self) -> None:
+        """Leave the broken group; become the writer with the next generation."""
+        self.clock.alive = False
+        self.group.close()
+        self.live_world = 1
+        if not self.writer:
+            self.store.close()
+            self.store = self._take_writer_lock()
+            self.writer = True
+            self.checkpointer._specs_declared = False
+        # The failed sync may have consumed the dirty rows: write every row once.
+        self.checkpointer._full = True
+        manifest = self.store.manifest()
+        self.checkpointer.commits = manifest.commits  # numbers the audit entries
+        stored = topic_offsets(manifest.offsets, self.options.topic)
+        if self.checkpointer._audit is not None and stored == self.checkpointer.positions:
+            self.checkpointer._audit.clear()  # the old writer committed this sync before it died
+        self.generation = stored_generation(self.store) + 1
+        self.checkpointer.store = _FencedStore(self.store, self)
+        log.warning("rank %d now works alone as the writer, generation %d", self.rank, self.generation)
