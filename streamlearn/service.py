@@ -173,13 +173,13 @@ def _record(query: BaseModel, fields: tuple[str, ...]) -> dict:
 
 class PredictResult(BaseModel):
     label: str | int | None = Field(description="the most probable label (null before any label was seen)")
-    probs: dict[str, float] = Field(description="probability of every label seen so far")
+    probs: dict[str, float | None] = Field(description="probability of every label seen so far")
 
 
 class PredictResponse(BaseModel):
     snapshot_step: int
     label: str | int | None = None
-    probs: dict[str, float] | None = None
+    probs: dict[str, float | None] | None = None
     results: list[PredictResult] | None = None
 
 
@@ -217,7 +217,8 @@ def _finite(values) -> list[float | None]:
 
 def _predict_result(probs: dict) -> dict:
     label = max(probs, key=probs.get) if probs else None
-    return {"label": label, "probs": {str(k): v for k, v in probs.items()}}
+    # A model whose weights went NaN must not turn every answer into a 500: nulls instead.
+    return {"label": label, "probs": dict(zip(map(str, probs), _finite(probs.values())))}
 
 
 def _topk_result(top) -> dict:
@@ -228,14 +229,16 @@ def _embed_result(tv) -> dict:
     return {"tokens": tv.tokens, "vectors": [_finite(row) for row in tv.vectors]}
 
 
-def _respond(answer: Answer, batch: bool, convert: Callable[[Any], dict], **extra: Any) -> dict:
+def _respond(answer: Answer, batch: bool, convert: Callable[[Any], dict], **extra: Any) -> JSONResponse:
+    """The answer as JSON. Returned as a response, so FastAPI skips re-validating it
+    against the response model (which documents it in the OpenAPI document)."""
     results = [convert(v) for v in answer.values]
     body = {"snapshot_step": answer.step, **extra}
     if batch:
         body["results"] = results
     else:
         body.update(results[0])
-    return body
+    return JSONResponse(body)
 
 
 # ---------------------------------------------------------------------------- the app
@@ -262,23 +265,23 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(_Guard, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes)
     _add_error_handlers(app)
 
-    @app.post("/v1/predict", response_model=PredictResponse, response_model_exclude_unset=True)
-    async def predict(request: QueryRequest) -> dict:
+    @app.post("/v1/predict", response_model=PredictResponse)
+    async def predict(request: QueryRequest) -> JSONResponse:
         """Label and probabilities (task classify) for one query or a batch."""
         records, batch = _records(request, ("text", "tokens"))
         answer = await coalescer.run(("predict",), snapshot.predict_proba, records)
         return _respond(answer, batch, _predict_result)
 
-    @app.post("/v1/topk", response_model=TopKResponse, response_model_exclude_unset=True)
-    async def topk(request: TopKRequest) -> dict:
+    @app.post("/v1/topk", response_model=TopKResponse)
+    async def topk(request: TopKRequest) -> JSONResponse:
         """The k best tokens (task mlm: at the [MASK]; next-item: after the history)."""
         records, batch = _records(request, ("text", "tokens", "key"))
         k, beam = request.k, request.beam
         answer = await coalescer.run(("topk", k, beam), lambda rs: snapshot.topk(rs, k=k, beam=beam), records)
         return _respond(answer, batch, _topk_result)
 
-    @app.post("/v1/embed", response_model=EmbedResponse, response_model_exclude_unset=True)
-    async def embed(request: QueryRequest) -> dict:
+    @app.post("/v1/embed", response_model=EmbedResponse)
+    async def embed(request: QueryRequest) -> JSONResponse:
         """Each token's input embedding (the scheme's output, before the encoder)."""
         records, batch = _records(request, ("text", "tokens"))
         answer = await coalescer.run(("embed",), snapshot.embed, records)

@@ -156,6 +156,21 @@ def test_a_failing_request_in_a_group_fails_alone():
     assert isinstance(third, RecordError) and first.step == 5
 
 
+def test_a_diverged_model_answers_nulls_not_500(tmp_path):
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 16, random.Random(3)))
+    with torch.no_grad():
+        learner.model.label_head.weight.fill_(float("nan"))  # what a NaN loss leaves behind
+    with open_store(tmp_path) as store:
+        commit(store, learner, 1)
+    client = TestClient(create_app(Settings(state=str(tmp_path))))
+    r = client.post("/v1/predict", json={"text": "w1"})
+    assert r.status_code == 200 and set(r.json()["probs"].values()) == {None}
+    r = client.post("/v1/embed", json={"text": "w1"})
+    assert r.status_code == 200
+    client.app.state.snapshot.close()
+
+
 # ---------------------------------------------------------------------------- limits and errors
 
 @pytest.mark.parametrize("path,body", [
