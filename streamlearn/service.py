@@ -250,8 +250,7 @@ def create_app(settings: Settings) -> FastAPI:
     if settings.threads:
         torch.set_num_threads(settings.threads)
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
-    models = _request_models(settings.service)
-    QueryRequest, TopKRequest = models["QueryRequest"], models["TopKRequest"]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
@@ -260,10 +259,18 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="streamlearn", version=__version__, lifespan=lifespan,
                   description="Queries on the live snapshot of a streamlearn state directory.")
     app.state.snapshot = snapshot
-    coalescer = _Coalescer(max(settings.service.max_batch, COALESCE_RECORDS))
     app.state.metrics = _Metrics(snapshot, settings.metrics_dir)
     app.add_middleware(_Guard, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes)
     _add_error_handlers(app)
+    _add_query_routes(app, snapshot, settings.service)
+    _add_status_routes(app, snapshot)
+    return app
+
+
+def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig) -> None:
+    models = _request_models(cfg)
+    QueryRequest, TopKRequest = models["QueryRequest"], models["TopKRequest"]
+    coalescer = _Coalescer(max(cfg.max_batch, COALESCE_RECORDS))
 
     @app.post("/v1/predict", response_model=PredictResponse)
     async def predict(request: QueryRequest) -> JSONResponse:
@@ -287,6 +294,8 @@ def create_app(settings: Settings) -> FastAPI:
         answer = await coalescer.run(("embed",), snapshot.embed, records)
         return _respond(answer, batch, _embed_result, dim=snapshot.embedding_dim)
 
+
+def _add_status_routes(app: FastAPI, snapshot: Snapshot) -> None:
     @app.get("/v1/snapshot")
     async def manifest() -> dict:
         """The store's manifest (step, offsets, tables, config, metrics) and the step
@@ -305,8 +314,6 @@ def create_app(settings: Settings) -> FastAPI:
         """Prometheus: request latency histogram, snapshot step, freshness."""
         snapshot.refresh()
         return Response(app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _freshness(snapshot: Snapshot) -> float | None:
