@@ -67,12 +67,14 @@ class DistSettings:
     url: str
     backend: str = "gloo"
     timeout_s: float = 15.0  # a collective waiting longer than this means a dead or hung peer
+    host_store: bool = True  # rank 0 hosts the TCPStore; False under torchrun, whose agent hosts it
 
 
 def dist_settings(world_size: int | None = None, rank: int | None = None, url: str | None = None,
                   timeout_s: float = 15.0, environ: Mapping[str, str] | None = None) -> DistSettings | None:
     """Settings from explicit options, else from torchrun's ``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` (the only reader of these variables). None: single worker.
+    ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_USE_AGENT_STORE`` (the only reader
+    of these variables). None: single worker.
 
     gloo on CPU, nccl when CUDA is available.
     """
@@ -97,7 +99,8 @@ def dist_settings(world_size: int | None = None, rank: int | None = None, url: s
     if timeout_s <= 0:
         raise ConfigError(f"the collective timeout must be > 0 s, got {timeout_s}")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    return DistSettings(rank, world_size, url, backend, timeout_s)
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return DistSettings(rank, world_size, url, backend, timeout_s, host_store=not agent_store)
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int:
@@ -117,10 +120,14 @@ class Group:
 
     def __init__(self, settings: DistSettings):
         self.settings = settings
+        host, _, port = settings.url[len("tcp://"):].rpartition(":")
+        timeout = timedelta(seconds=settings.timeout_s)
         try:
-            dist.init_process_group(settings.backend, init_method=settings.url, rank=settings.rank,
-                                    world_size=settings.world_size,
-                                    timeout=timedelta(seconds=settings.timeout_s))
+            # Our own TCPStore (hosted by rank 0) also carries the sync requests (SyncClock).
+            self.store = dist.TCPStore(host, int(port), settings.world_size,
+                                       settings.rank == 0 and settings.host_store, timeout)
+            dist.init_process_group(settings.backend, store=self.store, rank=settings.rank,
+                                    world_size=settings.world_size, timeout=timeout)
         except (RuntimeError, ValueError) as exc:
             raise DistributedError(f"could not join the process group at {settings.url} as rank "
                                    f"{settings.rank} of {settings.world_size} within {settings.timeout_s:g} s: "
@@ -170,7 +177,7 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
         flat /= group.world_size
         _unpack(flat, dense, tables, union)
     except RuntimeError as exc:
-        raise DistributedError(f"model sync failed (a peer died or did not answer within "
+        raise DistributedError(f"model sync failed (a peer stopped, died or did not answer within "
                                f"{group.settings.timeout_s:g} s): {exc}") from exc
     _mark_dirty(learner, union)
     dense_values = sum(p.numel() for p in dense)

@@ -226,7 +226,7 @@ class GroupWorker(Worker):
         try:
             dist.all_gather_object(everyone, self._progress())
         except RuntimeError as exc:
-            raise DistributedError(f"gathering offsets failed (a peer died): {exc}") from exc
+            raise DistributedError(f"gathering offsets failed (a peer stopped or died): {exc}") from exc
         return everyone
 
     def _merge(self, everyone: list[dict]) -> dict:
@@ -253,7 +253,7 @@ class GroupWorker(Worker):
         try:
             dist.all_gather_object(flags, ok)
         except RuntimeError as exc:
-            raise DistributedError(f"confirming the group checkpoint failed (a peer died): {exc}") from exc
+            raise DistributedError(f"confirming the group checkpoint failed (a peer stopped or died): {exc}") from exc
         return all(flags)
 
     def _take_writer_lock(self):

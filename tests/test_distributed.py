@@ -131,6 +131,8 @@ def test_settings_from_options_or_torchrun_env():
     env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
     assert dist_settings(environ=env) == DistSettings(1, 3, "tcp://10.0.0.5:29500", "gloo", 15.0)
     assert dist_settings(2, 0, "tcp://h:1", 5.0, environ=env) == DistSettings(0, 2, "tcp://h:1", "gloo", 5.0)
+    under_torchrun = dist_settings(environ={**env, "RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert under_torchrun.rank == 0 and not under_torchrun.host_store  # the agent hosts the store
     for bad, message in [(dict(world_size=2, environ={}), "--rank"),
                          (dict(world_size=2, rank=2, url="tcp://h:1", environ={}), "0 <= rank"),
                          (dict(world_size=2, rank=0, environ={}), "--dist-url"),
