@@ -130,7 +130,7 @@ class LabelTable:
     >>> t.add("eggs")
     Traceback (most recent call last):
     ...
-    streamlearn.objectives.LabelCapacityError: label-capacity: label 'eggs' would be label 3 of model.max_labels=2; raise model.max_labels (and retrain) to admit more labels
+    streamlearn.exceptions.LabelCapacityError: label-capacity: label 'eggs' would be label 3 of model.max_labels=2; raise model.max_labels (and retrain) to admit more labels
     """
 
     capacity: int
