@@ -49,7 +49,7 @@ from streamlearn.broker import EmbeddedBroker, create_topic, produce_rows
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker
 from streamlearn.consumers import worker as worker_module
-from streamlearn.consumers.worker import training_threads
+from streamlearn.learner import intra_op_threads
 from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 
@@ -69,7 +69,7 @@ def thread_cpu(thread: threading.Thread) -> float:
 
 def reference(cfg: Config, records: list[dict]) -> dict:
     """In-memory learn_many in batches of learner.batch_size: records/s and CPU seconds."""
-    torch.set_num_threads(training_threads(cfg))
+    torch.set_num_threads(intra_op_threads(cfg))
     learner, size = Learner(cfg), cfg.learner.batch_size
     cpu, started = time.thread_time(), time.perf_counter()
     for i in range(0, len(records), size):
@@ -151,7 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = Config().override(*args.set)
     records = load_records(args.records)
-    print(f"{len(records)} records, batch {cfg.learner.batch_size}, torch threads {training_threads(cfg)}, "
+    print(f"{len(records)} records, batch {cfg.learner.batch_size}, torch threads {intra_op_threads(cfg)}, "
           f"checkpoint every {cfg.worker.checkpoint_every} records / {cfg.worker.checkpoint_seconds:g} s, "
           f"prequential every {cfg.worker.eval_every} batches, overrides {args.set}")
     no_periodic = cfg.override("worker.checkpoint_every=1000000000", "worker.checkpoint_seconds=1e9")

@@ -39,16 +39,11 @@ _CHECKPOINT_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 
 def prequential_hits(learner: Learner, batch: Batch) -> int | None:
     """Correct label predictions on a classify training batch, made before learning it;
-    None for other tasks and empty batches.
-
-    The Learner has no public verb that predicts on an already prepared batch: predict_many
-    would tokenize and hash the records again on the training thread. ``_infer`` is the
-    forward pass predict_many itself uses, in inference mode.
-    """
+    None for other tasks and empty batches. Uses the prepared batch, so the records are
+    not tokenized and hashed again on the training thread."""
     if batch.task != "classify" or not batch.examples or batch.n_labels == 0:
         return None
-    logits = learner._infer(batch)  # (N, n_labels)
-    predicted = logits.argmax(-1).cpu().numpy()
+    predicted = learner.predict_proba_batch(batch).argmax(-1)  # (N,)
     return int((predicted == batch.targets["labels"]).sum())
 
 

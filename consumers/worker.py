@@ -14,13 +14,13 @@ requests, and reports. Everything about Kafka lives in :mod:`.fetcher`, the comm
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 import torch
 
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
+from ..learner import intra_op_threads
 from ..state import open_store
 from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
@@ -95,7 +95,7 @@ class Worker:
         self.fetcher.stop()
 
     def run(self) -> RunSummary:
-        torch.set_num_threads(training_threads(self.cfg))  # this thread is the training loop
+        torch.set_num_threads(intra_op_threads(self.cfg))  # this thread is the training loop
         self.metrics.serve(self.options.metrics_port)
         log.info("worker on %r: state %s at offsets %s (%d commits so far)", self.options.topic,
                  self.options.state, self.checkpointer.positions or "none", self.checkpointer.commits)
@@ -165,16 +165,6 @@ class Worker:
                               "checkpoint") from finished.error
         log.info("worker stopped (%s): %s", finished.reason, s)
         return s
-
-
-def training_threads(cfg: Config) -> int:
-    """Intra-op threads for the training loop: ``worker.torch_threads``, or one less than
-    the CPUs this process may use (the fetch thread keeps one busy; oversubscribed OpenMP
-    threads spin and can slow small steps down several times)."""
-    if cfg.worker.torch_threads > 0:
-        return cfg.worker.torch_threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus - 1)
 
 
 def check_worker_config(cfg: Config, options: RunOptions) -> None:
