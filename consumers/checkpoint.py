@@ -34,7 +34,9 @@ from .handoff import Prepared
 log = logging.getLogger(__name__)
 
 AUDIT = "audit"  # kv namespace: the offset ranges each checkpoint applied (worker.audit)
-_TOTALS = ("records_learned", "dead_letters")  # cumulative counts kept in the manifest metrics
+# cumulative counts kept in the manifest metrics (prequential_*: the batches evaluated
+# before learning, every worker.eval_every-th batch)
+_TOTALS = ("records_learned", "dead_letters", "prequential_evaluated", "prequential_correct")
 
 
 def partition_key(topic: str, partition: int) -> str:
@@ -136,13 +138,15 @@ class Checkpointer:
         self._full = False  # after a failed commit the next one writes every row
         self._specs_declared = False
 
-    def note(self, item: Prepared, learned: int) -> None:
-        """Account for a learned batch: its offsets, counts and audit ranges."""
+    def note(self, item: Prepared, learned: int, evaluated: int = 0, correct: int = 0) -> None:
+        """Account for a learned batch: its offsets, counts, prequential hits and audit ranges."""
         for partition, (_, last, count) in item.spans.items():
             self.positions[partition] = last + 1
             self.applied[partition] = self.applied.get(partition, 0) + count
         self.totals["records_learned"] += learned
         self.totals["dead_letters"] += len(item.dead)
+        self.totals["prequential_evaluated"] += evaluated
+        self.totals["prequential_correct"] += correct
         if self._audit is not None:
             self._audit.add(item.spans)
 

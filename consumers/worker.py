@@ -127,7 +127,8 @@ class Worker:
         hits = prequential_hits(self.learner, item.batch) if every and self._batches % every == 0 else None
         report = self.learner.learn_batch(item.batch)
         self._batches += 1
-        self.checkpointer.note(item, report.records)
+        evaluated = report.examples if hits is not None else 0
+        self.checkpointer.note(item, report.records, evaluated, hits or 0)
         self.metrics.learned(item, report, hits)
 
     def _checkpoint(self, request: CheckpointRequest) -> None:

@@ -53,7 +53,9 @@ def produce(bootstrap: str, partitions: int) -> int:
 
 
 def train(bootstrap: str, state: Path, records: int, overrides: list[str]) -> None:
-    cfg = load_config(overrides=[f"worker.bootstrap={bootstrap}", "worker.group=demo", *overrides])
+    # eval_every=1: every batch is predicted before it is learned, for the final accuracy
+    cfg = load_config(overrides=[f"worker.bootstrap={bootstrap}", "worker.group=demo",
+                                 "worker.eval_every=1", *overrides])
     options = RunOptions(TOPIC, str(state), max_records=records, until_idle_s=30.0)
     print(f"\n== worker: training on {records} records, state in {state}", flush=True)
     summary = Worker(cfg, options).run()
