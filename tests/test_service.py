@@ -61,6 +61,17 @@ def clients(states):
 
 # ---------------------------------------------------------------------------- answers
 
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "application/json"])
+def test_json_body_is_read_whatever_curl_declares(clients, content_type):
+    """`curl -d '{...}'` declares a form body; every body here is JSON, so it is read as one."""
+    headers = {"content-type": content_type} if content_type else {}
+    answer = clients["classify"].post("/v1/predict", content=b'{"text": "w1 w2"}', headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["label"] is not None
+    other = clients["classify"].post("/v1/predict", content=b"text=w1", headers={"content-type": "text/plain"})
+    assert other.status_code == 422
+
+
 def test_predict_single_and_batch_match_the_snapshot(clients):
     client = clients["classify"]
     snap = client.app.state.snapshot
