@@ -443,7 +443,8 @@ class PatternIndex(_CandidateLog):
 
     def _append_codes(self, fresh: list[str]) -> None:
         rows, owner = _dedupe_csr(*self._checked(fresh))
-        n, used = len(self._tokens), int(self._offsets[-1])
+        n = len(self._tokens)
+        used = int(self._offsets[n])  # the buffer has spare capacity: [-1] is not the end
         counts = np.bincount(owner, minlength=len(fresh))
         self._rows = _grow(self._rows, used, rows)
         self._owner = _grow(self._owner, used, owner + n)

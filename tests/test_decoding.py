@@ -395,3 +395,16 @@ def test_tfree_index_round_trip_and_torch_input():
     assert tfree_topk(logits, restored, 2).tokens[0] == "world"
     # Same pattern: the tie breaks by candidate order.
     assert tfree_topk(own_logits("hello", 2, 512, 7), restored, 2).tokens == ["Hello", "hello"]
+
+
+def test_pattern_index_built_in_several_adds_equals_one_add():
+    """Regression: the used length of the pattern buffer is offsets[n], not offsets[-1]
+    (the buffer has spare capacity), so a second add() must not corrupt patterns."""
+    words = ["apple", "pear", "plum", "fig", "kiwi", "lime"]
+    one = PatternIndex.tfree(2, 4096, 0)
+    one.add(words)
+    several = PatternIndex.tfree(2, 4096, 0)
+    for chunk in (words[:2], words[2:3], words[3:]):
+        several.add(chunk)
+    for w in words:
+        assert several.pattern(w).tolist() == one.pattern(w).tolist()
