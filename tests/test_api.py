@@ -9,6 +9,7 @@ def test_public_api_is_exactly_this():
     assert sorted(streamlearn.__all__) == sorted([
         "Config",
         "Learner",
+        "Snapshot",
         "StreamlearnError",
         "TokenHasher",
         "__version__",
