@@ -8,6 +8,7 @@ SIGKILL lost were never committed, so the union over the committed checkpoints m
 every offset once, and the manifest's offsets and records applied must equal the topic's
 end offsets.
 """
+import itertools
 import os
 import random
 import signal
@@ -23,9 +24,13 @@ from streamlearn.consumers import read_audit
 from streamlearn.learner import Learner
 from streamlearn.state import NotAStoreError, open_store
 
-RECORDS = 24_000
 PARTITIONS = 3
 MID_STREAM_KILLS = 6
+# The stream grows while the worker is killed and restarted: one chunk before the first
+# run and one after each kill, so every kill lands mid-stream however fast the worker is;
+# a last chunk before the SIGTERM run.
+CHUNK = 4_000
+RECORDS = CHUNK * (MID_STREAM_KILLS + 2)
 SETTINGS = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
             "model.max_labels=16", "learner.batch_size=32", "store.shards=2", "store.map_size_gb=0.1",
             "worker.session_timeout_ms=1500", "worker.heartbeat_interval_ms=300", "worker.poll_timeout_ms=100",
@@ -91,7 +96,15 @@ def scraped_records(port: int) -> float:
 
 def test_sigkill_restarts_apply_every_offset_exactly_once(broker, make_topic, group, tmp_path):
     topic = make_topic(PARTITIONS)
-    ends = produce_rows(broker, topic, rows(RECORDS, seed=7)).per_partition
+    stream = rows(RECORDS, seed=7)
+    ends: dict[int, int] = {}
+
+    def produce_chunk() -> int:
+        for p, n in produce_rows(broker, topic, itertools.islice(stream, CHUNK)).per_partition.items():
+            ends[p] = ends.get(p, 0) + n
+        return sum(ends.values())
+
+    produced = produce_chunk()
     state = tmp_path / "state"
     base = ["--topic", topic, "--state", str(state), "--bootstrap", broker, "--group", group,
             *(f"--set={s}" for s in SETTINGS)]
@@ -112,9 +125,11 @@ def test_sigkill_restarts_apply_every_offset_exactly_once(broker, make_topic, gr
                 kills_at.append(applied(state))
             assert worker.proc.poll() is None, worker.output()[-3000:]
             worker.end(signal.SIGKILL)
-        assert kills_at[-1] < RECORDS, f"the stream ended before the last kill (seed {seed})"
+            produced = produce_chunk()
+        assert kills_at[-1] < produced - CHUNK, f"the stream ended before the last kill (seed {seed})"
 
         # 2. SIGTERM mid-stream: a final checkpoint holds everything consumed, exit 0 in 10 s.
+        assert produce_chunk() == RECORDS
         runs += 1
         port = free_port()
         before = applied(state)
