@@ -55,7 +55,7 @@ class EmbeddingConfig:
     m: int = 2
     append_p: bool = False  # concatenate the importance vector p (width d + k)
     combine: str = "sum"  # "sum" or "concat" of the k weighted components
-    init: str = "paper"  # "paper": E ~ N(0, 0.1), P ~ N(0, 0.0005); see docs/model.md
+    init: str = "mean"  # "mean": P ~ N(1/k, 0.0005) (measured better); "paper": P ~ N(0, 0.0005); docs/model.md
     hashformer_hash: str = "md5"  # "md5" (random) or "lsh" (character n-grams)
     hashformer_bits: int = 128  # T
     hashformer_pool_bits: int = 10  # k of HashFormers' Pool codewords
