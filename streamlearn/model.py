@@ -3,14 +3,14 @@
     tokens --featurize--> feats --embedding--> (N, T, e) --proj--> (N, T, d)
            --[MASK] slots, positions--> L pre-LN encoder layers --> (N, T, d) --> heads
 
-``model.layers = 0`` skips the encoder: a bag of hashed embeddings whose masked mean
+``model.layers = 0`` skips the encoder: a bag of hashed embeddings whose pooled sum
 feeds a linear head (fastText). Position embeddings are off by default: Superbloom
 treats its input as a set. Heads (see :mod:`streamlearn.heads`) depend on the task:
 
-- ``classify``: masked mean of the final states -> :class:`~streamlearn.heads.LabelHead`.
+- ``classify``: the pooled final states (:meth:`HashedTransformer.pool`) -> :class:`~streamlearn.heads.LabelHead`.
 - ``mlm``: the states at masked positions -> a hashed head (Superbloom) or, with
   ``model.output = "tfree"`` (the default for the tfree scheme), T-Free's head.
-- ``next-item``: masked mean over the key's history -> the same hashed head.
+- ``next-item``: the pooled states of the key's history -> the same hashed head.
 - ``learner.shuffle_random > 0`` adds HashFormers' per-token Shuffle+Random head.
 
 A hashed head is tied to the input row table (``model.tie_output``) when the scheme
@@ -120,9 +120,16 @@ class HashedTransformer(nn.Module):
 
     @staticmethod
     def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Masked mean over valid positions: (N, T, d) -> (N, d); zero for empty rows."""
+        """Masked sum over the n valid positions divided by sqrt(n) (TensorFlow's "sqrtn"
+        combiner): (N, T, d) -> (N, d); zero for empty rows.
+
+        Not a mean: a mean gives each token 1/n of the vote, so a long text is no surer
+        than a short one and each token's gradient shrinks as 1/n. Prequential accuracy
+        at depth 0 (docs/choosing-a-configuration.md): AG News 0.840 against 0.824 with
+        the mean, SMS 0.976 against 0.973; MovieLens recall unchanged.
+        """
         w = mask.to(h.dtype).unsqueeze(-1)  # (N, T, 1)
-        return (h * w).sum(1) / w.sum(1).clamp_min(1.0)
+        return (h * w).sum(1) / w.sum(1).clamp_min(1.0).sqrt()
 
     # ------------------------------------------------------------------ heads
 

@@ -68,7 +68,7 @@ def test_padding_does_not_change_a_sequence_output(layers):
 def test_depth_zero_is_a_bag_of_embeddings():
     model = build("model.layers=0")  # embedding width == d_model: no projection, no encoder
     feats = feats_of(model, [["x", "y", "y"]])
-    bag = model.embedding(feats).mean(1)  # (1, d)
+    bag = model.embedding(feats).sum(1) / 3 ** 0.5  # (1, d): sum over sqrt(n), n = 3
     expected = bag @ model.label_head.weight[:3].t() + model.label_head.bias[:3]
     torch.testing.assert_close(model.classify(feats, 3), expected)
 
