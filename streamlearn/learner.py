@@ -260,8 +260,7 @@ class Learner(river_base.Classifier):
     def _readout(self, b: Batch, feats: dict[str, torch.Tensor]) -> torch.Tensor:
         """The states the output head reads: masked positions (mlm) or the pooled history."""
         if self.task == "mlm":
-            h = self.model.encode(feats, self._tensor(b.slots))
-            return h[self._tensor(b.rows), self._tensor(b.cols)]
+            return self.model.read_slots(feats, self._tensor(b.slots), self._tensor(b.rows), self._tensor(b.cols))
         return self.model.pool(self.model.encode(feats), feats["mask"])
 
     def _targets(self, b: Batch) -> torch.Tensor:

@@ -8,8 +8,9 @@ feeds a linear head (fastText). Position embeddings are off by default: Superblo
 treats its input as a set. Heads (see :mod:`streamlearn.heads`) depend on the task:
 
 - ``classify``: the pooled final states (:meth:`HashedTransformer.pool`) -> :class:`~streamlearn.heads.LabelHead`.
-- ``mlm``: the states at masked positions -> a hashed head (Superbloom) or, with
-  ``model.output = "tfree"`` (the default for the tfree scheme), T-Free's head.
+- ``mlm``: the states at masked positions (depth 0: the pooled context) -> a hashed
+  head (Superbloom) or, with ``model.output = "tfree"`` (the default for the tfree
+  scheme), T-Free's head.
 - ``next-item``: the pooled states of the key's history -> the same hashed head.
 - ``learner.shuffle_random > 0`` adds HashFormers' per-token Shuffle+Random head.
 
@@ -117,6 +118,20 @@ class HashedTransformer(nn.Module):
         """Final states (N, T, d) of a featurized batch."""
         x = self.embedding(feats)  # (N, T, e)
         return self.encoder(x, feats["mask"], slots)
+
+    def read_slots(self, feats: dict[str, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor,
+                   cols: torch.Tensor) -> torch.Tensor:
+        """The states (n, d) an mlm head reads for the positions (rows[i], cols[i]).
+
+        With layers, the final state there. At depth 0 nothing carries the context to a
+        [MASK] slot, whose state is the [MASK] vector alone (every answer would be the
+        same): there each position reads its record's pooled tokens outside the slots,
+        as word2vec's CBOW does.
+        """
+        h = self.encode(feats, slots)  # (N, T, d)
+        if self.encoder.layers is None:
+            return self.pool(h, feats["mask"] & ~slots)[rows]  # (n, d)
+        return h[rows, cols]  # (n, d)
 
     @staticmethod
     def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

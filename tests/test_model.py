@@ -73,6 +73,25 @@ def test_depth_zero_is_a_bag_of_embeddings():
     torch.testing.assert_close(model.classify(feats, 3), expected)
 
 
+def test_depth_zero_mlm_reads_the_pooled_context_outside_the_slots():
+    model = build("model.layers=0", "learner.task=mlm")
+    feats = feats_of(model, [["a", "b", "c"], ["d", "e", "f"]])
+    slots = torch.tensor([[False, True, False], [True, False, True]])
+    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([1, 0, 2])
+    e = model.embedding(feats)  # (2, 3, 16)
+    expected = torch.stack([(e[0, 0] + e[0, 2]) / 2 ** 0.5, e[1, 1], e[1, 1]])
+    torch.testing.assert_close(model.read_slots(feats, slots, rows, cols), expected)
+
+
+def test_with_layers_mlm_reads_the_final_state_at_the_slot():
+    model = build("model.layers=1", "learner.task=mlm").eval()
+    feats = feats_of(model, [["a", "b", "c"]])
+    slots = torch.tensor([[False, True, False]])
+    h = model.encode(feats, slots)
+    out = model.read_slots(feats, slots, torch.tensor([0]), torch.tensor([1]))
+    torch.testing.assert_close(out, h[0, 1:2])
+
+
 def test_positions_make_order_matter_and_sets_do_not():
     torch.manual_seed(0)
     for positions, differs in ((False, False), (True, True)):
