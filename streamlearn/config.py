@@ -67,7 +67,7 @@ class EmbeddingConfig:
 class ModelConfig:
     """The hashed transformer. ``layers=0`` is a bag of embeddings (fastText-like)."""
 
-    layers: int = 1
+    layers: int = 0  # 0: a bag (fastText); best online on text and next-item, see docs/choosing-a-configuration.md
     d_model: int = 64
     heads: int = 4
     ffn: int = 256
@@ -83,15 +83,15 @@ class ModelConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     sparse: str = "adagrad"  # row-wise optimizer for embedding tables: "adagrad" or "lazy-adam"
-    sparse_lr: float = 0.05
-    dense_lr: float = 2e-3
+    sparse_lr: float = 0.2  # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
+    dense_lr: float = 2e-3  # also right for layers >= 1 (0.01 suits depth 0 only)
     weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
     task: str = "classify"
-    batch_size: int = 32
+    batch_size: int = 16  # 32: ~1.5x the records/s, slightly lower online accuracy on text
     device: str = "auto"  # "auto" picks CUDA when available, else CPU
     mask_prob: float = 0.15  # mlm
     history: int = 10  # next-item: a key's last n items

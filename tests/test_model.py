@@ -187,7 +187,7 @@ def test_config_errors_say_what_to_change():
     with pytest.raises(ConfigError, match="model.positions=true"):
         build("learner.shuffle_random=0.5")
     with pytest.raises(ConfigError, match="divisible"):
-        build("model.heads=3")
+        build("model.layers=1", "model.heads=3")  # heads only matter with layers
     with pytest.raises(ConfigError, match="model.output"):
         build("model.output=softmax", "learner.task=mlm")
 
