@@ -253,9 +253,16 @@ def _wait_ready(log_path: Path, proc: subprocess.Popen, timeout: float = 30.0) -
 def _read_log(log_path: Path) -> tuple[int, int, str]:
     begun = ended = 0
     last = ""
-    for line in log_path.read_text().splitlines():
+    text = log_path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        # SIGKILL can land inside a print: a cut last line announces an action the child
+        # had not started ("begin") or had already finished ("end"); either way the
+        # bounds from the complete lines still hold.
+        lines.pop()
+    for line in lines:
         word, _, number = line.partition(" ")
-        if word in ("begin", "end", "ready"):
+        if word in ("begin", "end", "ready") and number.isdigit():
             last = word
             value = int(number)
             begun = max(begun, value) if word == "begin" else begun
