@@ -179,7 +179,7 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
     except RuntimeError as exc:
         raise DistributedError(f"model sync failed (a peer stopped, died or did not answer within "
                                f"{group.settings.timeout_s:g} s): {exc}") from exc
-    _mark_dirty(learner, union)
+    learner.mark_dirty(union)  # every averaged row changed here too: the next checkpoint stores it
     dense_values = sum(p.numel() for p in dense)
     return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4, dense_values,
                       {name: len(ids) for name, ids in union.items()})
@@ -267,13 +267,6 @@ def _unpack(flat: torch.Tensor, dense: list[torch.Tensor], tables: dict[str, tor
             n = len(ids) * t.shape[1]
             t[torch.from_numpy(ids).to(t.device)] = flat[at:at + n].view(len(ids), t.shape[1]).to(t.device, t.dtype)
             at += n
-
-
-def _mark_dirty(learner: Learner, union: dict[str, np.ndarray]) -> None:
-    """Every averaged row changed on this replica too: the next checkpoint must store it.
-    (``take_dirty`` emptied the learner's list; this puts the union back in its format.)"""
-    for name, ids in union.items():
-        learner._dirty.setdefault(name, []).append(ids)
 
 
 def replica_digest(learner: Learner) -> str:

@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -96,6 +96,10 @@ class Learner(river_base.Classifier):
         self._applied = 0  # training batches learned
         self._dirty: dict[str, list[np.ndarray]] = {}
         self._index_mark = 0  # candidates already in a checkpoint
+        # Called as gradient_hook(learner) after backward, before the optimizers step: the
+        # gradients sit on the dense parameters and (sparse) on the row tables. Distributed
+        # training all-reduces them here (consumers/distributed.py).
+        self.gradient_hook: Callable[["Learner"], None] | None = None
 
     # ------------------------------------------------------------------ river verbs
 
@@ -236,6 +240,8 @@ class Learner(river_base.Classifier):
         with self._dropout_rng(batch.seq), self._autocast():
             loss = self._loss(batch)
         loss.backward()
+        if self.gradient_hook is not None:
+            self.gradient_hook(self)
         self.dense_optim.step()
         self.dense_optim.zero_grad(set_to_none=True)
         changed = self.row_optim.step()
@@ -326,6 +332,12 @@ class Learner(river_base.Classifier):
             for state in (name, *(f"{name}.{s}" for s in self.row_optim.state_names)):
                 self._dirty.setdefault(state, []).append(ids)
         return out
+
+    def mark_dirty(self, rows: Mapping[str, np.ndarray]) -> None:
+        """Record rows changed outside :meth:`learn_batch` (e.g. replaced by a distributed
+        average), keyed like :meth:`take_dirty`'s result, so the next checkpoint stores them."""
+        for name, ids in rows.items():
+            self._dirty.setdefault(name, []).append(np.asarray(ids, dtype=np.int64))
 
     def take_dirty(self) -> dict[str, np.ndarray]:
         """Sorted unique row ids changed per table (and per ``"<table>.<state>"``) since

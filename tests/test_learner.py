@@ -375,3 +375,31 @@ def test_every_scheme_and_task_learns_and_round_trips(scheme, task, tmp_path):
     else:
         assert [t.tokens for t in restored.topk_many(queries, k=3)] == [t.tokens for t in lrn.topk_many(queries, k=3)]
     assert restored.learn_many(stream[3]).loss == lrn.learn_many(stream[3]).loss
+
+
+def test_gradient_hook_sees_gradients_before_the_step_and_can_change_them():
+    """The hook runs after backward and before the optimizers: dropping every gradient there
+    leaves the dense weights and the row tables as they were (an all-reduce relies on this)."""
+    learner = Learner(Config())
+    learner.learn_many([{"text": "warm up", "label": "a"}, {"text": "the labels", "label": "b"}])
+    params = {**learner.model.dense_parameters(), **learner.model.row_tables()}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    seen = []
+
+    def drop_all(l):
+        seen.append(sorted(n for n, p in params.items() if p.grad is not None))
+        for p in params.values():
+            p.grad = None
+    learner.gradient_hook = drop_all
+    report = learner.learn_many([{"text": "free cash now", "label": "a"}, {"text": "see you", "label": "b"}])
+    assert seen and "E" in seen[0] and len(seen[0]) > 1, seen
+    assert report.rows == {}
+    for n, p in params.items():
+        assert torch.equal(p.detach(), before[n]), n
+
+
+def test_mark_dirty_rows_reach_take_dirty():
+    learner = Learner(Config())
+    learner.mark_dirty({"E": np.array([5, 3, 5])})
+    assert learner.take_dirty()["E"].tolist() == [3, 5]
+    assert learner.take_dirty() == {}
