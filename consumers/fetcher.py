@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
 from ..learner import Learner
-from ..records import decode_many, reason_code
+from ..records import Record, decode_many, reason_code
 from .connect import Backoff, close_quietly, dlq_partitions, new_consumer, new_producer, retry
 from .dlq import DeadLetters
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
@@ -224,14 +225,16 @@ class Fetcher(threading.Thread):
     def _prepare(self, chunk: list[Any]) -> None:
         decoded, errors = decode_many([m.value for m in chunk], self.cfg.max_record_bytes)
         dead = [self._dead_letter(chunk[i], reason) for i, reason in errors]
-        batch = self.learner.prepare([record for _, record in decoded])
+        records = [_with_event_time(record, chunk[i]) for i, record in decoded]
+        batch = self.learner.prepare(records)
         dead += [self._dead_letter(chunk[decoded[j][0]], str(exc)) for j, exc in batch.rejected]
         spans = _spans(chunk)
         for partition, (_, last, _) in spans.items():
             self.positions[partition] = last + 1
         self.consumed += len(chunk)
         self._unsaved += len(chunk)
-        self.handoff.put(Prepared(batch, spans, dead))
+        times = [r.ts for r in records if r.ts is not None]
+        self.handoff.put(Prepared(batch, spans, dead, max(times) if times else None))
         self._idle_since = time.monotonic()  # waiting for queue space is not idleness
 
     def _dead_letter(self, message: Any, reason: str) -> str:
@@ -315,6 +318,14 @@ class _Rebalance(ConsumerRebalanceListener):
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         self.fetcher.on_assigned(assigned)
+
+
+def _with_event_time(record: Record, message: Any) -> Record:
+    """``record`` with ``ts`` from its Kafka message when it carries none (records.py's
+    contract: event time defaults to the Kafka timestamp; -1 means the broker gave none)."""
+    if record.ts is not None or getattr(message, "timestamp", None) is None or message.timestamp < 0:
+        return record
+    return dataclasses.replace(record, ts=int(message.timestamp))
 
 
 def _spans(chunk: list[Any]) -> dict[int, tuple[int, int, int]]:

@@ -23,12 +23,15 @@ class Prepared:
 
     ``spans``: per partition, ``(first offset, last offset, count)`` of every record the
     batch covers, learned or dead-lettered. ``dead``: the reason code of each record sent
-    to the dead-letter topic instead (their sends precede this item).
+    to the dead-letter topic instead (their sends precede this item). ``newest_event_ms``:
+    the latest event time among the batch's valid records (``ts``, else the Kafka
+    timestamp), None if none has one.
     """
 
     batch: Batch
     spans: dict[int, tuple[int, int, int]]
     dead: list[str] = field(default_factory=list)
+    newest_event_ms: int | None = None
 
     @property
     def records(self) -> int:

@@ -65,6 +65,7 @@ class WorkerMetrics:
         self.log_seconds = log_seconds
         self._make_metrics()
         self.records = self.learned_records = self.dead_letters = 0
+        self.newest_event_ms: int | None = None  # latest event time learned (ms since the epoch)
         self.loss, self.accuracy = _Average(), _Average()
         self.checkpoint_s: float | None = None
         self._checkpoint_at: float | None = None
@@ -89,6 +90,8 @@ class WorkerMetrics:
         self.m_ckpt_failed = Counter(p + "checkpoint_failures", "failed checkpoints", registry=r)
         self.m_ckpt_time = Gauge(p + "last_checkpoint_timestamp_seconds", "unix time of the last checkpoint",
                                  registry=r)
+        self.m_event_lag = Gauge(p + "event_time_lag_seconds", "wall clock minus the newest event time learned "
+                                 "(record ts, else the Kafka timestamp)", registry=r)
         self.m_broker_errors = Counter(p + "broker_errors", "failed polls and end-offset probes", registry=r)
 
     def serve(self, port: int) -> None:
@@ -115,10 +118,17 @@ class WorkerMetrics:
         if report.examples:
             self.m_steps.inc()
             self.m_loss.set(self.loss.add(report.loss))
+        if item.newest_event_ms is not None:
+            self.newest_event_ms = max(self.newest_event_ms or 0, item.newest_event_ms)
+            self.m_event_lag.set(self.event_lag_s())
         if hits is not None:
             self.m_evaluated.inc(report.examples)
             self.m_correct.inc(hits)
             self.m_acc.set(self.accuracy.add(hits / report.examples))
+
+    def event_lag_s(self) -> float | None:
+        """Seconds from the newest event learned to now (how stale the model's data is)."""
+        return None if self.newest_event_ms is None else time.time() - self.newest_event_ms / 1000
 
     def checkpointed(self, seconds: float, ok: bool) -> None:
         if not ok:
@@ -134,7 +144,7 @@ class WorkerMetrics:
     def snapshot(self) -> dict[str, float | None]:
         """The numbers a checkpoint stores in the manifest's metrics."""
         return {"loss": _finite(self.loss.value), "prequential_accuracy": _finite(self.accuracy.value),
-                "checkpoint_seconds": self.checkpoint_s}
+                "checkpoint_seconds": self.checkpoint_s, "newest_event_ms": self.newest_event_ms}
 
     # ---------------------------------------------------------------- status line
     def status(self, positions: dict[int, int], end_offsets: dict[int, int]) -> str | None:
@@ -149,7 +159,11 @@ class WorkerMetrics:
         lag = self._lag(positions, end_offsets)
         ago = "" if self._checkpoint_at is None else f" ({now - self._checkpoint_at:.0f} s ago)"
         ckpt = "none yet" if self.checkpoint_s is None else f"{self.checkpoint_s:.3f} s{ago}"
-        return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, loss {_fmt(self.loss.value)}, "
+        event = self.event_lag_s()
+        if event is not None:
+            self.m_event_lag.set(event)
+        return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, "
+                f"event-time lag {'?' if event is None else f'{event:,.1f} s'}, loss {_fmt(self.loss.value)}, "
                 f"prequential accuracy {_fmt(self.accuracy.value)}, dead letters {self.dead_letters}, "
                 f"records {self.records:,}, last checkpoint {ckpt}")
 

@@ -100,6 +100,25 @@ def test_learns_a_topic_and_checkpoints_rows_with_offsets(broker, make_topic, gr
     assert learner.predict_many([{"text": "goal match team"}, {"text": "pasta soup bread"}]) == ["sport", "food"]
 
 
+def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topic, group, tmp_path):
+    """The worker tells how stale its data is: newest event time learned, from ``ts`` or,
+    for records without one, from the Kafka timestamp the broker stamped."""
+    topic = make_topic(1)
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    produce(broker, topic, [dict(r, ts=hour_ago + i) for i, r in enumerate(stream(100))])
+    cfg = config(broker, group)
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    assert worker.run().learned == 100
+    assert 3_590 < worker.metrics.event_lag_s() < 3_700
+    assert manifest(tmp_path / "s")[0].metrics["newest_event_ms"] == hour_ago + 99
+    assert 3_590 < worker.metrics.registry.get_sample_value("streamlearn_worker_event_time_lag_seconds") < 3_700
+
+    produce(broker, topic, stream(100, seed=1))  # no ts: the Kafka timestamp (now) stands in
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    assert worker.run().learned == 100
+    assert 0 <= worker.metrics.event_lag_s() < 60
+
+
 def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic, group, tmp_path):
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
