@@ -404,6 +404,20 @@ def _error(status: int, code: str, detail: Any) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
 
+_ERRORS = (  # library error -> HTTP status, error code
+    (RecordError, 422, "bad-record"),
+    (DecodingError, 422, "bad-query"),
+    (TaskMismatchError, 409, "wrong-task"),
+    (StreamlearnError, 503, "snapshot-unavailable"),
+)
+
+
+def _reply_with(status: int, code: str):
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        return _error(status, code, str(exc))
+    return handler
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -412,21 +426,10 @@ def _add_error_handlers(app: FastAPI) -> None:
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return _error(422, "invalid-request", detail)
 
-    @app.exception_handler(RecordError)
-    async def bad_record(request: Request, exc: RecordError) -> JSONResponse:
-        return _error(422, "bad-record", str(exc))
-
-    @app.exception_handler(DecodingError)
-    async def bad_decoding(request: Request, exc: DecodingError) -> JSONResponse:
-        return _error(422, "bad-query", str(exc))
-
-    @app.exception_handler(TaskMismatchError)
-    async def wrong_task(request: Request, exc: TaskMismatchError) -> JSONResponse:
-        return _error(409, "wrong-task", str(exc))
-
-    @app.exception_handler(StreamlearnError)
-    async def unavailable(request: Request, exc: StreamlearnError) -> JSONResponse:
-        return _error(503, "snapshot-unavailable", str(exc))
+    # Handlers are looked up along the exception's MRO, so the subclasses in _ERRORS win over
+    # StreamlearnError: every other library error means the snapshot cannot answer.
+    for error, status, code in _ERRORS:
+        app.add_exception_handler(error, _reply_with(status, code))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
