@@ -130,6 +130,7 @@ class WorkerConfig:
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
     audit: bool = False  # store the offset ranges each checkpoint applied (kv "audit"; tests)
+    sync: str = "average"  # several workers: "average" replicas at each checkpoint, or "allreduce" gradients per step
 
 
 @dataclass(frozen=True)
