@@ -110,6 +110,12 @@ def test_task_mismatch_is_409_and_says_what_to_use(clients):
     assert r.status_code == 409 and "/v1/topk" in r.json()["detail"]
 
 
+def test_a_query_the_library_rejects_is_a_422_saying_why(clients):
+    r = clients["mlm"].post("/v1/topk", json={"key": "u1"})  # an mlm query needs text or tokens
+    assert r.status_code == 422 and r.json()["error"] == "bad-record"
+    assert r.json()["detail"].startswith("missing-field:") and "text" in r.json()["detail"]
+
+
 def test_snapshot_and_healthz_carry_the_step(clients):
     body = clients["classify"].get("/v1/snapshot").json()
     assert body["snapshot_step"] == body["manifest"]["step"] == 2 and body["task"] == "classify"
