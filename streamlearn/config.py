@@ -27,6 +27,10 @@ SCHEMES = (
     "tfree", "hashing-trick", "plain",
 )
 TASKS = ("classify", "mlm", "next-item")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
+SECRET_KEYS = frozenset({"kafka.ssl_password", "kafka.sasl_plain_password"})
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,105 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class KafkaConfig:
+    """How every Kafka client we build connects: TLS and SASL, as kafka-python names them
+    (docs/operations.md, "Running against a real Kafka cluster"). ``""`` means unset.
+
+    Each key is checked alone when the config is built; the combination (credentials for
+    the mechanism, files that exist) when a client is built (:meth:`client_options`), so a
+    password may come from the environment after the file. Passwords never reach a repr,
+    a report, a checkpoint or a log: :meth:`Config.to_dict` redacts them.
+    """
+
+    security_protocol: str = "PLAINTEXT"  # one of SECURITY_PROTOCOLS
+    ssl_cafile: str = ""  # PEM CA bundle that signed the brokers' certificates ("": system CAs)
+    ssl_certfile: str = ""  # PEM client certificate (mutual TLS)
+    ssl_keyfile: str = ""  # PEM client key (mutual TLS)
+    ssl_password: str = field(default="", repr=False)  # secret: the client key's passphrase
+    ssl_check_hostname: bool = True
+    ssl_crlfile: str = ""  # PEM certificate revocation list
+    sasl_mechanism: str = ""  # one of SASL_MECHANISMS; needed by SASL_* protocols
+    sasl_plain_username: str = ""  # PLAIN and SCRAM-*
+    sasl_plain_password: str = field(default="", repr=False)  # secret: PLAIN and SCRAM-*
+    sasl_kerberos_service_name: str = "kafka"  # GSSAPI
+    client_id: str = ""  # "": kafka-python's default
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise ConfigError(f"kafka.security_protocol={self.security_protocol!r}; choose one of {SECURITY_PROTOCOLS}")
+        if self.sasl_mechanism and self.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError(f"kafka.sasl_mechanism={self.sasl_mechanism!r}; choose one of {SASL_MECHANISMS} "
+                              "(OAUTHBEARER needs a token provider object and cannot be configured here)")
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python's KafkaConsumer / KafkaProducer /
+        KafkaAdminClient: ``security_protocol`` and the set options of its kind (TLS
+        options only for SSL protocols, SASL options only for SASL ones). Raises
+        :class:`ConfigError` for a combination that cannot connect."""
+        self._check_combination()
+        out: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.client_id:
+            out["client_id"] = self.client_id
+        if self.uses_ssl:
+            out["ssl_check_hostname"] = self.ssl_check_hostname
+            out.update(self._set("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_crlfile"))
+        if self.uses_sasl:
+            out["sasl_mechanism"] = self.sasl_mechanism
+            if self.sasl_mechanism == "GSSAPI":
+                out["sasl_kerberos_service_name"] = self.sasl_kerberos_service_name
+            else:
+                out.update(self._set("sasl_plain_username", "sasl_plain_password"))
+        return out
+
+    def _set(self, *keys: str) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in keys if getattr(self, key)}
+
+    def _check_combination(self) -> None:
+        ssl_set = [k for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_crlfile")
+                   if getattr(self, k)]
+        if ssl_set and not self.uses_ssl:
+            raise ConfigError(f"kafka.{ssl_set[0]} is set but kafka.security_protocol={self.security_protocol!r} "
+                              "does not use TLS: set kafka.security_protocol to SSL or SASL_SSL")
+        if self.sasl_mechanism and not self.uses_sasl:
+            raise ConfigError(f"kafka.sasl_mechanism is set but kafka.security_protocol={self.security_protocol!r} "
+                              "does not use SASL: set kafka.security_protocol to SASL_SSL or SASL_PLAINTEXT")
+        if self.uses_sasl:
+            self._check_sasl()
+        if self.uses_ssl:
+            self._check_files()
+
+    def _check_sasl(self) -> None:
+        if not self.sasl_mechanism:
+            raise ConfigError(f"kafka.security_protocol={self.security_protocol!r} needs kafka.sasl_mechanism, "
+                              f"one of {SASL_MECHANISMS}")
+        if self.sasl_mechanism == "GSSAPI":
+            import importlib.util
+            if importlib.util.find_spec("gssapi") is None:
+                raise ConfigError("kafka.sasl_mechanism='GSSAPI' needs the gssapi package: `pip install gssapi`")
+            return
+        missing = [k for k in ("sasl_plain_username", "sasl_plain_password") if not getattr(self, k)]
+        if missing:
+            raise ConfigError(f"kafka.sasl_mechanism={self.sasl_mechanism!r} needs kafka.{missing[0]} (the password "
+                              "best from the environment: STREAMLEARN__KAFKA__SASL_PLAIN_PASSWORD)")
+
+    def _check_files(self) -> None:
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile"):
+            path = getattr(self, key)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"kafka.{key}={path!r} is not a file: give the path of the PEM file")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ConfigError("kafka.ssl_keyfile is set without kafka.ssl_certfile: mutual TLS needs both")
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -150,6 +253,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
 
     def __post_init__(self) -> None:
@@ -159,7 +263,14 @@ class Config:
             raise ConfigError(f"learner.task={self.learner.task!r}; choose one of {TASKS}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        """Every section as a dict, secrets (:data:`SECRET_KEYS`) replaced by
+        :data:`REDACTED`: this is what reports, checkpoints and snapshots store."""
+        data = dataclasses.asdict(self)
+        for dotted in SECRET_KEYS:
+            section, key = dotted.split(".")
+            if data[section][key]:
+                data[section][key] = REDACTED
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -178,14 +289,14 @@ class Config:
 
     def override(self, *assignments: str) -> "Config":
         """Return a copy with dotted ``section.key=value`` assignments applied."""
-        data = self.to_dict()
+        data = dataclasses.asdict(self)  # not to_dict(): the secrets must survive
         for item in assignments:
             section, key, raw = _split_assignment(item)
             if section not in data:
-                raise ConfigError(f"unknown config section {section!r} in {item!r}; valid: {sorted(data)}")
+                raise ConfigError(f"unknown config section {section!r} in {_unvalued(item)!r}; valid: {sorted(data)}")
             if key not in data[section]:
                 raise ConfigError(
-                    f"unknown key {section}.{key} in {item!r}; valid: {sorted(data[section])}"
+                    f"unknown key {section}.{key} in {_unvalued(item)!r}; valid: {sorted(data[section])}"
                 )
             data[section][key] = _coerce(raw, data[section][key], f"{section}.{key}")
         return Config.from_dict(data)
@@ -213,7 +324,8 @@ def _check_type(value: Any, default: Any, where: str) -> Any:
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not type(default):
-        raise ConfigError(f"{where} must be {type(default).__name__}, got {value!r}")
+        shown = REDACTED if where in SECRET_KEYS else repr(value)
+        raise ConfigError(f"{where} must be {type(default).__name__}, got {shown}")
     return value
 
 
@@ -221,8 +333,14 @@ def _split_assignment(item: str) -> tuple[str, str, str]:
     path, sep, raw = item.partition("=")
     section, dot, key = path.strip().partition(".")
     if not sep or not dot or not key:
-        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. model.layers=2)")
+        raise ConfigError(f"override {_unvalued(item)!r} must look like section.key=value (e.g. model.layers=2)")
     return section, key, raw.strip()
+
+
+def _unvalued(item: str) -> str:
+    """An override as shown in errors: without its value, which may be a password."""
+    path, sep, _ = item.partition("=")
+    return f"{path}=..." if sep else path
 
 
 def _coerce(raw: str, default: Any, where: str) -> Any:
