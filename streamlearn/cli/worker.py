@@ -53,12 +53,15 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dist-url", metavar="tcp://HOST:PORT", help="rank 0's address for the process group")
     group.add_argument("--dist-timeout", type=float, default=15.0, metavar="SECONDS",
                        help="a sync waiting longer than this means a dead peer (default: 15)")
+    group.add_argument("--sync", choices=("average", "allreduce"),
+                       help=f"worker.sync: average the replicas at each checkpoint, or all-reduce the gradients "
+                       f"of every step (default: {WorkerConfig.sync})")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
     """--set items, then the dedicated flags (which win)."""
     flags = {"worker.bootstrap": args.bootstrap, "worker.group": args.group, "learner.task": args.task,
-             "worker.checkpoint_every": args.checkpoint_every}
+             "worker.checkpoint_every": args.checkpoint_every, "worker.sync": args.sync}
     return [*args.set, *(f"{key}={value}" for key, value in flags.items() if value is not None)]
 
 
