@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from streamlearn.decoding import (
     CandidateIndex, DecodingError, PatternIndex, TopK, beam_topk, beam_topk_many,
-    exhaustive_topk, tfree_topk,
+    exhaustive_topk, exhaustive_topk_many, tfree_topk,
 )
 from streamlearn.exceptions import StreamlearnError
 from streamlearn.hashing import multi_hash, tfree_hashes
@@ -149,6 +149,47 @@ def test_beam_topk_many_equals_one_at_a_time(p):
         one = beam_topk(row, index, p["k"], p["beam"])
         assert (got.tokens, got.scores.tolist(), got.exact, got.visited) == \
                (one.tokens, one.scores.tolist(), one.exact, one.visited)
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.data())
+def test_exhaustive_topk_many_is_brute_force_minus_the_excluded(p, data):
+    rng = np.random.default_rng(p["seed"])
+    index = superbloom(p["m"], p["size"], (str(i) for i in rng.integers(0, 500, p["n"])),
+                       merge_min=p["merge_min"])
+    logp = np.stack([random_logp(rng, p["m"], p["size"], p["ties"]) for _ in range(4)])
+    if p["ties"]:
+        logp[0, 0, 0] = -np.inf  # -inf scores are ranked, not confused with excluded ones
+    n = len(index)
+    exclude = [np.array(data.draw(st.lists(st.integers(-1, n + 2), max_size=8)), dtype=np.int64)
+               for _ in range(4)]
+    plain = exhaustive_topk_many(logp, index, p["k"])
+    masked = exhaustive_topk_many(logp, index, p["k"], exclude)
+    for row, excl, got, got_masked in zip(logp, exclude, plain, masked):
+        one = exhaustive_topk(row, index, p["k"])
+        assert (got.tokens, got.scores.tolist(), got.exact, got.visited) == \
+               (one.tokens, one.scores.tolist(), True, n)
+        tokens, scores = brute(row, index, n)
+        banned = {index.tokens[c] for c in excl if 0 <= c < n}
+        keep = [i for i, t in enumerate(tokens) if t not in banned][:p["k"]]
+        assert got_masked.tokens == [tokens[i] for i in keep]
+        assert got_masked.scores.tolist() == scores[keep].tolist() and got_masked.exact
+
+
+def test_exhaustive_topk_many_bad_input_is_a_clear_error():
+    index = superbloom(2, 8, ["a", "b"])
+    with pytest.raises(DecodingError, match="expected \\(N, m, size\\)"):
+        exhaustive_topk_many(np.zeros((2, 8)), index, 1)
+    with pytest.raises(DecodingError, match="one id array per position"):
+        exhaustive_topk_many(np.zeros((3, 2, 8)), index, 1, exclude=[np.array([0])])
+    with pytest.raises(DecodingError, match="NaN"):
+        exhaustive_topk_many(np.full((1, 2, 8), np.nan), index, 1)
+
+
+def test_ids_are_candidate_positions_and_minus_one_when_absent():
+    index = superbloom(2, 8, ["a", 7, "b"])
+    assert index.ids(["b", 7, "zz", "a"]).tolist() == [2, 1, -1, 0]
+    assert index.ids([]).dtype == np.int64 and index.ids([]).shape == (0,)
 
 
 def test_peaked_distribution_certifies_early_on_a_large_index():

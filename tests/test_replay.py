@@ -10,10 +10,12 @@ from river import utils as river_utils
 
 from streamlearn.cli import main
 from streamlearn.config import Config
+from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import Markov, Popularity, build_baselines, parse_baselines, vw_available
 from streamlearn.replay.events import EventBuilder
+from streamlearn.replay.model import ModelContestant
 from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
 from streamlearn.state import open_store
 
@@ -100,6 +102,27 @@ def test_popularity_and_markov_exclude_what_the_key_already_had():
     fresh = builder.build(7, Record(key="u9", item="a"))
     # events[3] is u1 taking b: then u1 had only a (b, learned later, is not excluded back in time)
     assert not fresh.evaluate and pop.predict([events[3]]) == [["b", "c"]]
+
+
+def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
+    """The model's next-item lists (one exhaustive pass per mini-batch, already-had items
+    masked) are the per-record beam-search lists with the had items filtered out; no list
+    holds an item its key already had, including one learned later in the same batch."""
+    learner = Learner(cfg(base=TINY_ITEMS))
+    model = ModelContestant("model", learner, learning=True, k=5, fused=True)
+    builder = EventBuilder(learner.cfg, learner.histories)
+    stream = [Record(key=f"u{(i * 7) % 5}", item=str((i * 3) % 11 + (i % 4))) for i in range(160)]
+    for start in range(0, len(stream), 16):
+        events = [builder.build(start + i, r) for i, r in enumerate(stream[start:start + 16])]
+        asked = [e for e in events if e.evaluate]
+        got = model.predict(asked)
+        assert got == model._filtered_topk(asked)
+        for e, top in zip(asked, got):
+            assert not any(e.excluded(t) for t in top)
+            allowed = len(learner.index) - sum(t in learner.index for t in e.excluded_items())
+            assert len(top) == min(5, allowed)
+        model.learn(events)
+    assert model.steps == 10
 
 
 def test_baseline_names_are_checked_and_inapplicable_ones_skipped_with_a_reason():

@@ -55,6 +55,8 @@ class Event:
     transitions: tuple[tuple[str, str], ...] = ()
     _seen: dict[str, int] | None = None  # next-item: the key's items -> their ordinal for the key
     _before: int = 0  # the key's events before this one
+    _order: list[str] | None = None  # next-item: the key's distinct items, first seen first
+    _n_seen: int = 0  # how many of them the key had when this event arrived
     preds: dict[str, Any] = field(default_factory=dict)
 
     def excluded(self, item: str) -> bool:
@@ -63,23 +65,31 @@ class Event:
 
     @property
     def n_excluded(self) -> int:
-        return min(self._before, len(self._seen)) if self._seen is not None else 0
+        return self._n_seen
+
+    def excluded_items(self, start: int = 0) -> list[str]:
+        """The items :meth:`excluded` is True for, first seen first, from the ``start``-th
+        on (a caller that resolved the first ``start`` already asks only for the rest)."""
+        return self._order[start:self._n_seen] if self._order is not None else []
 
 
 class _Key:
     """A next-item key's context: recent items (the model's input) and every item it had."""
 
-    __slots__ = ("recent", "seen", "count")
+    __slots__ = ("recent", "seen", "order", "count")
 
     def __init__(self, recent: tuple[str, ...]):
         self.recent = recent
         self.seen: dict[str, int] = {}
+        self.order: list[str] = []  # seen's keys as a list: events slice their prefix
         self.count = 0
         for item in recent:
             self._add(item)
 
     def _add(self, item: str) -> None:
-        self.seen.setdefault(item, self.count)
+        if item not in self.seen:
+            self.seen[item] = self.count
+            self.order.append(item)
         self.count += 1
 
 
@@ -134,7 +144,7 @@ class EventBuilder:
         event = Event(position, rec, item, bool(history), {"tokens": list(history)},
                       prev=history[-1] if history else None, counts=(item,),
                       transitions=((history[-1], item),) if history else (),
-                      _seen=ctx.seen, _before=ctx.count)
+                      _seen=ctx.seen, _before=ctx.count, _order=ctx.order, _n_seen=len(ctx.order))
         ctx.recent = (history + (item,))[-self._history:]
         ctx._add(item)
         return event
