@@ -3,6 +3,10 @@
 A worker started before its broker (or during an outage) must neither crash nor spin: it
 tries, logs the attempt, and waits an exponentially growing delay (capped at
 ``worker.retry_max_s``) before the next one, until it connects or is asked to stop.
+
+Every client is built with the ``[kafka]`` section's TLS / SASL options (``security``, a
+:class:`~streamlearn.config.KafkaConfig`; None: PLAINTEXT). A config that cannot connect
+(:class:`~streamlearn.exceptions.ConfigError`) is raised at once, never retried.
 """
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ import socket
 import threading
 from typing import Any, Callable, TypeVar
 
-from ..broker import create_topic, topic_partitions
-from ..config import WorkerConfig
-from ..exceptions import StreamlearnError
+from ..broker import client_options, create_topic, topic_partitions
+from ..config import KafkaConfig, WorkerConfig
+from ..exceptions import ConfigError, StreamlearnError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def retry(what: str, cfg: WorkerConfig, attempt: Callable[[], T], stop: threadin
     """``attempt()`` until it succeeds (its result) or ``stop`` is set (None).
 
     An unreachable broker and Kafka's retriable errors are retried with backoff and logged;
-    other errors propagate.
+    other errors propagate, a :class:`ConfigError` first of all (retrying cannot fix it).
     """
     from kafka.errors import KafkaError
 
@@ -75,6 +79,8 @@ def retry(what: str, cfg: WorkerConfig, attempt: Callable[[], T], stop: threadin
             if not reachable(cfg.bootstrap):
                 raise ConnectionRefusedError(f"no server of {cfg.bootstrap} accepts connections")
             return attempt()
+        except ConfigError:
+            raise
         except (KafkaError, OSError, StreamlearnError) as exc:
             if isinstance(exc, KafkaError) and not getattr(exc, "retriable", True):
                 raise
@@ -90,11 +96,12 @@ def _short(exc: BaseException) -> str:
     return text[:160]
 
 
-def new_consumer(cfg: WorkerConfig) -> Any:
+def new_consumer(cfg: WorkerConfig, security: KafkaConfig | None = None) -> Any:
     """A group consumer that never commits on its own and starts where the worker seeks."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
+        **client_options(security),
         bootstrap_servers=cfg.bootstrap,
         group_id=cfg.group,
         enable_auto_commit=False,  # Kafka commits are advisory and follow the LMDB commit
@@ -108,11 +115,12 @@ def new_consumer(cfg: WorkerConfig) -> Any:
     )
 
 
-def new_producer(cfg: WorkerConfig) -> Any:
+def new_producer(cfg: WorkerConfig, security: KafkaConfig | None = None) -> Any:
     """The dead-letter producer: acknowledged by all replicas, retried by the client."""
     from kafka import KafkaProducer
 
     return KafkaProducer(
+        **client_options(security),
         bootstrap_servers=cfg.bootstrap,
         acks="all",
         linger_ms=5,
@@ -123,10 +131,11 @@ def new_producer(cfg: WorkerConfig) -> Any:
     )
 
 
-def dlq_partitions(cfg: WorkerConfig, topic: str, dlq_topic: str) -> int:
+def dlq_partitions(cfg: WorkerConfig, topic: str, dlq_topic: str, security: KafkaConfig | None = None) -> int:
     """Create the dead-letter topic (as many partitions as ``topic``) unless it exists;
     return its partition count."""
-    return create_topic(cfg.bootstrap, dlq_topic, topic_partitions(cfg.bootstrap, topic))
+    partitions = topic_partitions(cfg.bootstrap, topic, security=security)
+    return create_topic(cfg.bootstrap, dlq_topic, partitions, security=security)
 
 
 def close_quietly(close: Callable[[], Any], what: str) -> None:

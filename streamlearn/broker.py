@@ -5,6 +5,9 @@ in-memory storage on 127.0.0.1, so ``pip install`` is all a laptop or a test run
 The helpers below (:func:`wait_ready`, :func:`create_topic`, :func:`produce_rows`) work the
 same against a real Kafka cluster.
 
+Every helper takes an optional :class:`~streamlearn.config.KafkaConfig` (``security``):
+the TLS / SASL options every client is built with (None: PLAINTEXT).
+
 Message placement is ours, not the client's: :func:`partition_for` maps a message key to a
 partition with xxhash, so every producer (any language, any process) that follows it puts
 a key's events on the same partition, in order.
@@ -25,6 +28,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import xxhash
 
+from .config import REDACTED, KafkaConfig
 from .exceptions import StreamlearnError
 from .hashing import derive_seed
 from .records import encode
@@ -38,6 +42,26 @@ _LOG_TAIL_LINES = 20
 
 class BrokerError(StreamlearnError):
     """The embedded broker cannot start, or a Kafka broker cannot be reached or used."""
+
+
+class _RedactClientConfig(logging.Filter):
+    """kafka-python's admin client logs its whole configuration at DEBUG (``-v``),
+    passwords included; this filter blanks them before any handler sees the record."""
+
+    _SECRETS = ("ssl_password", "sasl_plain_password")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, dict):  # logging unpacks a lone dict argument into args
+            record.args = self._redact(record.args)
+        elif isinstance(record.args, tuple):
+            record.args = tuple(self._redact(a) if isinstance(a, dict) else a for a in record.args)
+        return True
+
+    def _redact(self, config: dict) -> dict:
+        return {k: (REDACTED if k in self._SECRETS and v else v) for k, v in config.items()}
+
+
+logging.getLogger("kafka.admin.client").addFilter(_RedactClientConfig())
 
 
 # ---------------------------------------------------------------------------- embedded broker
@@ -106,11 +130,21 @@ class EmbeddedBroker:
     SIGKILL fallback, harmless with memory storage), and a metadata request for an unknown
     topic creates it with 4 partitions, whatever the client's auto-create setting; create
     topics explicitly first (:func:`create_topic`).
+
+    ``advertised``: the ``host:port`` the broker tells clients to connect to, when that is
+    not its listener (a TLS-terminating proxy in front of it). ``authentication``: Tansu's
+    ``--authentication``, every client must log in with SASL/SCRAM first. With memory storage
+    no user can be created (creating one needs a logged-in client), so nobody gets in: this
+    serves to test the rejection path. Either one makes readiness a TCP check, since a plain
+    Kafka request would be refused or sent to ``advertised``. (Tansu 0.6.0 does not serve
+    TLS itself: its ``--cert`` and ``--key`` options exclude each other.)
     """
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 start_timeout_s: float = 30.0, stop_timeout_s: float = 2.0):
+                 start_timeout_s: float = 30.0, stop_timeout_s: float = 2.0, *,
+                 advertised: str | None = None, authentication: bool = False):
         self.host = host
+        self.advertised, self.authentication = advertised, authentication
         self._requested_port = port
         self._port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -198,8 +232,9 @@ class EmbeddedBroker:
     # ---- internals
     def _launch(self, binary: str, port: int) -> None:
         url = f"tcp://{self.host}:{port}"
-        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+               "--storage-engine", "memory://tansu/", *(["--authentication"] if self.authentication else [])]
         self._log = tempfile.TemporaryFile(prefix="streamlearn-broker-")
         try:
             # Own session: a terminal's Ctrl-C reaches only us, and we stop the broker in order.
@@ -217,6 +252,10 @@ class EmbeddedBroker:
         while time.monotonic() < deadline:
             self._check_alive()
             if _accepts_connections(self.host, self.port):
+                if self.advertised or self.authentication:
+                    time.sleep(0.1)  # the port may be another process's: ours then exits (address in use)
+                    self._check_alive()
+                    return
                 try:
                     wait_ready(self.bootstrap, max(0.5, min(2.0, deadline - time.monotonic())))
                     self._check_alive()
@@ -238,42 +277,54 @@ class EmbeddedBroker:
 
 # ---------------------------------------------------------------------------- client helpers
 
-def _unreachable(bootstrap: str, timeout_s: float, exc: BaseException) -> BrokerError:
+def _unreachable(bootstrap: str, timeout_s: float, exc: BaseException,
+                 security: KafkaConfig | None = None) -> BrokerError:
+    protocol = (security or KafkaConfig()).security_protocol
     return BrokerError(
         f"cannot reach a Kafka broker at {bootstrap} within {timeout_s:g} s ({type(exc).__name__}): "
-        "check --bootstrap, or start a local one with `streamlearn broker`"
+        f"check --bootstrap, and the [kafka] settings (now security_protocol={protocol!r}): a broker that "
+        "requires TLS or SASL, or rejects the credentials, looks unreachable; or start a local one with "
+        "`streamlearn broker`"
     )
 
 
+def client_options(security: KafkaConfig | None) -> dict[str, Any]:
+    """kafka-python keyword arguments for ``security`` (None: PLAINTEXT, nothing to add)."""
+    return {} if security is None else security.client_options()
+
+
 @contextlib.contextmanager
-def admin_client(bootstrap: str, timeout_s: float = 10.0) -> Iterator[Any]:
+def admin_client(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig | None = None) -> Iterator[Any]:
     """A connected ``KafkaAdminClient``, closed on exit; unreachable -> :class:`BrokerError`."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     ms = max(1, int(timeout_s * 1000))
+    options = client_options(security)
     try:
-        client = KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms)
+        client = KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms,
+                                  **options)
     except (KafkaError, OSError, ValueError) as exc:
-        raise _unreachable(bootstrap, timeout_s, exc) from exc
+        raise _unreachable(bootstrap, timeout_s, exc, security) from exc
     try:
         yield client
     finally:
         client.close()
 
 
-def wait_ready(bootstrap: str, timeout_s: float = 10.0) -> list[str]:
+def wait_ready(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig | None = None) -> list[str]:
     """Block until the broker answers a metadata request; return its topic names."""
     from kafka.errors import KafkaError
 
-    with admin_client(bootstrap, timeout_s) as admin:
+    with admin_client(bootstrap, timeout_s, security) as admin:
         try:
             return sorted(admin.list_topics())
         except KafkaError as exc:
-            raise _unreachable(bootstrap, timeout_s, exc) from exc
+            raise _unreachable(bootstrap, timeout_s, exc, security) from exc
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0) -> int:
+def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0,
+                 security: KafkaConfig | None = None) -> int:
     """Create ``topic`` with ``partitions`` partitions (replication 1); an existing topic is
     kept as it is. Returns the topic's partition count, which differs from ``partitions``
     when the topic already existed with another count."""
@@ -281,7 +332,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: flo
 
     if partitions < 1:
         raise BrokerError(f"--partitions must be >= 1, got {partitions}")
-    with admin_client(bootstrap, timeout_s) as admin:
+    with admin_client(bootstrap, timeout_s, security) as admin:
         try:
             result = admin.create_topics(
                 {topic: {"num_partitions": partitions, "replication_factor": 1}},
@@ -305,12 +356,13 @@ def _raise_create_error(topic: str, result: dict[str, Any]) -> None:
             raise BrokerError(f"cannot create topic {topic!r}: {message} (Kafka error {code})")
 
 
-def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0,
+                     security: KafkaConfig | None = None) -> int:
     """The partition count of an existing ``topic``; a missing topic is a :class:`BrokerError`
     (asked through the admin API, which never auto-creates it)."""
     from kafka.errors import KafkaError
 
-    with admin_client(bootstrap, timeout_s) as admin:
+    with admin_client(bootstrap, timeout_s, security) as admin:
         try:
             (described,) = admin.describe_topics([topic])
         except KafkaError as exc:
@@ -355,7 +407,8 @@ Row = tuple[bytes | None, dict[str, Any], int | None]
 
 
 def produce_rows(bootstrap: str, topic: str, rows: Iterable[Row], *, fmt: str = "msgpack",
-                 progress: Any = None, timeout_s: float = 30.0) -> ProduceSummary:
+                 progress: Any = None, timeout_s: float = 30.0,
+                 security: KafkaConfig | None = None) -> ProduceSummary:
     """Write ``(key, record, ts_ms)`` rows to an existing ``topic`` and flush.
 
     Rows without a key get their ordinal (``b"0"``, ``b"1"``, ...) so they spread over the
@@ -366,9 +419,9 @@ def produce_rows(bootstrap: str, topic: str, rows: Iterable[Row], *, fmt: str = 
     """
     from kafka.errors import KafkaError
 
-    n_partitions = topic_partitions(bootstrap, topic, timeout_s)
+    n_partitions = topic_partitions(bootstrap, topic, timeout_s, security)
     summary = ProduceSummary(topic, {p: 0 for p in range(n_partitions)})
-    producer, failures = _producer(bootstrap, timeout_s), []
+    producer, failures = _producer(bootstrap, timeout_s, security), []
     started = time.perf_counter()
     try:
         for ordinal, (key, record, ts_ms) in enumerate(rows):
@@ -392,14 +445,15 @@ def produce_rows(bootstrap: str, topic: str, rows: Iterable[Row], *, fmt: str = 
     return summary
 
 
-def _producer(bootstrap: str, timeout_s: float) -> Any:
+def _producer(bootstrap: str, timeout_s: float, security: KafkaConfig | None) -> Any:
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
     ms = int(timeout_s * 1000)
+    options = client_options(security)
     try:
         return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024,
                              allow_auto_create_topics=False, max_block_ms=ms,
-                             bootstrap_timeout_ms=ms, request_timeout_ms=ms)
+                             bootstrap_timeout_ms=ms, request_timeout_ms=ms, **options)
     except (KafkaError, OSError, ValueError) as exc:
-        raise _unreachable(bootstrap, timeout_s, exc) from exc
+        raise _unreachable(bootstrap, timeout_s, exc, security) from exc

@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from ..broker import create_topic, produce_rows
-from ..config import WorkerConfig
+from ..config import WorkerConfig, load_config
 from ..datasets import FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
 from ..records import FORMATS as RECORD_FORMATS
@@ -43,22 +43,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds to wait for the broker to answer and to acknowledge (default: %(default)s)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="count and report lines that are not valid records instead of stopping at the first")
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config file; its [kafka] table (TLS, SASL) is used to connect")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted config override, repeatable (e.g. --set kafka.security_protocol=SSL)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise StreamlearnError(f"--limit must be >= 0, got {args.limit}")
+    security = load_config(args.config, args.set).kafka
+    security.client_options()  # a config that cannot connect fails before the file is read
     options = ReadOptions(args.input_format, args.text_column, args.label_column, args.skip_bad_lines)
     reader = DatasetReader(args.file, options)
-    partitions = create_topic(args.bootstrap, args.topic, args.partitions, timeout_s=args.timeout)
+    partitions = create_topic(args.bootstrap, args.topic, args.partitions, timeout_s=args.timeout, security=security)
     if partitions != args.partitions:
         print(f"topic {args.topic!r} already exists with {partitions} partitions; keeping them", file=sys.stderr)
     total = reader.estimate_rows() if args.limit is None else min(args.limit, reader.estimate_rows())
     rows = itertools.islice(reader, args.limit)
     with tqdm(total=total, unit="rec", desc=f"produce {args.topic}", disable=None) as bar:
         summary = produce_rows(args.bootstrap, args.topic, rows, fmt=args.format, progress=bar,
-                               timeout_s=max(args.timeout, 30.0))
+                               timeout_s=max(args.timeout, 30.0), security=security)
     print(f"{summary} [{reader.format} {args.file} -> {args.format}]")
     _report_bad_lines(reader)
     return 0

@@ -13,7 +13,7 @@ import sys
 
 from tqdm import tqdm
 
-from ..config import WorkerConfig, load_config
+from ..config import Config, KafkaConfig, WorkerConfig, load_config
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
 
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     from ..replay.baselines import parse_baselines
 
     _check_args(args)
-    source = _source(args)
     config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    source = _source(args, config.kafka)
     torch.set_num_threads(intra_op_threads(config))
     options = _options(args, parse_baselines(args.baselines, _task(args, config)))
     with tqdm(total=source.estimate() if args.limit is None else args.limit, unit="rec", desc="replay",
@@ -104,9 +104,18 @@ def _check_args(args: argparse.Namespace) -> None:
     if (args.start_offset or args.end_offset) and (args.start_time or args.end_time):
         raise StreamlearnError("give an offset range (--start-offset/--end-offset) or a time range "
                                "(--start-time/--end-time), not both")
-    if (args.state or args.compare) and (args.config or args.task):
+    if (args.state or args.compare) and (args.task or (args.config and not _kafka_only(args.config))):
         raise StreamlearnError("--config/--task build a model from scratch; a snapshot keeps its own config "
-                               "(use --set for overrides that keep its tables)")
+                               "(use --set for overrides that keep its tables; a --config with only a [kafka] "
+                               "table is fine)")
+
+
+def _kafka_only(path: str) -> bool:
+    """Whether the config file at ``path`` sets nothing but the [kafka] connection settings."""
+    import dataclasses
+
+    file_config = load_config(path, use_env=False)
+    return dataclasses.replace(file_config, kafka=KafkaConfig()) == Config()
 
 
 def _task(args: argparse.Namespace, config) -> str:
@@ -124,7 +133,7 @@ def _task(args: argparse.Namespace, config) -> str:
     return config.learner.task
 
 
-def _source(args: argparse.Namespace):
+def _source(args: argparse.Namespace, security: KafkaConfig):
     from ..replay.sources import FileSource, KafkaRange, KafkaSource, parse_offsets, parse_time
 
     if args.file is not None:
@@ -137,7 +146,7 @@ def _source(args: argparse.Namespace):
         end_ms=parse_time(args.end_time) if args.end_time else None,
         partitions=_partitions(args.partitions),
     )
-    return KafkaSource(args.bootstrap, rng)
+    return KafkaSource(args.bootstrap, rng, security=security)
 
 
 def _partitions(spec: str | None) -> tuple[int, ...] | None:

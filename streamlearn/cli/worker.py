@@ -7,10 +7,11 @@ import logging
 import signal
 from typing import Iterator
 
-from ..config import TASKS, WorkerConfig, load_config
+from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
 from ..consumers import RunOptions, Worker
 from ..consumers.distributed import dist_settings
 from ..consumers.scaleout import GroupWorker
+from ..exceptions import ConfigError
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -67,6 +68,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides(args))
+    _check_kafka(cfg)
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port)
     settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
     worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
@@ -74,6 +76,18 @@ def run(args: argparse.Namespace) -> int:
         summary = worker.run()
     print(f"streamlearn worker: {summary}", flush=True)
     return 0 if summary.saved else 1
+
+
+def _check_kafka(cfg: Config) -> None:
+    """A [kafka] section that cannot connect is a ConfigError now, not a warning repeated by
+    the fetch thread's retry loop. The fetch thread (consumers/fetcher.py) builds its clients
+    with ``connect.new_consumer(cfg.worker)`` and ``new_producer(cfg.worker)``, without the
+    [kafka] section, so a secured setting is refused rather than silently not applied."""
+    cfg.kafka.client_options()
+    if cfg.kafka != KafkaConfig():
+        raise ConfigError("the worker's fetch thread does not pass the [kafka] section to its Kafka clients "
+                          "(consumers/fetcher.py), so it can only connect with PLAINTEXT: remove the [kafka] "
+                          "settings; produce and replay --topic do use them")
 
 
 @contextlib.contextmanager

@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 import msgpack
 
-from ..broker import BrokerError, topic_partitions
+from ..broker import BrokerError, client_options, topic_partitions
+from ..config import KafkaConfig
 from ..datasets import FORMATS as DATASET_FORMATS
 from ..datasets import DatasetReader, ReadOptions
 from ..exceptions import RecordError, StreamlearnError
@@ -185,15 +186,18 @@ class KafkaSource:
     """A topic's records over a :class:`KafkaRange` (see the module docstring).
 
     Uses a consumer with manually assigned partitions (no group, nothing committed), so a
-    replay never disturbs the workers' group offsets.
+    replay never disturbs the workers' group offsets. ``security``: the ``[kafka]`` TLS /
+    SASL options of every client it builds (None: PLAINTEXT).
     """
 
     kind = "kafka"
 
-    def __init__(self, bootstrap: str, rng: KafkaRange, max_bytes: int = 1_000_000, timeout_s: float = 10.0):
+    def __init__(self, bootstrap: str, rng: KafkaRange, max_bytes: int = 1_000_000, timeout_s: float = 10.0,
+                 security: KafkaConfig | None = None):
         self.bootstrap, self.range, self.max_bytes, self.timeout_s = bootstrap, rng, max_bytes, timeout_s
+        self.security = security
         try:  # the admin API: a metadata request would auto-create a missing topic on Tansu
-            n = topic_partitions(bootstrap, rng.topic, timeout_s)
+            n = topic_partitions(bootstrap, rng.topic, timeout_s, security)
         except BrokerError as exc:
             raise ReplaySourceError(str(exc)) from exc
         parts = rng.partitions if rng.partitions is not None else tuple(range(n))
@@ -207,7 +211,8 @@ class KafkaSource:
 
     def describe(self) -> dict[str, Any]:
         bounds = self.bounds()
-        return {"kind": self.kind, "bootstrap": self.bootstrap, "topic": self.range.topic,
+        protocol = (self.security or KafkaConfig()).security_protocol
+        return {"kind": self.kind, "bootstrap": self.bootstrap, "security_protocol": protocol, "topic": self.range.topic,
                 "offsets": {str(p): [s, e] for p, (s, e) in bounds.items()},
                 "start_ms": self.range.start_ms, "end_ms": self.range.end_ms,
                 "replayed": {str(p): fl for p, fl in self.replayed.items()}, "notes": list(self.notes)}
@@ -230,13 +235,15 @@ class KafkaSource:
         from kafka.errors import KafkaError
 
         ms = int(self.timeout_s * 1000)
+        options = client_options(self.security)
         try:
             return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                                  auto_offset_reset="earliest", bootstrap_timeout_ms=ms, request_timeout_ms=ms + 1000,
                                  allow_auto_create_topics=False, fetch_max_bytes=max(52_428_800, self.max_bytes),
-                                 max_partition_fetch_bytes=max(1_048_576, self.max_bytes + 65_536))
+                                 max_partition_fetch_bytes=max(1_048_576, self.max_bytes + 65_536), **options)
         except (KafkaError, OSError, ValueError) as exc:
-            raise ReplaySourceError(f"cannot reach a Kafka broker at {self.bootstrap}: {exc}; check --bootstrap") from exc
+            raise ReplaySourceError(f"cannot reach a Kafka broker at {self.bootstrap}: {exc}; check --bootstrap "
+                                    "and the [kafka] security settings") from exc
 
     def _tps(self) -> list:
         from kafka import TopicPartition
