@@ -55,6 +55,7 @@ class Batch:
     targets: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     weight: np.ndarray | None = None
     n_labels: int = 0
+    label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     candidates: list[str] = dataclasses.field(default_factory=list)
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None
@@ -80,7 +81,7 @@ class Preparer:
         """A training batch; advances the label table, the histories and the batch
         counter, in record order. Invalid records land in ``Batch.rejected``."""
         records = list(records)
-        batch = Batch(self.task, True, self.prepared, 0)
+        batch = Batch(self.task, True, self.prepared, 0, label_start=len(self.label_table))
         accepted: list[tuple[Record, list[str]]] = []
         for i, obj in enumerate(records):
             try:

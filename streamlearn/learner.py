@@ -227,12 +227,24 @@ class Learner(river_base.Classifier):
                 "learn batches in the order prepare() made them"
             )
         loss, changed = 0.0, {}
+        if batch.n_labels > batch.label_start:
+            self.start_label_rows(range(batch.label_start, batch.n_labels))
         if batch.examples:
             loss, changed = self._step(batch)
         self._applied += 1
         if batch.candidates:
             self.index.add(batch.candidates)
         return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated)
+
+    def start_label_rows(self, ids: Iterable[int]) -> None:
+        """Give the label head rows ``ids`` (label ids of the label table) their starting
+        vectors, a function of ``learner.seed`` and the label alone
+        (:class:`~streamlearn.heads.LabelHead`). :meth:`learn_batch` calls it for the
+        labels a batch brought; call it for a label added to the table any other way
+        (e.g. a distributed label merge) so every replica starts that label alike."""
+        ids = list(ids)
+        labels = [self.label_table.labels[i] for i in ids]
+        self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"))
 
     def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
         if not self.model.training:

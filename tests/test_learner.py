@@ -403,3 +403,70 @@ def test_mark_dirty_rows_reach_take_dirty():
     learner.mark_dirty({"E": np.array([5, 3, 5])})
     assert learner.take_dirty()["E"].tolist() == [3, 5]
     assert learner.take_dirty() == {}
+
+
+# ---------------------------------------------------------------------------- label rows
+
+def _head_rows(L: Learner) -> dict:
+    return {label: L.model.label_head.weight[i].detach().clone() for i, label in enumerate(L.labels)}
+
+
+def test_label_rows_start_from_the_seed_and_the_label():
+    L = learner()
+    L.prepare([{"text": "x", "label": "tech"}, {"text": "y", "label": "sport"}, {"text": "z", "label": 1},
+               {"text": "w", "label": "1"}])
+    L.start_label_rows(range(4))
+    rows = _head_rows(L)
+    assert 0.5 < float(rows["tech"].pow(2).sum()) < 2.0  # N(0, 1/d): squared norm about 1
+    assert not torch.equal(rows["tech"], rows["sport"])
+    assert not torch.equal(rows[1], rows["1"])  # int 1 and str "1" are different labels
+    again = learner()
+    again.prepare([{"text": "y", "label": "sport"}])
+    again.start_label_rows([0])
+    assert torch.equal(again.model.label_head.weight[0].detach(), rows["sport"])  # id 0 there, id 1 here
+    other_seed = learner("learner.seed=1")
+    other_seed.prepare([{"text": "x", "label": "tech"}])
+    other_seed.start_label_rows([0])
+    assert not torch.equal(other_seed.model.label_head.weight[0].detach(), rows["tech"])
+
+
+def test_learn_batch_starts_new_label_rows_and_leaves_unused_rows_zero():
+    L = learner()
+    batch = L.prepare([{"text": "goal match", "label": "sport"}, {"text": "chip code", "label": "tech"}])
+    assert (batch.label_start, batch.n_labels) == (0, 2)
+    assert float(L.model.label_head.weight.detach().abs().sum()) == 0.0  # prepare touches no weight
+    L.learn_batch(batch)
+    W = L.model.label_head.weight.detach()
+    assert bool((W[:2].abs().sum(1) > 0).all()) and float(W[2:].abs().sum()) == 0.0
+    later = L.prepare([{"text": "soup", "label": "food"}, {"text": "goal", "label": "sport"}])
+    assert (later.label_start, later.n_labels) == (2, 3)
+    before = W[:2].clone()
+    expected = learner()
+    expected.prepare([{"text": "s", "label": "food"}])
+    expected.start_label_rows([0])
+    L.start_label_rows([])  # nothing to start: no change
+    L.learn_batch(later)
+    # the new row started from the label's own vector, then took one step (AdamW moves
+    # each coordinate by at most about dense_lr)
+    moved = (L.model.label_head.weight[2] - expected.model.label_head.weight[0]).detach().abs().max()
+    assert float(moved) <= 2 * L.cfg.optim.dense_lr
+    assert not torch.equal(L.model.label_head.weight[:2], before)  # old rows trained, not restarted
+    assert float(L.model.label_head.weight[3:].detach().abs().sum()) == 0.0
+
+
+def test_replicas_meeting_labels_in_other_orders_agree_after_a_permutation():
+    """Two learners on the same records, one whose stream starts with a record of another
+    label: every label's row starts equal, so after the same first step on the shared
+    labels the rows depend on the label, not on the id the learner gave it."""
+    a, b = learner(), learner()
+    a.prepare([{"text": "soup", "label": "food"}])
+    b.prepare([{"text": "chip", "label": "tech"}])
+    a.start_label_rows([0])
+    b.start_label_rows([0])
+    a.prepare([{"text": "chip", "label": "tech"}])
+    b.prepare([{"text": "soup", "label": "food"}])
+    a.start_label_rows([1])
+    b.start_label_rows([1])
+    ra, rb = _head_rows(a), _head_rows(b)
+    assert set(ra) == set(rb) == {"food", "tech"}
+    assert all(torch.equal(ra[k], rb[k]) for k in ra)

@@ -191,9 +191,21 @@ def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
         assert store.manifest().commits == commits  # replays never write to the state they read
 
 
+def wide_words_stream(n: int, per_label: int = 40) -> list[dict]:
+    """Like words_stream, but each label has ``per_label`` words and a record names 3 of
+    them: a few records cannot have seen every word (words_stream's 4 words per label
+    are all learned from one batch of 16)."""
+    out = []
+    for i in range(n):
+        label = "spam" if i % 3 == 0 else "ham"
+        words = [f"{label}{(7 * i + j) % per_label}" for j in range(3)]
+        out.append({"text": " ".join(words), "label": label})
+    return out
+
+
 def test_compare_two_snapshots_on_the_same_records(tmp_path):
-    path = write_jsonl(tmp_path / "s.jsonl", words_stream(160))
-    short = write_jsonl(tmp_path / "short.jsonl", words_stream(16))
+    path = write_jsonl(tmp_path / "s.jsonl", wide_words_stream(160))
+    short = write_jsonl(tmp_path / "short.jsonl", wide_words_stream(16))
     replay(FileSource(path), ReplayOptions(), config=cfg(), save=tmp_path / "a")
     replay(FileSource(short), ReplayOptions(), config=cfg(), save=tmp_path / "b")
     report = replay(FileSource(path), ReplayOptions(mode="frozen", baselines=("popularity",)),
