@@ -138,6 +138,33 @@ class Checkpointer:
         self._full = False  # after a failed commit the next one writes every row
         self._specs_declared = False
 
+    def audit_ranges(self) -> list[list[int]]:
+        """The offset ranges applied since the last commit, copied (``[partition, first,
+        last, count]``; empty with ``worker.audit`` off)."""
+        return [list(r) for r in self._audit.ranges] if self._audit is not None else []
+
+    def replace_audit(self, ranges: list[list[int]]) -> None:
+        """Make ``ranges`` the ones the next commit records (a group's writer records
+        every rank's); ignored with ``worker.audit`` off."""
+        if self._audit is not None:
+            self._audit.clear()
+            self._audit.ranges = [list(r) for r in ranges]
+
+    def clear_audit(self) -> None:
+        """Forget the ranges since the last commit (another process committed them)."""
+        if self._audit is not None:
+            self._audit.clear()
+
+    def rebind(self, store: Store, full: bool = False) -> None:
+        """Commit through ``store`` from now on (e.g. a process that just took the writer
+        lock): the tables are declared to it again and audit entries numbered from its
+        manifest. ``full``: the next commit writes every row (the learner's changed-row
+        lists may have been consumed by a commit that never reached this store)."""
+        self.store = store
+        self._specs_declared = False
+        self._full = self._full or full
+        self.commits = store.manifest().commits
+
     def note(self, item: Prepared, learned: int, evaluated: int = 0, correct: int = 0) -> None:
         """Account for a learned batch: its offsets, counts, prequential hits and audit ranges."""
         for partition, (_, last, count) in item.spans.items():
