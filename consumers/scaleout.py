@@ -39,17 +39,19 @@ import torch.distributed as dist
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..state import open_store
+from .allreduce import GradientExchange, Round
 from .checkpoint import Checkpointer, open_learner, topic_offsets
 from .distributed import (DistributedError, DistSettings, Group, average_replicas, fenced_commit,
                           replica_digest, stored_generation)
 from .fetcher import Fetcher, FetchPlan
-from .handoff import CheckpointRequest, Handoff
+from .handoff import CheckpointRequest, Finished, Handoff, Item, Prepared
 from .metrics import WorkerMetrics
 from .worker import RunOptions, RunSummary, Worker, WorkerError, check_worker_config
 
 log = logging.getLogger(__name__)
 
 _WANT = "sync.want"
+SYNC_MODES = ("average", "allreduce")
 
 
 class SyncClock:
@@ -132,6 +134,8 @@ class GroupWorker(Worker):
         if cfg.learner.task != "classify":
             raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
                               "per-key histories and candidates are not merged between workers; run one worker")
+        if cfg.worker.sync not in SYNC_MODES:
+            raise ConfigError(f"worker.sync={cfg.worker.sync!r}; choose one of {SYNC_MODES} (docs/operations.md)")
         self.cfg, self.options, self.settings = cfg, options, settings
         self.rank, self.live_world = settings.rank, settings.world_size
         self.group = Group(settings)
@@ -145,7 +149,10 @@ class GroupWorker(Worker):
         self.clock = SyncClock(self.group)
         self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
         if self.writer:
-            self.checkpointer.store = _FencedStore(self.store, self)
+            self.checkpointer.rebind(_FencedStore(self.store, self))
+        # allreduce: every step is a round of the group (see .allreduce); average: None
+        self.exchange = GradientExchange(self.learner, self.group) if cfg.worker.sync == "allreduce" else None
+        self._held: Item | None = None  # allreduce: the queue's next item, until its round serves it
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
@@ -179,6 +186,69 @@ class GroupWorker(Worker):
         finally:
             self.group.close()
 
+    # ------------------------------------------------------------------ all-reduce rounds
+    def _loop(self) -> Finished:
+        """average: the plain loop. allreduce: lock-step rounds while the group lives
+        (every rank enters every round, with a batch or without), then the plain loop."""
+        if self.exchange is None:
+            return super()._loop()
+        waiting = True  # nobody brought a batch last round: wait a little for one
+        while self.clock.alive:
+            if self._held is None:
+                self._held = self.handoff.get(timeout_s=0.25 if waiting else 0.0)
+            if isinstance(self._held, Prepared) and not self._held.batch.examples:
+                self._learn(self._take())  # no gradient: no round
+                continue
+            try:
+                rnd = self._round()
+            except DistributedError as exc:
+                log.error("%s; leaving the group and going on alone", exc)
+                self._go_solo()
+                break
+            if rnd.finished:
+                if isinstance(self._held, Finished):
+                    return self._take()
+                log.info("a peer's stream ended: going on alone")
+                self._go_solo()
+                break
+            if rnd.syncs == self.live_world:
+                self._checkpoint(self._take())
+            waiting = not rnd.batches
+            self._report()
+        held = self._take()
+        if isinstance(held, Finished):
+            return held
+        if isinstance(held, Prepared):
+            self._learn(held)
+        elif isinstance(held, CheckpointRequest):
+            self._checkpoint(held)
+        return super()._loop()
+
+    def _round(self) -> Round:
+        """One round with the held item: learn it if it is a batch whose labels the group
+        knows, else take part without one. Raises DistributedError."""
+        ex, held = self.exchange, self._held
+        ready = isinstance(held, Prepared) and ex.ready(held.batch)
+        ex.offer(ready, sync=isinstance(held, CheckpointRequest), finished=isinstance(held, Finished))
+        if ready:
+            self._learn(self._take())  # the learner's gradient hook runs the round
+            if ex.failed is not None:  # the batch was learned alone
+                raise ex.failed
+        else:
+            ex.idle()
+        if ex.last.new_labels:
+            ex.share_labels()
+        return ex.last
+
+    def _take(self) -> Item | None:
+        held, self._held = self._held, None
+        return held
+
+    def _learn(self, item: Prepared) -> None:
+        if self.exchange is not None:
+            self.exchange.to_group_labels(item.batch)
+        super()._learn(item)
+
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, request: CheckpointRequest) -> None:
         if self.clock.alive:
@@ -188,11 +258,16 @@ class GroupWorker(Worker):
             except DistributedError as exc:
                 log.error("%s; leaving the group and going on alone", exc)
                 self._go_solo()
+        if self.exchange is not None:
+            self.exchange.settle_labels()  # the fetch thread waits: no batch holds old label ids
         super()._checkpoint(request)
 
     def _sync(self, request: CheckpointRequest) -> None:
         everyone = self._gather()  # before averaging: a peer dying in between leaves both unmerged
-        report = average_replicas(self.learner, self.group)
+        if self.exchange is not None:
+            report = self.exchange.settle()  # the replicas are equal already
+        else:
+            report = average_replicas(self.learner, self.group)
         merged = self._merge(everyone)
         ok, seconds = True, 0.0
         if self.writer:
@@ -204,22 +279,22 @@ class GroupWorker(Worker):
         else:
             self.learner.take_dirty()  # the writer stores the averaged rows
         ok = self._all_ok(ok)
-        if ok and self.checkpointer._audit is not None:
-            self.checkpointer._audit.clear()
+        if ok:
+            self.checkpointer.clear_audit()
         self.clock.done += 1
         self._base = merged
         self.metrics.checkpointed(seconds, ok)
         if ok:
             self.summary.checkpoints += 1
-        log.info("sync %d (%s): %d bytes sent, %.3f s, rows %s, step %d, offsets %s, digest %s",
+        log.info("sync %d (%s): %d bytes sent, %.3f s, rows %s, %d exchanges, step %d, offsets %s, digest %s",
                  self.clock.done, request.reason, report.payload_bytes, report.seconds, report.rows,
-                 self.learner.steps, self.checkpointer.positions, replica_digest(self.learner))
+                 report.exchanges, self.learner.steps, self.checkpointer.positions, replica_digest(self.learner))
         request.answer(ok, self.checkpointer.positions, seconds)
 
     def _progress(self) -> dict:
         c = self.checkpointer
         return {"positions": dict(c.positions), "applied": dict(c.applied), "totals": dict(c.totals),
-                "audit": [list(r) for r in c._audit.ranges] if c._audit is not None else []}
+                "audit": c.audit_ranges()}
 
     def _gather(self) -> list[dict]:
         everyone: list = [None] * self.live_world
@@ -243,9 +318,7 @@ class GroupWorker(Worker):
         for p, n in c.positions.items():
             if self.fetcher.positions.get(p, -1) < n:
                 self.fetcher.positions[p] = n  # another rank consumed it: start there if it moves here
-        if c._audit is not None:
-            c._audit.clear()
-            c._audit.ranges = [list(r) for progress in everyone for r in progress["audit"]]
+        c.replace_audit([r for progress in everyone for r in progress["audit"]])
         return self._progress()
 
     def _all_ok(self, ok: bool) -> bool:
@@ -271,20 +344,18 @@ class GroupWorker(Worker):
     def _go_solo(self) -> None:
         """Leave the broken group; become the writer with the next generation."""
         self.clock.alive = False
+        if self.exchange is not None:
+            self.exchange.go_solo()
         self.group.close()
         self.live_world = 1
         if not self.writer:
             self.store.close()
             self.store = self._take_writer_lock()
             self.writer = True
-            self.checkpointer._specs_declared = False
         # The failed sync may have consumed the dirty rows: write every row once.
-        self.checkpointer._full = True
-        manifest = self.store.manifest()
-        self.checkpointer.commits = manifest.commits  # numbers the audit entries
-        stored = topic_offsets(manifest.offsets, self.options.topic)
-        if self.checkpointer._audit is not None and stored == self.checkpointer.positions:
-            self.checkpointer._audit.clear()  # the old writer committed this sync before it died
+        self.checkpointer.rebind(_FencedStore(self.store, self), full=True)
+        stored = topic_offsets(self.store.manifest().offsets, self.options.topic)
+        if stored == self.checkpointer.positions:
+            self.checkpointer.clear_audit()  # the old writer committed this sync before it died
         self.generation = stored_generation(self.store) + 1
-        self.checkpointer.store = _FencedStore(self.store, self)
         log.warning("rank %d now works alone as the writer, generation %d", self.rank, self.generation)

@@ -22,7 +22,10 @@ from streamlearn.state import Checkpoint, open_store
 SMALL = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
          "model.max_labels=8", "learner.batch_size=16")
 
-RANK_SCRIPT = textwrap.dedent("""
+# One launch of 2 ranks per sync mode (a launch costs seconds: two interpreters import
+# torch); module fixtures share it between the tests of that mode. Phase 1 syncs; phase 2:
+# rank 1 vanishes and rank 0's next collective must fail fast with a clear error.
+AVERAGE_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     import numpy as np, torch
     torch.set_num_threads(1)
@@ -32,68 +35,161 @@ RANK_SCRIPT = textwrap.dedent("""
     from streamlearn.consumers.distributed import (DistributedError, Group, average_replicas, dist_settings,
                                                    replica_digest)
 
-    mode, out = sys.argv[1], sys.argv[2]
-    settings = dist_settings(timeout_s=float(sys.argv[3]))  # from RANK / WORLD_SIZE / MASTER_* like torchrun
-    lrn = Learner(Config().override(*json.loads(sys.argv[4])))
+    out = sys.argv[1]
+    settings = dist_settings(timeout_s=float(sys.argv[2]))  # from RANK / WORLD_SIZE / MASTER_* like torchrun
+    lrn = Learner(Config().override(*json.loads(sys.argv[3])))
     rank = settings.rank
     first = [{"text": "goal match", "label": "sport"}, {"text": "pasta soup", "label": "food"}]
-    if mode == "diverge":
-        first = first[::-1] if rank else first
-    lrn.learn_batch(lrn.prepare(first))
+    lrn.learn_batch(lrn.prepare(first[::-1] if rank else first))  # the labels in different orders
     words = ["goal", "team", "chip", "code", "bread", "cheese", "cloud", "score"]
     mine = [{"text": f"{words[(i + 3 * rank) % 8]} w{rank}x{i % 13}", "label": "sport" if i % 2 else "food"}
             for i in range(48)]
     for at in range(0, len(mine), 16):
         lrn.learn_batch(lrn.prepare(mine[at:at + 16]))
     group = Group(settings)
-    if mode == "die" and rank == 1:
-        os._exit(0)  # gone without a word: rank 0's sync must fail, not hang
     touched = {n: np.unique(np.concatenate(p)).tolist() for n, p in lrn._dirty.items()}
     dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
     tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
              **{"t:" + n: v for n, v in tables.items()})
-    started = time.monotonic()
-    try:
-        report = average_replicas(lrn, group)
-    except DistributedError as exc:
-        print(json.dumps({"error": str(exc), "seconds": time.monotonic() - started}))
-        sys.exit(0)
-    finally:
-        group.close()
+    report = average_replicas(lrn, group)
     np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
              **{"t:" + n: t.detach().numpy() for n, t in row_tables(lrn).items()})
     dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
-    print(json.dumps({"digest": replica_digest(lrn), "labels": lrn.labels, "bytes": report.payload_bytes, "rows": report.rows,
-                      "touched": touched, "dirty": dirty}))
+    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "bytes": report.payload_bytes,
+              "rows": report.rows, "touched": touched, "dirty": dirty}
+    if rank == 1:
+        print(json.dumps(result), flush=True)
+        os._exit(0)  # gone without a word: rank 0's next sync must fail, not hang
+    lrn.learn_batch(lrn.prepare(mine[:16]))
+    started = time.monotonic()
+    try:
+        average_replicas(lrn, group)
+    except DistributedError as exc:
+        result.update(error=str(exc), seconds=time.monotonic() - started)
+    group.close()
+    print(json.dumps(result))
+""")
+
+ALLREDUCE_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np, torch
+    torch.set_num_threads(1)
+    from streamlearn.config import Config
+    from streamlearn.learner import Learner
+    from streamlearn.consumers.allreduce import GradientExchange
+    from streamlearn.consumers.distributed import DistributedError, Group, dist_settings, replica_digest
+
+    out = sys.argv[1]
+    settings = dist_settings(timeout_s=float(sys.argv[2]))
+    lrn = Learner(Config().override(*json.loads(sys.argv[3])))
+    rank = settings.rank
+    group = Group(settings)
+    ex = GradientExchange(lrn, group)  # while every replica is the same (as a worker's start)
+    words = ["goal", "team", "chip", "code", "bread", "cheese", "cloud", "score"]
+    labels = ["sport", "food", "tech"] if rank == 0 else ["tech", "food", "news"]  # different orders, ids
+    n = 80 if rank == 0 else 24  # uneven: rank 1 runs dry after 2 of rank 0's 5 batches
+    records = [{"text": f"{words[(i + 3 * rank) % 8]} w{rank}x{i % 13}", "label": labels[i % 3]} for i in range(n)]
+    batches = [lrn.prepare(records[at:at + 16]) for at in range(0, n, 16)]  # a fetch thread running ahead
+    exchange = lrn.gradient_hook
+    grads = []
+
+    def snapshot():
+        dense = {k: p.grad.clone() for k, p in lrn.model.dense_parameters().items() if p.grad is not None}
+        rows = {k: p.grad.to_dense().clone() for k, p in lrn.row_optim.tables.items() if p.grad is not None}
+        return dense, rows
+
+    def spy(learner):  # the local gradients, then the exchanged ones
+        local = snapshot()
+        exchange(learner)
+        grads.append((local, snapshot()))
+    lrn.gradient_hook = spy
+
+    def round(batch, finished=False):
+        ready = batch is not None and ex.ready(batch)
+        ex.offer(ready, finished=finished)
+        if ready:
+            ex.to_group_labels(batch)
+            lrn.learn_batch(batch)
+            if ex.failed is not None:
+                raise ex.failed
+        else:
+            ex.idle()
+        if ex.last.new_labels:
+            ex.share_labels()
+        return ready
+
+    rounds = 0
+    while True:
+        if round(batches[0] if batches else None, finished=not batches):
+            batches.pop(0)
+        rounds += 1
+        if ex.last.finished == settings.world_size:
+            break
+    report = ex.settle()
+    torch.save(grads, f"{out}/grads{rank}.pt")
+    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
+              "bytes": report.payload_bytes, "exchanges": report.exchanges,
+              "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()}}
+    if rank == 1:
+        print(json.dumps(result), flush=True)
+        os._exit(0)  # gone without a word: rank 0's next round must fail, not hang
+    started = time.monotonic()
+    try:
+        round(lrn.prepare(records[:16]))
+    except DistributedError as exc:
+        result.update(error=str(exc), seconds=time.monotonic() - started, steps_after=lrn.steps)
+    group.close()
+    print(json.dumps(result))
 """)
 
 
-def run_ranks(tmp_path, mode: str, timeout_s: float = 10.0, world: int = 2) -> list[dict]:
+def run_ranks(tmp_path, script: str, timeout_s: float = 5.0, world: int = 2) -> list[dict]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, mode, str(tmp_path), str(timeout_s),
+        procs.append(subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(timeout_s),
                                        json.dumps(SMALL)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, text=True))
     outs = []
     for proc in procs:
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=90)
         assert proc.returncode == 0, stderr[-3000:]
-        outs.append(json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {})
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
     return outs
 
 
-def test_sync_averages_dense_and_every_row_table_exactly(tmp_path):
-    outs = run_ranks(tmp_path, "sync")
-    pre = [np.load(tmp_path / f"pre{r}.npz") for r in range(2)]
-    post = [np.load(tmp_path / f"post{r}.npz") for r in range(2)]
+@pytest.fixture(scope="module")
+def averaged(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("average")
+    started = time.monotonic()
+    outs = run_ranks(tmp, AVERAGE_SCRIPT)
+    return tmp, outs, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def allreduced(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("allreduce")
+    started = time.monotonic()
+    outs = run_ranks(tmp, ALLREDUCE_SCRIPT)
+    return tmp, outs, time.monotonic() - started
+
+
+LABEL_HEAD = ("d:label_head.weight", "d:label_head.bias")
+
+
+def test_sync_averages_dense_and_every_row_table_exactly(averaged):
+    tmp, outs, _ = averaged
+    pre = [np.load(tmp / f"pre{r}.npz") for r in range(2)]
+    post = [np.load(tmp / f"post{r}.npz") for r in range(2)]
     assert outs[0]["digest"] == outs[1]["digest"]
     differed = 0
     for name in pre[0].files:
-        a, b = pre[0][name], pre[1][name]
+        a, b = pre[0][name], pre[1][name].copy()
+        if name in LABEL_HEAD:
+            b[[0, 1]] = pre[1][name][[1, 0]]  # rank 1's rows in the merged label order
         differed += int(not np.array_equal(a, b))
         np.testing.assert_allclose(post[0][name], (a + b) / 2, rtol=1e-6, atol=1e-7, err_msg=name)
         np.testing.assert_array_equal(post[0][name], post[1][name], err_msg=name)
@@ -106,24 +202,56 @@ def test_sync_averages_dense_and_every_row_table_exactly(tmp_path):
     assert outs[0]["bytes"] > 0
 
 
-def test_dead_peer_fails_the_sync_fast_with_a_clear_error(tmp_path):
-    started = time.monotonic()
-    outs = run_ranks(tmp_path, "die", timeout_s=5.0)
-    assert "model sync failed" in outs[0]["error"] and outs[0]["seconds"] < 8
-    assert time.monotonic() - started < 45
-
-
-def test_labels_seen_in_different_orders_are_merged_before_averaging(tmp_path):
-    outs = run_ranks(tmp_path, "diverge")  # rank 0 saw sport, food; rank 1 food, sport
+def test_labels_seen_in_different_orders_are_merged_before_averaging(averaged):
+    tmp, outs, _ = averaged  # rank 0 saw sport, food; rank 1 food, sport
     assert outs[0]["labels"] == outs[1]["labels"] == ["sport", "food"]
+    pre1 = np.load(tmp / "pre1.npz")
+    for name in LABEL_HEAD:  # the swap above was needed: the rows really moved
+        swapped = pre1[name].copy()
+        swapped[[0, 1]] = pre1[name][[1, 0]]
+        assert not np.allclose(swapped, pre1[name])
+
+
+def test_dead_peer_fails_the_sync_fast_with_a_clear_error(averaged):
+    _, outs, seconds = averaged
+    assert "model sync failed" in outs[0]["error"] and outs[0]["seconds"] < 4
+    assert seconds < 60
+
+
+def test_allreduce_keeps_replicas_bit_equal_on_uneven_data(allreduced):
+    """Rank 0 learns 5 batches, rank 1 only 2 (then takes part without data); they see
+    labels in different orders and one label each that the other never sees."""
+    import torch
+
+    tmp, outs, _ = allreduced
     assert outs[0]["digest"] == outs[1]["digest"]
-    pre = [np.load(tmp_path / f"pre{r}.npz") for r in range(2)]
-    post = np.load(tmp_path / "post0.npz")
-    for name in ("d:label_head.weight", "d:label_head.bias"):
-        swapped = pre[1][name].copy()
-        swapped[[0, 1]] = pre[1][name][[1, 0]]  # rank 1's rows in the merged label order
-        assert not np.allclose(swapped, pre[1][name])
-        np.testing.assert_allclose(post[name], (pre[0][name] + swapped) / 2, rtol=1e-6, atol=1e-7)
+    assert outs[0]["labels"] == outs[1]["labels"] and sorted(outs[0]["labels"]) == ["food", "news", "sport", "tech"]
+    assert outs[0]["steps"] == outs[1]["steps"] == 5  # the idle rank stepped with rank 0
+    assert outs[0]["dirty"] == outs[1]["dirty"] and outs[0]["dirty"]  # both would store the same rows
+    assert outs[0]["exchanges"] == outs[0]["rounds"] >= 5 and outs[0]["bytes"] > 0
+    g0, g1 = (torch.load(tmp / f"grads{r}.pt") for r in range(2))
+    assert len(g0) == 5 and len(g1) == 2
+    for step in range(2):  # both brought a batch: the exchanged gradient is the mean of theirs
+        (dense0, rows0), after0 = g0[step]
+        (dense1, rows1), after1 = g1[step]
+        for part, (a, b) in enumerate([(dense0, dense1), (rows0, rows1)]):
+            assert set(a) == set(b) == set(after0[part]) == set(after1[part])
+            for name in a:
+                assert torch.equal(after0[part][name], after1[part][name]), name
+                torch.testing.assert_close(after0[part][name], (a[name] + b[name]) / 2, rtol=1e-5, atol=1e-7)
+        assert not torch.equal(dense0["label_head.weight"], dense1["label_head.weight"])
+    (dense, rows), after = g0[4]  # rank 0 alone: its own gradient, not halved
+    for name in dense:
+        torch.testing.assert_close(after[0][name], dense[name])
+    for name in rows:
+        torch.testing.assert_close(after[1][name], rows[name])
+
+
+def test_allreduce_dead_peer_fails_the_round_fast_and_the_batch_is_learned_alone(allreduced):
+    _, outs, seconds = allreduced
+    assert "gradient all-reduce failed" in outs[0]["error"] and outs[0]["seconds"] < 4
+    assert outs[0]["steps_after"] == outs[0]["steps"] + 1  # the local gradient took the step
+    assert seconds < 60
 
 
 def test_settings_from_options_or_torchrun_env():
@@ -198,10 +326,12 @@ class Rank:
         return out
 
 
-@pytest.mark.parametrize("victim", [0, 1], ids=["writer-killed", "reader-killed"])
-def test_two_workers_one_killed_every_offset_applied_once(victim, broker, make_topic, group, tmp_path):
+@pytest.mark.parametrize("victim, sync", [(0, "average"), (1, "allreduce")],
+                         ids=["writer-killed-average", "reader-killed-allreduce"])
+def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, make_topic, group, tmp_path):
     """2 workers on 4 partitions; one SIGKILLed mid-stream (the writer, which also hosts the
-    group's store, or the other); the survivor finishes the stream alone."""
+    group's store, or the other); the survivor finishes the stream alone. Each sync mode
+    meets one of the two victims (both of both would double the file's run time)."""
     from streamlearn.consumers import read_audit
 
     topic = make_topic(4)
@@ -209,7 +339,7 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, broker, make_t
     state = tmp_path / "state"
     args = ["--topic", topic, "--state", str(state), "--bootstrap", broker, "--group", group,
             "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "5",
-            "--checkpoint-every", "400", "--until-idle", "4", *(f"--set={s}" for s in GROUP_SETTINGS)]
+            "--checkpoint-every", "400", "--until-idle", "4", "--sync", sync, *(f"--set={s}" for s in GROUP_SETTINGS)]
     ranks = [Rank(tmp_path, r, args) for r in range(2)]
     try:
         deadline = time.monotonic() + 90
