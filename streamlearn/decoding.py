@@ -423,73 +423,98 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
     """:func:`exhaustive_topk` for N positions, logp (N, m, size), batched: every
     candidate's score for every position is one gather and sum over (N, m, n), and the k
     best come from one argpartition over (N, n). Results equal :func:`exhaustive_topk`'s
-    row by row (same tokens, order, scores, tie-break), all ``exact``.
+    row by row (same tokens, order, scores, tie-break), all ``exact``. Only the buckets
+    of candidates are read, so only there are NaN and +inf an error.
 
     ``exclude``: per position, candidate ids (:meth:`CandidateIndex.ids`; -1 and ids
     past the index are ignored) that may not be returned, e.g. the items a user already
     had. A position then gets its k best allowed candidates (fewer if fewer are allowed).
     """
     _check_k(k)
-    lp = _as_scores(logp, (index.m, index.size), "logp")
+    lp = _as_array(logp, (index.m, index.size), "logp")
     if lp.ndim != 3:
         raise DecodingError(f"logp has shape {lp.shape}; expected (N, m, size)")
     if exclude is not None and len(exclude) != len(lp):
         raise DecodingError(f"exclude has {len(exclude)} entries for {len(lp)} positions: pass one id array per position")
     view = index.view()
-    scores = _score_many(lp, view.hashes)  # (N, n)
-    banned = _exclusion_mask(exclude, scores.shape) if exclude is not None else None
-    return [TopK([view.tokens[i] for i in ids], s, True, view.n) for ids, s in _best_many(scores, int(k), banned)]
+    scores = _score_many(lp, view.hashes)  # (N, n) float64
+    if not (scores < np.inf).all():  # NaN compares False
+        raise DecodingError("logp contains NaN or +inf: check the model output (log-probabilities are <= 0)")
+    banned = _ban(scores, exclude) if exclude is not None else None
+    tokens = view.tokens
+    return [TopK([tokens[i] for i in ids.tolist()], s, True, view.n) for ids, s in _best_many(scores, int(k), banned)]
+
+
+def _as_array(x, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """numpy view of a numpy array or torch tensor, shape-checked, in its own float
+    dtype (:func:`_as_scores` without the float64 copy and the value check)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise DecodingError(f"{what} must be a numeric array or tensor: {exc}") from exc
+    if a.dtype.kind not in "fiu":
+        raise DecodingError(f"{what} must be a numeric array or tensor, got dtype {a.dtype}")
+    if a.ndim < len(shape) or a.shape[a.ndim - len(shape):] != shape:
+        raise DecodingError(f"{what} has shape {a.shape}; expected (..., {', '.join(map(str, shape))}) "
+                            "to match the index")
+    return a
 
 
 def _score_many(lp: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-    """:func:`_score` for every row of ``lp`` (N, m, size) -> (N, n): one (N, n) gather
-    per hash, summed in :func:`_rowsum`'s order (so scores equal :func:`_score`'s)."""
-    out = lp[:, 0, hashes[:, 0]]  # (N, n), a copy (fancy indexing)
+    """:func:`_score` for every row of ``lp`` (N, m, size) -> (N, n) float64: one
+    (N, n) gather per hash, summed in :func:`_rowsum`'s order (float32 inputs widen
+    exactly, so scores equal :func:`_score`'s on the float64 copy)."""
+    out = np.take(lp[:, 0], hashes[:, 0], axis=1).astype(np.float64)
     for j in range(1, hashes.shape[1]):
-        out += lp[:, j, hashes[:, j]]
+        out += np.take(lp[:, j], hashes[:, j], axis=1)
     return out
 
 
-def _exclusion_mask(exclude: Sequence[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
-    """(N, n) bool, True where position i may not return candidate c."""
+def _ban(scores: np.ndarray, exclude: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Set ``scores[i, c]`` to -inf for every excluded candidate c of position i (in
+    place); returns the (rows, cols) set."""
     lens = np.fromiter((len(e) for e in exclude), dtype=np.int64, count=len(exclude))
-    cols = np.concatenate([np.asarray(e, dtype=np.int64).ravel() for e in exclude]) if lens.sum() else \
-        np.empty(0, np.int64)
+    if not lens.sum():
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    cols = np.concatenate(exclude).astype(np.int64, copy=False)
     rows = np.repeat(np.arange(len(exclude)), lens)
-    ok = (cols >= 0) & (cols < shape[1])  # not yet (or never) a candidate: nothing to exclude
-    mask = np.zeros(shape, dtype=bool)
-    mask[rows[ok], cols[ok]] = True
-    return mask
+    ok = (cols >= 0) & (cols < scores.shape[1])  # not (yet) a candidate: nothing to exclude
+    rows, cols = rows[ok], cols[ok]
+    scores[rows, cols] = -np.inf
+    return rows, cols
 
 
-def _best_many(scores: np.ndarray, k: int, banned: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`_best` for every row of ``scores`` (N, n), minus the ``banned`` (N, n)
-    entries. One argpartition picks k per row; a row whose k-th score is tied with a
-    candidate left out (the partition chose among equals arbitrarily) or that has fewer
-    than k allowed candidates is redone by :func:`_best`, so ties still break by
-    candidate order."""
+def _best_many(scores: np.ndarray, k: int,
+               banned: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`_best` for every row of ``scores`` (N, n), whose ``banned`` (rows, cols)
+    entries (already -inf) may not be returned.
+
+    One partition finds each row's k-th best score; every entry at or above it is kept
+    (ties included, so the tie-break by candidate id is exact) and one lexsort orders the
+    kept entries by (row, score descending, id). A row whose k-th best is -inf keeps all
+    its entries, banned ones too (a banned -inf and a true -inf look alike): those are
+    dropped by their (row, col) before ranking."""
     N, n = scores.shape
-    if banned is not None:
-        scores = np.where(banned, -np.inf, scores)
-    if n <= k:
-        picked = np.broadcast_to(np.arange(n), (N, n))
-        redo = np.ones(N, dtype=bool) if banned is not None else np.zeros(N, dtype=bool)
+    if n > k:
+        kth = np.partition(scores, n - k, axis=1)[:, n - k]  # (N,) the k-th best score
+        rows, cols = np.nonzero(scores >= kth[:, None])  # row-major: ids ascending per row
+        deep = banned is not None and len(banned[0]) and (kth == -np.inf).any()
     else:
-        picked = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (N, k), any order
-        kth = np.take_along_axis(scores, picked, axis=1).min(axis=1)  # (N,)
-        redo = ((scores >= kth[:, None]).sum(axis=1) > k) | ((kth == -np.inf) & (banned is not None))
-    picked = np.sort(picked, axis=1)  # ascending ids: a stable sort by score then breaks ties by id
-    vals = np.take_along_axis(scores, picked, axis=1)
-    order = np.argsort(-vals, axis=1, kind="stable")
-    ids, best = np.take_along_axis(picked, order, axis=1), np.take_along_axis(vals, order, axis=1)
-    out = []
-    for i in range(N):
-        if not redo[i]:
-            out.append((ids[i], best[i]))
-            continue
-        allowed = np.flatnonzero(~banned[i]) if banned is not None else np.arange(n)
-        out.append(_best(allowed, scores[i, allowed], k))
-    return out
+        rows, cols = np.repeat(np.arange(N), n), np.tile(np.arange(n), N)
+        deep = banned is not None and len(banned[0])
+    if deep:
+        mask = np.zeros(scores.shape, dtype=bool)
+        mask[banned] = True
+        keep = ~mask[rows, cols]
+        rows, cols = rows[keep], cols[keep]
+    vals = scores[rows, cols]
+    order = np.lexsort((cols, -vals, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    ends = np.cumsum(np.bincount(rows, minlength=N))
+    starts = ends - np.bincount(rows, minlength=N)
+    return [(cols[a:min(b, a + k)], vals[a:min(b, a + k)]) for a, b in zip(starts.tolist(), ends.tolist())]
 
 
 # ---------------------------------------------------------------------------- T-Free

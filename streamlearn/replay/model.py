@@ -132,15 +132,18 @@ class _KeyItems:
     needs no excluding until it joins; it is retried when the index has grown.
     """
 
-    __slots__ = ("_ids", "_resolved", "_pending", "_index_size")
+    __slots__ = ("_buf", "_n", "_resolved", "_pending", "_index_size")
 
     def __init__(self) -> None:
-        self._ids = np.empty(0, dtype=np.int64)
+        self._buf = np.empty(16, dtype=np.int64)  # ids in [0, _n); doubles when full
+        self._n = 0
         self._resolved = 0  # items of the key's list looked up so far
         self._pending: list[str] = []  # looked up, not in the index then
         self._index_size = 0
 
     def ids(self, event: Event, index: CandidateIndex) -> np.ndarray:
+        """The candidate ids of the items ``event``'s key had (a view of the buffer: later
+        appends write past it or into a new buffer, so it stays valid)."""
         new = event.excluded_items(self._resolved)
         self._resolved += len(new)
         grew = len(index) != self._index_size
@@ -150,5 +153,14 @@ class _KeyItems:
             found = index.ids(ask)  # (len(ask),), -1: not a candidate
             missing = [t for t, i in zip(ask, found.tolist()) if i < 0] if (found < 0).any() else []
             self._pending = missing if grew else self._pending + missing
-            self._ids = np.concatenate([self._ids, found[found >= 0]])
-        return self._ids
+            self._append(found[found >= 0])
+        return self._buf[:self._n]
+
+    def _append(self, ids: np.ndarray) -> None:
+        need = self._n + len(ids)
+        if need > len(self._buf):
+            buf = np.empty(max(need, 2 * len(self._buf)), dtype=np.int64)
+            buf[:self._n] = self._buf[:self._n]
+            self._buf = buf
+        self._buf[self._n:need] = ids
+        self._n = need
