@@ -212,7 +212,8 @@ class KafkaSource:
     def describe(self) -> dict[str, Any]:
         bounds = self.bounds()
         protocol = (self.security or KafkaConfig()).security_protocol
-        return {"kind": self.kind, "bootstrap": self.bootstrap, "security_protocol": protocol, "topic": self.range.topic,
+        return {"kind": self.kind, "bootstrap": self.bootstrap, "security_protocol": protocol,
+                "topic": self.range.topic,
                 "offsets": {str(p): [s, e] for p, (s, e) in bounds.items()},
                 "start_ms": self.range.start_ms, "end_ms": self.range.end_ms,
                 "replayed": {str(p): fl for p, fl in self.replayed.items()}, "notes": list(self.notes)}
