@@ -10,6 +10,7 @@ from river import utils as river_utils
 
 from streamlearn.cli import main
 from streamlearn.config import Config
+from streamlearn.datasets import RECOMMENDED, DatasetError, recommended_overrides
 from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
@@ -227,6 +228,20 @@ def test_next_item_file_replay_with_top_k_baselines(tmp_path):
     markov = report["baselines"]["markov"]
     assert markov["recall@3"] > report["baselines"]["popularity"]["recall@3"]  # the shared sequence
     assert 0 <= report["metrics"]["mrr"] <= report["metrics"]["recall@3"] <= 1
+
+
+def test_recommended_config_per_file_shape_replays_it(tmp_path):
+    """bench/streams.py takes each dataset's config from datasets.RECOMMENDED: MovieLens
+    files get the next-item settings, which replay their events (ids, own output space)."""
+    path = movielens(tmp_path / "u.data")
+    overrides = recommended_overrides(path)
+    assert overrides == RECOMMENDED["next-item"] and recommended_overrides(tmp_path / "x.tsv", "tsv") == ()
+    report = replay(FileSource(path), ReplayOptions(k=3, window=30, limit=48),
+                    config=Config().override(*overrides, "store.shards=2", "store.map_size_gb=0.05"))
+    assert report["task"] == "next-item" and report["config"]["model"]["model"]["out_B"] == 4096
+    assert report["evaluated"] == 36  # 48 events of 12 users: each user's first is not scored
+    with pytest.raises(DatasetError, match="can hold any task"):
+        recommended_overrides(write_jsonl(tmp_path / "r.jsonl", [{"text": "a", "label": "b"}]))
 
 
 def test_mlm_file_replay(tmp_path):
