@@ -118,15 +118,15 @@ class Fetcher(threading.Thread):
         return reason
 
     def _connect(self) -> bool:
-        cfg, topic = self.cfg, self.plan.topic
+        cfg, topic, security = self.cfg, self.plan.topic, self.learner.cfg.kafka
         partitions = retry(f"setting up dead-letter topic {self.dlq_topic!r}", cfg,
-                           lambda: dlq_partitions(cfg, topic, self.dlq_topic), self._stopping)
+                           lambda: dlq_partitions(cfg, topic, self.dlq_topic, security), self._stopping)
         producer = partitions and retry("connecting the dead-letter producer", cfg,
-                                        lambda: new_producer(cfg), self._stopping)
+                                        lambda: new_producer(cfg, security), self._stopping)
         if not producer:
             return False
         self._dlq = DeadLetters(producer, self.dlq_topic, partitions, cfg.dlq_max_bytes)
-        self._consumer = retry("connecting the consumer", cfg, lambda: new_consumer(cfg), self._stopping)
+        self._consumer = retry("connecting the consumer", cfg, lambda: new_consumer(cfg, security), self._stopping)
         if self._consumer is None:
             return False
         self._consumer.subscribe([topic], listener=_Rebalance(self))

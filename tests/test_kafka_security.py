@@ -32,6 +32,7 @@ from conftest import GROUP_TIMEOUTS
 from streamlearn.broker import BrokerError, EmbeddedBroker, create_topic, produce_rows, topic_partitions
 from streamlearn.cli import main
 from streamlearn.config import REDACTED, Config, load_config
+from streamlearn.consumers import RunOptions, Worker
 from streamlearn.consumers.connect import dlq_partitions, new_consumer, new_producer, retry
 from streamlearn.exceptions import ConfigError
 from streamlearn.replay import KafkaRange, KafkaSource, ReplaySourceError
@@ -219,6 +220,28 @@ def test_worker_clients_over_mutual_tls(tls_broker, tls_config):
     assert KafkaSource(tls_broker, KafkaRange(topic + ".dlq"), security=cfg.kafka).estimate() == 1
 
 
+def test_a_worker_trains_over_mutual_tls_and_dead_letters_there(tls_broker, tls_config, tmp_path):
+    """The worker's consumer, dead-letter producer and topic admin all take the [kafka]
+    section: records are learned, a bad one reaches the dead-letter topic, and the key's
+    passphrase is nowhere in the state it writes."""
+    cfg = tls_config.override(*TINY, f"worker.bootstrap={tls_broker}", f"worker.group=g-{uuid.uuid4().hex[:8]}",
+                              *(f"worker.{k}={v}" for k, v in GROUP_TIMEOUTS.items()))
+    topic = f"tls-{uuid.uuid4().hex[:8]}"
+    create_topic(tls_broker, topic, 2, security=cfg.kafka)
+    produce_rows(tls_broker, topic, [(None, r, None) for r in words_stream(60)], security=cfg.kafka)
+    producer = new_producer(cfg.worker, cfg.kafka)
+    try:
+        producer.send(topic, b"\xc1 not msgpack", partition=0).get(timeout=10)
+    finally:
+        producer.close()
+    summary = Worker(cfg, RunOptions(topic, str(tmp_path / "state"), max_records=61)).run()
+    assert (summary.records, summary.learned, summary.dead_letters, summary.saved) == (61, 60, 1, True)
+    assert KafkaSource(tls_broker, KafkaRange(topic + ".dlq"), security=cfg.kafka).estimate() == 1
+    for path in (tmp_path / "state").rglob("*"):
+        if path.is_file():
+            assert KEY_PASSWORD.encode() not in path.read_bytes(), f"the key's passphrase is in {path}"
+
+
 def test_a_client_without_the_tls_options_fails_clearly(pki, tls_broker, tls_config):
     topic = f"tls-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
@@ -311,10 +334,6 @@ def test_bad_security_config_stops_the_clis_and_is_never_retried(tls_broker, tmp
     assert main(["replay", "--topic", "t", "--bootstrap", tls_broker, "--no-progress", *bad]) == 2
     assert main(["worker", "--topic", "t", "--state", str(tmp_path / "s"), "--bootstrap", tls_broker, *bad]) == 2
     assert capsys.readouterr().err.count("kafka.ssl_cafile='/no/such/ca.pem' is not a file") == 3
-    # Until consumers/fetcher.py hands [kafka] to the worker's clients, the worker refuses it
-    # rather than connecting with PLAINTEXT behind the user's back.
-    assert main(["worker", "--topic", "t", "--state", str(tmp_path / "s"), "--set", "kafka.client_id=x"]) == 2
-    assert "does not pass the [kafka] section" in capsys.readouterr().err
     cfg = load_config(overrides=[f"worker.bootstrap={tls_broker}", *bad[1::2]], use_env=False)
     with pytest.raises(ConfigError):  # raised at once, not retried with backoff until stopped
         retry("connecting", cfg.worker, lambda: new_consumer(cfg.worker, cfg.kafka), threading.Event())

@@ -7,7 +7,7 @@ import logging
 import signal
 from typing import Iterator
 
-from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
+from ..config import TASKS, Config, WorkerConfig, load_config
 from ..consumers import RunOptions, Worker
 from ..consumers.distributed import dist_settings
 from ..consumers.scaleout import GroupWorker
@@ -80,14 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_kafka(cfg: Config) -> None:
     """A [kafka] section that cannot connect is a ConfigError now, not a warning repeated by
-    the fetch thread's retry loop. The fetch thread (consumers/fetcher.py) builds its clients
-    with ``connect.new_consumer(cfg.worker)`` and ``new_producer(cfg.worker)``, without the
-    [kafka] section, so a secured setting is refused rather than silently not applied."""
+    the fetch thread's retry loop."""
     cfg.kafka.client_options()
-    if cfg.kafka != KafkaConfig():
-        raise ConfigError("the worker's fetch thread does not pass the [kafka] section to its Kafka clients "
-                          "(consumers/fetcher.py), so it can only connect with PLAINTEXT: remove the [kafka] "
-                          "settings; produce and replay --topic do use them")
 
 
 @contextlib.contextmanager
