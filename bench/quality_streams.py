@@ -5,12 +5,14 @@
   mapped to the class names of ``classes.txt`` so both files agree);
 - :func:`movielens`: u.data as next-item events in timestamp order (stable sort, as
   ``streamlearn.datasets`` reads it);
-- :func:`set_stream`: the synthetic set-completion stream (latent clusters of ids);
+- :func:`cluster_sets` / :func:`set_stream`: the synthetic set-completion stream (latent
+  clusters of ids), with its ground truth / as token lists (bench/depth.py, bench/quality.py);
 - :func:`river_nb`, :func:`vw_oaa`: the text peers, prequential one record at a time;
 - :class:`NextItemBaselines`: first-order Markov and global popularity, online.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,15 +42,40 @@ def movielens(data: Path) -> list[dict]:
     return [row.record for row in DatasetReader(data / "movielens-100k" / "u.data")]
 
 
-def set_stream(n_ids: int, cluster: int, records: int, sizes: tuple[int, int], seed: int = 0) -> list[list[str]]:
+@dataclass(frozen=True)
+class ClusterSets:
+    """A synthetic set-completion stream with its ground truth.
+
+    ``sets[i]`` holds integer ids (token ``f"id{x}"``) drawn without replacement from
+    cluster ``which[i]``; ``clusters`` (n_clusters, cluster) lists each cluster's ids.
+    """
+
+    sets: list[np.ndarray]
+    which: np.ndarray  # (records,) int64
+    clusters: np.ndarray  # (n_clusters, cluster) int64
+
+    def tokens(self, i: int) -> list[str]:
+        return [f"id{x}" for x in self.sets[i].tolist()]
+
+
+def cluster_sets(n_ids: int, cluster: int, records: int, sizes: tuple[int, int], seed: int = 0) -> ClusterSets:
     """``records`` sets: each picks one of n_ids / cluster latent clusters (uniformly) and
     a random subset of ``sizes[0]..sizes[1]`` of its ids. Ids are assigned to clusters
     at random, so the hash of an id says nothing about its cluster."""
+    if n_ids % cluster or not 1 <= sizes[0] <= sizes[1] <= cluster:
+        raise ValueError(f"need n_ids divisible by cluster and 1 <= sizes <= cluster; got {n_ids}, {cluster}, {sizes}")
     rng = np.random.default_rng(seed)
     clusters = rng.permutation(n_ids).reshape(-1, cluster)
     which = rng.integers(len(clusters), size=records)
     lengths = rng.integers(sizes[0], sizes[1] + 1, size=records)
-    return [[f"id{x}" for x in rng.choice(clusters[c], n, replace=False)] for c, n in zip(which, lengths)]
+    sets = [rng.choice(clusters[c], n, replace=False) for c, n in zip(which, lengths)]
+    return ClusterSets(sets, which, clusters)
+
+
+def set_stream(n_ids: int, cluster: int, records: int, sizes: tuple[int, int], seed: int = 0) -> list[list[str]]:
+    """:func:`cluster_sets` as token lists (what bench/quality.py feeds the learner)."""
+    stream = cluster_sets(n_ids, cluster, records, sizes, seed)
+    return [stream.tokens(i) for i in range(records)]
 
 
 # ---------------------------------------------------------------------------- text peers
