@@ -190,8 +190,10 @@ class GradientExchange:
         head[rank, :len(_FLAGS)] = torch.tensor([float(flags[f]) for f in _FLAGS])
         head[rank, len(_FLAGS):] = torch.tensor([float(len(ids)) for ids, _ in rows])
         has = torch.tensor([float(p.grad is not None) for p in dense])  # (P,)
-        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in dense]
-        flat = torch.cat([head.reshape(-1), has, *grads])  # (W*S + P + D,)
+        used = self._used_rows()
+        grads = [_leading(p.grad if p.grad is not None else torch.zeros_like(p), used.get(id(p))).float()
+                 .reshape(-1).cpu() for p in dense]
+        flat = torch.cat([head.reshape(-1), has, *grads])  # (W*S + P + D,), D: the rows in use
         dist.all_reduce(flat)
         sent = flat.numel() * 4
         head = flat[:world * slot].view(world, slot)
@@ -201,9 +203,11 @@ class GradientExchange:
             sparse, n_bytes = self._exchange_rows(rows, head[:, len(_FLAGS):].long(), contributors)
             at = world * slot + len(dense)
             for p, present in zip(dense, flat[world * slot:at].tolist()):
-                g = flat[at:at + p.numel()].view_as(p) / contributors
+                part = _leading(p, used.get(id(p)))
+                g = torch.zeros_like(p, device="cpu", dtype=torch.float32)
+                _leading(g, used.get(id(p))).copy_(flat[at:at + part.numel()].view_as(part) / contributors)
                 p.grad = g.to(p.device, p.dtype) if present else None
-                at += p.numel()
+                at += part.numel()
             for name, grad in zip(self._tables, sparse):
                 self.learner.row_optim.tables[name].grad = grad
             sent += n_bytes
@@ -211,6 +215,14 @@ class GradientExchange:
         self.rounds += 1
         self.seconds += time.perf_counter() - started
         return bool(contributors)
+
+    def _used_rows(self) -> dict[int, int]:
+        """Leading rows in use of dense parameters that are mostly unused: the label head
+        holds ``model.max_labels`` rows, and a row past the group's labels is never read,
+        so its gradient is zero on every rank (1,024 rows by default, for a stream of a
+        few labels: most of the dense bytes of a step)."""
+        head = self.learner.model.label_head
+        return {} if head is None else {id(head.weight): len(self.labels), id(head.bias): len(self.labels)}
 
     def _exchange_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor,
                        contributors: int) -> tuple[list[torch.Tensor | None], int]:
@@ -283,6 +295,11 @@ def _rows(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return grad.indices()[0].cpu(), grad.values().float().cpu()
     idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # a dense gradient: the rows it reaches
     return idx.cpu(), grad.index_select(0, idx).float().cpu()
+
+
+def _leading(t: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """The first ``rows`` rows of ``t`` (all of it when None), a view."""
+    return t if rows is None else t[:rows]
 
 
 def _padded(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:

@@ -20,6 +20,14 @@ batches it already queued. Each training loop then, in the same order on every r
 Exactly-once across the group: a rank's records since the last sync are either in the
 committed averaged model together with their offsets, or neither.
 
+``worker.sync = "allreduce"``: between syncs the training loops run lock-step rounds
+(:mod:`.allreduce`): every rank enters every round, with its next batch or without one
+(its queue is empty, it waits for the sync, its stream ended), and every rank takes the
+same step from the mean gradient. A sync is the round in which every rank's next item is
+the checkpoint request; step 1 above is then only the label table (the replicas are
+equal already). A rank whose stream ended says so in its round, and the others go on
+alone at once instead of failing on the next collective.
+
 Failure. A collective that fails or times out (``--dist-timeout``) means a peer died or
 hangs. The survivor leaves the group and goes on alone with the next group generation:
 its model is the last sync's average plus its own records since, its offsets the last
@@ -27,7 +35,9 @@ sync's plus its own, so its next commit is consistent; if it was not the writer 
 the state directory's writer lock and writes every row once. Kafka's rebalance (after
 ``worker.session_timeout_ms``) then hands it the dead worker's partitions, and it seeks
 them to the last sync's offsets. The dead worker's records since that sync were in
-neither the state nor the offsets, so they are consumed again, once.
+neither the state nor the offsets, so they are consumed again, once. (allreduce: the
+survivor's model already holds the dead worker's gradients since that sync, so those
+records count twice in the model; the offsets and the audit stay exactly-once.)
 """
 from __future__ import annotations
 
