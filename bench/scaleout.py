@@ -1,17 +1,27 @@
-"""Scale-out: records/s of 1 and of 2 `streamlearn worker` processes training one model
-from the same topic on the real (embedded) broker, in the same run; bytes per sync.
+"""Scale-out: 1 worker against 2 workers in each sync mode (``worker.sync`` average and
+allreduce) on the real (embedded) broker, in the same run: records/s, bytes exchanged,
+and the quality of the model they train.
 
-    python bench/scaleout.py [--records 40000] [--partitions 4] [--checkpoint-every 2000] [--set KEY=VALUE ...]
+    python bench/scaleout.py [--records 40000] [--repeat 3] [--partitions 4] [--checkpoint-every 2000]
+                             [--quality-every 500] [--data ../shared/data] [--skip-quality] [--set KEY=VALUE ...]
 
-Each worker runs with one torch thread (``worker.torch_threads=1``, OMP_NUM_THREADS=1) so
-two workers plus their fetch threads do not oversubscribe the cores. The rate is measured
-from the state, as any user would see it: from the first committed checkpoint to the
-checkpoint holding every record (group joins and the idle tail are start-up costs). With
-2 workers, every checkpoint is a group sync, so the rate includes averaging.
+Speed: a synthetic stream of ``--records`` (the bench's MODEL, batch 64), each mode
+``--repeat`` times interleaved, the median kept. Each worker runs
+with one torch thread (``worker.torch_threads=1``, OMP_NUM_THREADS=1) so two workers plus
+their fetch threads do not oversubscribe the cores. The rate is measured from the state,
+as any user would see it: from the first committed checkpoint to the checkpoint holding
+every record (group joins and the idle tail are start-up costs). With 2 workers every
+checkpoint is a group sync, so the rate includes averaging or the per-step all-reduce.
 
-Printed: records/s for 1 and 2 workers and their ratio (1 worker is the reference), the
-CPUs this process may use, syncs and the bytes each rank handed to collectives per sync
-(from the workers' logs), and sync seconds.
+Quality: SMS spam and AG News (``--data``; skipped when absent), the project's default
+model config, records in file order: the first 80% are the stream, the last 20% are held
+out; ``--quality-seeds`` runs per mode (``learner.seed`` 0, 1, ...), their mean printed. Reported per mode: prequential accuracy over the stream (``worker.eval_every=1``:
+each batch is scored before it is learned, by the replica that learns it) and held-out
+accuracy of the final state (what a snapshot reader would serve).
+
+Bytes: what each rank handed to collectives (a ring all-reduce sends about 2 (W-1)/W of
+its part), from the workers' sync log lines: per sync, per exchange (all-reduce: one per
+step) and per record of the stream.
 """
 from __future__ import annotations
 
@@ -25,17 +35,27 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
+from streamlearn.datasets import DatasetError
+from streamlearn.learner import Learner
 from streamlearn.state import NotAStoreError, open_store
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quality_streams  # noqa: E402  (bench/quality_streams.py: the dataset readers)
+
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
-         "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64",
-         "store.map_size_gb=1", "worker.torch_threads=1", "worker.poll_timeout_ms=100",
-         "worker.session_timeout_ms=3000", "worker.heartbeat_interval_ms=500", "worker.max_poll_interval_ms=3000")
+         "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")
+WORKER = ("store.map_size_gb=1", "worker.torch_threads=1", "worker.poll_timeout_ms=100",
+          "worker.session_timeout_ms=3000", "worker.heartbeat_interval_ms=500", "worker.max_poll_interval_ms=3000")
+QUALITY = ("worker.eval_every=1", "store.shards=2")
+MODES = (("1 worker", 1, "average"), ("2 average", 2, "average"), ("2 allreduce", 2, "allreduce"))
 WORDS = [f"w{i}" for i in range(5000)]
+SYNC_LINE = re.compile(r"sync \d+ \(\w+\): (\d+) bytes sent, ([\d.]+) s, rows .*?, (\d+) exchanges")
 
 
-def rows(n: int):
+def synthetic(n: int):
     import random
     rng = random.Random(11)
     for i in range(n):
@@ -54,31 +74,34 @@ def applied(state: Path) -> int:
         return 0
 
 
-def run(world: int, bootstrap: str, topic: str, args, workdir: Path) -> dict:
-    state = workdir / f"state-{world}"
-    group = f"bench-{world}-{time.time_ns()}"
-    common = ["--topic", topic, "--state", str(state), "--bootstrap", bootstrap, "--group", group,
-              "--checkpoint-every", str(args.checkpoint_every), "--until-idle", "3",
-              *(f"--set={s}" for s in (*MODEL, *args.set))]
+def run(name: str, world: int, sync: str, bootstrap: str, topic: str, records: int, every: int,
+        settings: list[str], workdir: Path) -> dict:
+    """Run ``world`` workers to the end of ``topic``; the rate, sync log figures, state."""
+    tag = re.sub(r"\W", "", name) + topic[-6:]
+    state = workdir / f"state-{tag}"
+    common = ["--topic", topic, "--state", str(state), "--bootstrap", bootstrap, "--group", f"bench-{tag}",
+              "--checkpoint-every", str(every), "--until-idle", "3", "--sync", sync,
+              *(f"--set={s}" for s in settings)]
     if world > 1:
         common += ["--world-size", str(world), "--dist-url", f"tcp://127.0.0.1:{free_port()}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    logs = [open(workdir / f"w{world}-r{r}.log", "w") for r in range(world)]
+    paths = [workdir / f"{tag}-r{r}.log" for r in range(world)]
+    logs = [open(p, "w") for p in paths]
     procs = [subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "worker", *common,
                                *(["--rank", str(r)] if world > 1 else [])],
                               stdout=logs[r], stderr=subprocess.STDOUT, env=env) for r in range(world)]
-    first_at = first_n = None
-    done_at = None
+    first_at = first_n = done_at = None
     try:
         while done_at is None:
             n = applied(state)
             now = time.monotonic()
             if n and first_at is None:
                 first_at, first_n = now, n
-            if n >= args.records:
+            if n >= records:
                 done_at = now
             if any(p.poll() not in (None, 0) for p in procs):
-                raise SystemExit(f"a worker failed; see {workdir}")
+                tails = "\n".join(p.read_text()[-3000:] for p in paths)
+                raise SystemExit(f"a worker of {name} failed:\n{tails}")
             time.sleep(0.02)
         for p in procs:
             p.wait(60)
@@ -88,41 +111,124 @@ def run(world: int, bootstrap: str, topic: str, args, workdir: Path) -> dict:
                 p.kill()
         for f in logs:
             f.close()
-    syncs = [(int(b), float(s)) for r in range(world)
-             for b, s in re.findall(r"sync \d+ \(\w+\): (\d+) bytes sent, ([\d.]+) s",
-                                    (workdir / f"w{world}-r{r}.log").read_text())]
-    rate = (args.records - first_n) / max(done_at - first_at, 1e-9)
-    return {"rate": rate, "syncs": syncs, "measured": args.records - first_n}
+    syncs = [(int(b), float(s), int(e)) for p in paths for b, s, e in SYNC_LINE.findall(p.read_text())]
+    rate = (records - first_n) / max(done_at - first_at, 1e-9)
+    return {"rate": rate, "syncs": syncs, "measured": records - first_n, "state": state, "world": world}
+
+
+def held_out_accuracy(state: Path, held: list[dict]) -> float:
+    with open_store(str(state), readonly=True) as store:
+        learner = Learner.restore(store)
+    hits = 0
+    for at in range(0, len(held), 256):
+        chunk = held[at:at + 256]
+        hits += sum(p == r["label"] for p, r in zip(learner.predict_many(chunk), chunk))
+    return hits / len(held)
+
+
+def prequential_accuracy(state: Path) -> float:
+    with open_store(str(state), readonly=True) as store:
+        m = store.manifest().metrics
+    return m["prequential_correct"] / max(m["prequential_evaluated"], 1)
+
+
+def bytes_line(result: dict) -> str:
+    syncs = result["syncs"]
+    if not syncs:
+        return "no collectives"
+    sent = [b for b, _, _ in syncs]
+    exchanges = sum(e for _, _, e in syncs)
+    ranks = result["world"]
+    per_record = sum(sent) / ranks / result["records"]
+    return (f"{len(syncs) // ranks} syncs/rank; bytes/rank per sync median {statistics.median(sent):,.0f}; "
+            f"exchanges/rank per sync median {statistics.median(e for _, _, e in syncs):,.0f}; "
+            f"bytes per exchange {sum(sent) / max(exchanges, 1):,.0f}; bytes/rank per stream record "
+            f"{per_record:,.0f}; collective s/sync median {statistics.median(s for _, s, _ in syncs):.3f}")
+
+
+def speed(broker: EmbeddedBroker, args, workdir: Path) -> dict:
+    """Each mode ``--repeat`` times, interleaved (the machine's load drifts); per mode the
+    run with the median rate is kept, every rate is listed."""
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in MODES}
+    for repeat in range(args.repeat):
+        for name, world, sync in MODES:
+            topic = f"scaleout-{world}{sync[:2]}-{time.time_ns()}"
+            create_topic(broker.bootstrap, topic, args.partitions)
+            produce_rows(broker.bootstrap, topic, synthetic(args.records))
+            r = run(name, world, sync, broker.bootstrap, topic, args.records, args.checkpoint_every,
+                    [*MODEL, *WORKER, *args.set], workdir)
+            r["records"] = args.records
+            runs[name].append(r)
+            print(f"speed  {name:12s} {r['rate']:8,.0f} records/s (over {r['measured']:,} records); "
+                  f"{bytes_line(r)}", flush=True)
+    results = {}
+    for name, rs in runs.items():
+        rs = sorted(rs, key=lambda r: r["rate"])
+        results[name] = {**rs[len(rs) // 2], "rates": [r["rate"] for r in runs[name]]}
+    return results
+
+
+def quality(broker: EmbeddedBroker, args, workdir: Path) -> dict:
+    datasets = {}
+    for key, load in (("sms", quality_streams.sms), ("ag_news", quality_streams.ag_news)):
+        try:
+            datasets[key] = load(args.data)
+        except (DatasetError, OSError) as exc:
+            print(f"quality: {key} skipped ({exc})")
+    out = {}
+    for key, records in datasets.items():
+        cut = int(len(records) * 0.8)
+        stream, held = records[:cut], records[cut:]
+        for seed in range(args.quality_seeds):
+            for name, world, sync in MODES:
+                topic = f"quality-{key}-{world}{sync[:2]}-{time.time_ns()}"
+                create_topic(broker.bootstrap, topic, args.partitions)
+                produce_rows(broker.bootstrap, topic, ((None, r, None) for r in stream))
+                r = run(name, world, sync, broker.bootstrap, topic, len(stream), args.quality_every,
+                        [*WORKER, *QUALITY, f"learner.seed={seed}", *args.set], workdir)
+                r["records"] = len(stream)
+                r["prequential"] = prequential_accuracy(r["state"])
+                r["held_out"] = held_out_accuracy(r["state"], held)
+                out.setdefault((key, name), []).append(r)
+                print(f"quality {key:8s} seed {seed} {name:12s} prequential {r['prequential']:.4f}  held-out "
+                      f"{r['held_out']:.4f} ({len(stream):,} streamed, {len(held):,} held out); {bytes_line(r)}",
+                      flush=True)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=40_000)
+    parser.add_argument("--repeat", type=int, default=3, help="speed runs per mode, interleaved")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--checkpoint-every", type=int, default=2000)
+    parser.add_argument("--checkpoint-every", type=int, default=2000, help="speed runs: records per sync per worker")
+    parser.add_argument("--quality-every", type=int, default=500, help="quality runs: records per sync per worker")
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    parser.add_argument("--quality-seeds", type=int, default=2, help="quality runs per mode (learner.seed 0, 1, ...)")
+    parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    torch.set_num_threads(1)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        results = {}
-        for world in (1, 2):
-            topic = f"scaleout-{world}-{time.time_ns()}"
-            create_topic(broker.bootstrap, topic, args.partitions)
-            produce_rows(broker.bootstrap, topic, rows(args.records))
-            results[world] = run(world, broker.bootstrap, topic, args, Path(tmp))
-            print(f"{world} worker(s): {results[world]['rate']:,.0f} records/s "
-                  f"(over {results[world]['measured']:,} records)", flush=True)
-    one, two = results[1]["rate"], results[2]["rate"]
-    print(f"\nCPUs available: {cpus}; torch threads per worker: 1; records {args.records:,}, "
-          f"{args.partitions} partitions, checkpoint/sync every {args.checkpoint_every} records per worker")
-    print(f"records/s   1 worker {one:,.0f}   2 workers {two:,.0f}   ratio 2/1 = {two / one:.2f}")
-    syncs = results[2]["syncs"]
-    if syncs:
-        sent = [b for b, _ in syncs]
-        print(f"syncs: {len(syncs) // 2} per rank; bytes handed to collectives per rank per sync: median "
-              f"{statistics.median(sent):,.0f}, max {max(sent):,}; sync seconds median "
-              f"{statistics.median(s for _, s in syncs):.3f}")
-
+        fast = speed(broker, args, Path(tmp))
+        good = {} if args.skip_quality else quality(broker, args, Path(tmp))
+    one = fast["1 worker"]["rate"]
+    print(f"\nCPUs available: {cpus}; torch threads per worker: 1; speed: {args.records:,} synthetic records, "
+          f"{args.partitions} partitions, sync every {args.checkpoint_every} records per worker; "
+          f"quality: sync every {args.quality_every}")
+    print("records/s (median of runs: every run)   " + "   ".join(
+        f"{n} {r['rate']:,.0f} ({', '.join(f'{x:,.0f}' for x in r['rates'])})" for n, r in fast.items()))
+    print(f"ratios      2 average / 1 = {fast['2 average']['rate'] / one:.2f}   "
+          f"2 allreduce / 1 = {fast['2 allreduce']['rate'] / one:.2f}   "
+          f"allreduce / average = {fast['2 allreduce']['rate'] / fast['2 average']['rate']:.2f}")
+    for key in sorted({k for k, _ in good}):
+        mean = {n: {m: statistics.mean(r[m] for r in good[(key, n)]) for m in ("prequential", "held_out")}
+                for n, _, _ in MODES}
+        base = mean["1 worker"]
+        cells = [f"{n} {q['prequential']:.4f} ({q['prequential'] - base['prequential']:+.4f}) / "
+                 f"{q['held_out']:.4f} ({q['held_out'] - base['held_out']:+.4f})" for n, q in mean.items()]
+        print(f"{key:8s} prequential / held-out, mean of {args.quality_seeds} seeds (vs 1 worker): " + "   ".join(cells))
 
 if __name__ == "__main__":
     main()
