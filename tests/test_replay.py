@@ -126,6 +126,16 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
     assert model.steps == 10
 
 
+def test_markov_breaks_transition_ties_by_popularity():
+    builder = EventBuilder(cfg(base=TINY_ITEMS))
+    stream = [("u1", "a"), ("u1", "b"), ("u2", "a"), ("u2", "c"), ("u3", "c"), ("u4", "c"), ("u5", "a")]
+    events = [builder.build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
+    markov = Markov(k=2)
+    markov.learn(events[:6])
+    # after a: b once (seen first), c once; c is the more popular (3 against 1)
+    assert markov.predict([builder.build(7, Record(key="u5", item="x"))]) == [["c", "b"]]
+
+
 def test_baseline_names_are_checked_and_inapplicable_ones_skipped_with_a_reason():
     assert parse_baselines("all", "next-item") == ["popularity", "markov"]
     with pytest.raises(Exception, match="unknown baseline 'nb'"):
