@@ -22,6 +22,7 @@ import argparse
 import re
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def section(rows: list[dict], command: str) -> str:
     verdict = (f"Frozen replay >= {TARGET:.0f}x prequential: met on every dataset "
                f"({min(ratios.values()):.1f}x to {max(ratios.values()):.1f}x)." if not missed else
                f"Frozen replay >= {TARGET:.0f}x prequential: **missed** on {', '.join(missed)}.")
-    return "\n".join([
+    intro = (
         f"Produced by `{command}` (torch {torch.__version__}, CPU, a shared 2-core machine: compare "
         "figures within this table only). Metrics are prequential over the whole stream (every record "
         "predicted before it is learned, the k best items minus those the user already had for "
@@ -118,12 +119,11 @@ def section(rows: list[dict], command: str) -> str:
         f"{rows[0]['passes']} passes per mode, run alternately (prequential, frozen, prequential, ...), "
         "baselines' from the first pass. Configurations "
         "(`streamlearn.datasets.RECOMMENDED`, see docs/choosing-a-configuration.md): "
-        + "; ".join(f"{', '.join(names)}: {cfg}" for cfg, names in configs.items()) + ".",
-        "",
-        table(rows),
-        "",
-        verdict,
-    ])
+        + "; ".join(f"{', '.join(names)}: {cfg}" for cfg, names in configs.items()) + ". The frozen "
+        "metric scores the end-of-stream snapshot on records it has learned: a check that frozen replay "
+        "works, not an estimate of quality.")
+    wrapped = textwrap.fill(intro, width=100, break_long_words=False, break_on_hyphens=False)
+    return "\n".join([wrapped, "", table(rows), "", verdict])
 
 
 def write_between_markers(path: Path, text: str) -> None:

@@ -125,7 +125,9 @@ class _LabelMacroF1(river_metrics.MacroF1):
 
     def get(self) -> float:
         cm = self.cm
-        classes = [c for c in cm.classes if c is not None and (cm.sum_row[c] or cm.sum_col[c])]
+        # Sorted: cm.classes is a set, whose order (string hashing) changes from one
+        # process to the next, and so would the last digit of the sum.
+        classes = sorted((c for c in cm.classes if c is not None and (cm.sum_row[c] or cm.sum_col[c])), key=repr)
         if not classes:
             return 0.0
         return sum(self._f1(c) for c in classes) / len(classes)
