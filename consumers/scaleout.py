@@ -304,7 +304,7 @@ class GroupWorker(Worker):
     def _progress(self) -> dict:
         c = self.checkpointer
         return {"positions": dict(c.positions), "applied": dict(c.applied), "totals": dict(c.totals),
-                "audit": c.audit_ranges()}
+                "audit": c.audit_ranges(), "steps": self.learner.steps}
 
     def _gather(self) -> list[dict]:
         everyone: list = [None] * self.live_world
@@ -316,7 +316,8 @@ class GroupWorker(Worker):
 
     def _merge(self, everyone: list[dict]) -> dict:
         """Per partition the furthest offset and count; totals add each rank's part since
-        the last sync; the writer's audit gets every rank's ranges."""
+        the last sync; the step count is the furthest; the writer's audit gets every rank's
+        ranges."""
         c, base = self.checkpointer, self._base
         for key in ("positions", "applied"):
             merged = getattr(c, key)
@@ -325,6 +326,10 @@ class GroupWorker(Worker):
                     merged[p] = max(merged.get(p, 0), n)
         for name in c.totals:
             c.totals[name] = base["totals"][name] + sum(p["totals"][name] - base["totals"][name] for p in everyone)
+        # Averaging replicas count their own steps; the store refuses a commit whose step is
+        # behind the stored one, so every replica takes the furthest count: a survivor that
+        # takes over writing is never behind the last group checkpoint.
+        self.learner.steps = max(p["steps"] for p in everyone)
         for p, n in c.positions.items():
             if self.fetcher.positions.get(p, -1) < n:
                 self.fetcher.positions[p] = n  # another rank consumed it: start there if it moves here

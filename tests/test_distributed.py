@@ -319,10 +319,12 @@ class Rank:
         return self.log_path.read_text()
 
     def digests(self) -> dict[int, str]:
+        """Per sync number: the replica digest and the step count after the sync."""
         out = {}
         for line in self.output().splitlines():
             if " sync " in line and "digest " in line:
-                out[int(line.split(" sync ")[1].split()[0])] = line.rsplit("digest ", 1)[1].strip()
+                step = int(line.split(", step ")[1].split(",")[0])
+                out[int(line.split(" sync ")[1].split()[0])] = (line.rsplit("digest ", 1)[1].strip(), step)
         return out
 
 
@@ -359,6 +361,7 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     out = survivor.output()
     assert "now works alone as the writer" in out, out[-3000:]
     both = set(ranks[0].digests()) & set(ranks[1].digests())
+    # Equal replicas and equal step counts (a survivor's commit is never behind the stored step).
     assert len(both) >= 2 and all(ranks[0].digests()[n] == ranks[1].digests()[n] for n in both)
     with open_store(state, readonly=True) as store:
         m = store.manifest()
