@@ -5,12 +5,14 @@ Prequential evaluation works per mini-batch: every record is predicted before it
 learned; within a mini-batch, all records are predicted with the model as it was before
 that batch's optimizer step (one step per mini-batch, as the worker trains).
 
-Next-item over a Superbloom head is decoded exhaustively and batched: the mini-batch's
-log-probabilities (N, m, size) score every candidate in one gather and sum, each key's
-already-had items are one boolean mask (their candidate ids cached per key, so each item
-is looked up once), and one argpartition gives the k best. The per-record alternative,
-beam search as wide as the hashed output plus a Python filter of each list, spent ~85%
-of a replay sorting the m lists and walking buckets.
+Next-item over a Superbloom head is decoded exhaustively and batched
+(``decoding.exhaustive_topk_many``): the mini-batch's log-probabilities (N, m, size)
+score every candidate in one gather and sum, each key's already-had items are set to
+-inf in one scatter (their candidate ids cached per key, so each item is looked up
+once), and one partition gives the k best. The per-record alternative, beam search as
+wide as the hashed output plus a Python filter of each list, spent ~85% of a MovieLens
+replay sorting the m lists and walking buckets; frozen replay was then barely faster
+than prequential. T-Free heads and mlm keep the per-record path (``_filtered_topk``).
 """
 from __future__ import annotations
 
