@@ -252,8 +252,13 @@ def main() -> int:
     if args.control:
         runs += [Run(layers, seeds[0], args.ids, args.cluster, sets, 2 * M * args.ids) for layers in (1, 2)]
     t = time.perf_counter()
+    models = []
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        models = pool.map(run_model, runs, chunksize=1)
+        for r in pool.imap_unordered(run_model, runs):
+            models.append(r)
+            print(f"done: {r['layers']} layers, B={r['rows']}, seed {r['seed']}: recall@10 by quarter "
+                  + " ".join(f"{x:.3f}" for x in r["recall@10_by_quarter"]), file=sys.stderr, flush=True)
+    models.sort(key=lambda r: (r["rows"] != rows, r["rows"], r["layers"], r["seed"]))  # hashed first
     results = {"ids": args.ids, "cluster": args.cluster, "sets": sets, "rows": rows, "seeds": seeds,
                "set_sizes": list(SIZES), "m": M, "batch": BATCH, "eval_rows": EVAL_ROWS,
                "oracle": oracles(args.ids, args.cluster, sets, rows, seeds[0]),
