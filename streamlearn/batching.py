@@ -21,7 +21,9 @@ import numpy as np
 
 from .config import Config
 from .exceptions import RecordError
+from .embeddings.base import flatten_batch
 from .hashing import canonical_id, derive_seed, tokenize
+from .heads import NaiveBayesHead
 from .model import HashedTransformer
 from .objectives import MASK_TOKEN, Histories, LabelTable, mlm_mask, shuffle_random
 from .records import Record, from_dict
@@ -56,6 +58,7 @@ class Batch:
     weight: np.ndarray | None = None
     n_labels: int = 0
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
+    nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
     candidates: list[str] = dataclasses.field(default_factory=list)
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None
@@ -71,8 +74,8 @@ class Batch:
 class Preparer:
     """Turns records into batches for one model (see the module docstring)."""
 
-    def __init__(self, cfg: Config, model: HashedTransformer):
-        self.cfg, self.task, self.model = cfg, cfg.learner.task, model
+    def __init__(self, cfg: Config, model: HashedTransformer, nb: NaiveBayesHead | None = None):
+        self.cfg, self.task, self.model, self.nb = cfg, cfg.learner.task, model, nb
         self.label_table = LabelTable(cfg.model.max_labels)
         self.histories = Histories(cfg.learner.history)
         self.prepared = 0  # training batches prepared so far
@@ -128,6 +131,13 @@ class Preparer:
     def _featurize(self, token_lists: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
         return self.model.embedding.featurize(token_lists, self.cfg.hashing.max_tokens)
 
+    def _nb_tokens(self, token_lists: Sequence[Sequence[str]]) -> np.ndarray | None:
+        """The Naive Bayes part's token ids (N, T), cut like the model's input; None when off."""
+        if self.nb is None:
+            return None
+        flat, mask = flatten_batch(token_lists, self.cfg.hashing.max_tokens)
+        return self.nb.token_ids(flat, mask, self.cfg.hashing.seed)
+
     def _cut(self, tokens: list[str]) -> list[str]:
         return tokens[: self.cfg.hashing.max_tokens]
 
@@ -135,6 +145,7 @@ class Preparer:
         if not accepted:
             return
         batch.feats = self._featurize([t for _, t in accepted])
+        batch.nb_tokens = self._nb_tokens([t for _, t in accepted])
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
@@ -192,6 +203,8 @@ class Preparer:
         if self.task == "mlm":
             lists, batch.rows, batch.cols = _mask_queries(lists, self.cfg.hashing.max_tokens)
         batch.feats = self._query_featurize(lists)
+        if self.task == "classify":
+            batch.nb_tokens = self._nb_tokens(lists)
         if self.task == "mlm":
             batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
             for r, ts in enumerate(lists):

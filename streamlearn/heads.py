@@ -216,3 +216,98 @@ class ShuffleRandomHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.proj(h)  # (..., 3)
+
+
+class NaiveBayesHead:
+    """Naive Bayes over hashed (token, label) counts: a generative part whose score, times
+    ``learner.nb_weight``, the learner adds to the label logits.
+
+    The model then learns on top of it (its loss sees the sum), so the discriminative
+    part corrects what the counts get wrong. Counts are what a one-pass stream estimates
+    best early: Naive Bayes beats an online linear model on a few thousand records (Ng &
+    Jordan 2002); Wang & Manning's NBSVM (2012) puts the two together the same way.
+
+    The score of label c is its one-vs-rest log-count ratio (NBSVM's r, summed over the
+    record's tokens t, with repeats) plus the label's log prior:
+
+        s_c(x) = log((docs_c + 1) / (docs + n)) + sum_t [log q_c(t) - log q_-c(t)]
+        q_c(t) = (n_tc + a) / (N_c + a V),   q_-c(t) = (n_t - n_tc + a) / (N - N_c + a V)
+
+    (n_tc: count of t under c, N_c: tokens under c, a = ``learner.nb_alpha``). The first
+    term is multinomial NB; the second, complement NB (Rennie et al. 2003). Both together
+    scored above either alone on AG News (docs/choosing-a-configuration.md).
+
+    One float32 table ``counts`` of ``cells`` cells, kept as a row table of 64-cell rows
+    (``"nb.counts"``) so checkpoints write only the rows a batch changed:
+
+    - cells [0, L): records per label; [L, 2L): tokens per label (L = max_labels);
+      cell 2L: distinct (token, label) cells in use, standing in for the vocabulary
+      size V (it counts a token once per label it was seen with);
+    - cells from ``base`` = 2L + 1 on: the count of (token u, label c) at
+      ``base + (u + c * STRIDE) % span``, u the token's xxhash into [0, span). Two pairs
+      share a cell with probability about pairs / span (hashing, as everywhere else).
+
+    Counts are learned by counting (weighted by the record weight), never by gradient.
+    """
+
+    ROW = 64
+    STRIDE = 1_000_003  # a prime: label c's cells are token u's cells shifted by c * STRIDE
+
+    def __init__(self, cells: int, max_labels: int, alpha: float):
+        self.max_labels, self.alpha = max_labels, alpha
+        self.base = 2 * max_labels + 1
+        self.span = cells - self.base
+        self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64)
+        self.flat = self.counts.view(-1)  # (cells,)
+
+    def token_ids(self, flat_tokens: Sequence, mask: np.ndarray, seed: int) -> np.ndarray:
+        """Tokens (row-major, as ``flatten_batch`` gives them) -> (N, T) int64 ids in
+        [0, span), -1 where ``mask`` (N, T) is False."""
+        out = np.full(mask.shape, -1, dtype=np.int64)
+        if len(flat_tokens):
+            out[mask] = multi_hash(flat_tokens, 1, self.span, seed, "naive-bayes")[:, 0]
+        return out
+
+    def _cells(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.base + (tokens + labels * self.STRIDE) % self.span
+
+    def scores(self, tokens: torch.Tensor, n_labels: int) -> torch.Tensor:
+        """tokens (N, T) from :meth:`token_ids` -> s_c(x) of the class docstring (N, n_labels)."""
+        valid = tokens >= 0  # (N, T)
+        c = torch.arange(n_labels, device=tokens.device)
+        n_tc = self.flat[self._cells(tokens.clamp_min(0).unsqueeze(-1), c)]  # (N, T, n_labels)
+        rest = n_tc.sum(-1, keepdim=True) - n_tc  # the token's count under the other labels
+        ratio = (torch.log(n_tc + self.alpha) - torch.log(rest + self.alpha)) * valid.unsqueeze(-1)
+        L, a = self.max_labels, self.alpha
+        docs, totals = self.flat[:n_labels], self.flat[L:L + n_labels]  # (n_labels,)
+        aV = a * self.flat[2 * L].clamp_min(1.0)
+        length = valid.sum(1, keepdim=True).to(ratio.dtype)  # (N, 1)
+        norm = torch.log(totals.sum() - totals + aV) - torch.log(totals + aV)  # (n_labels,)
+        prior = torch.log(docs + 1.0) - torch.log(docs.sum() + n_labels)
+        return ratio.sum(1) + length * norm + prior  # (N, n_labels)
+
+    def rows_read(self, tokens: torch.Tensor, n_labels: int) -> np.ndarray:
+        """The rows of ``counts`` that :meth:`scores` reads for these tokens (N, T): what a
+        reader that loads rows lazily (a snapshot) must have current."""
+        valid = tokens >= 0
+        c = torch.arange(n_labels, device=tokens.device)
+        cells = self._cells(tokens[valid].unsqueeze(-1), c).reshape(-1)
+        labels_cells = torch.arange(2 * self.max_labels + 1, device=tokens.device)
+        return (torch.cat([cells, labels_cells]) // self.ROW).unique().cpu().numpy()
+
+    @torch.no_grad()
+    def learn(self, tokens: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Count a batch (tokens (N, T), labels (N,), weight (N,)); return the changed row ids."""
+        valid = tokens >= 0
+        rows = valid.nonzero()[:, 0]  # (M,) the record of each token
+        cells = self._cells(tokens[valid], labels[rows])  # (M,)
+        w = weight.to(self.flat.dtype)
+        seen = cells[w[rows] > 0].unique()
+        fresh = int((self.flat[seen] == 0).sum())
+        self.flat.index_add_(0, cells, w[rows])
+        L = self.max_labels
+        self.flat.index_add_(0, labels, w)
+        self.flat.index_add_(0, L + labels, w * valid.sum(1).to(w.dtype))
+        self.flat[2 * L] += fresh
+        touched = torch.cat([cells, labels, L + labels, torch.tensor([2 * L], device=cells.device)])
+        return (touched // self.ROW).unique()

@@ -15,7 +15,11 @@ A training step is split so a worker can overlap ingest with training:
    they are listed in ``Batch.rejected`` with their :class:`RecordError` (the message
    starts with a reason code: ``missing-field``, ``bad-value``, ``label-capacity``...).
 2. :meth:`Learner.learn_batch`: one forward/backward and ONE optimizer step over the
-   whole batch; reports the loss and the rows of each table that changed.
+   whole batch; reports the loss and the rows of each table that changed. A classifier
+   with ``learner.nb_weight > 0`` also has a Naive Bayes part
+   (:class:`~streamlearn.heads.NaiveBayesHead`): hashed (token, label) counts whose
+   NB score (log-count ratios), times nb_weight, is added to the label logits; the step's loss sees
+   that sum (the model learns what the counts get wrong), then the batch is counted.
 
 ``learn_many(records)`` is ``learn_batch(prepare(records))``: one mini-batch step, so
 its batch size is the caller's. ``learn_one`` (river) is a step on a batch of one.
@@ -44,7 +48,7 @@ from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, tfree_
 from .exceptions import ConfigError, RecordError, StreamlearnError
 from . import learner_state as persist
 from .batching import QUERY_MASK, Batch, Preparer, seed_of
-from .heads import multi_hot
+from .heads import NaiveBayesHead, multi_hot
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
@@ -90,7 +94,8 @@ class Learner(river_base.Classifier):
             self.model = HashedTransformer(c).to(self.device)
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
-        self.prep = Preparer(c, self.model)
+        self.nb = _naive_bayes(c)
+        self.prep = Preparer(c, self.model, self.nb)
         self.index = self._new_index()
         self.steps = 0  # optimizer steps taken
         self._applied = 0  # training batches learned
@@ -231,6 +236,8 @@ class Learner(river_base.Classifier):
             self.start_label_rows(range(batch.label_start, batch.n_labels))
         if batch.examples:
             loss, changed = self._step(batch)
+            if self.nb is not None:
+                changed["nb.counts"] = self._count(batch)
         self._applied += 1
         if batch.candidates:
             self.index.add(batch.candidates)
@@ -245,6 +252,32 @@ class Learner(river_base.Classifier):
         ids = list(ids)
         labels = [self.label_table.labels[i] for i in ids]
         self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"))
+
+    def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Per row table, the rows a forward pass over ``batch`` reads: the embedding's
+        (``rows_touched``) and, with the Naive Bayes part, those of ``"nb.counts"``. A
+        reader that loads rows lazily from a checkpoint must have these current."""
+        rows = dict(self.model.embedding.rows_touched(batch.feats)) if batch.feats is not None else {}
+        if self.nb is not None and batch.nb_tokens is not None and batch.n_labels:
+            rows["nb.counts"] = self.nb.rows_read(torch.from_numpy(batch.nb_tokens), batch.n_labels)
+        return rows
+
+    def _count(self, b: Batch) -> np.ndarray:
+        """The Naive Bayes part counts the batch (after the step: the step's loss used
+        the counts from before it, as its prediction did); returns the changed rows."""
+        rows = self.nb.learn(self._tensor(b.nb_tokens).cpu(), torch.from_numpy(b.targets["labels"]),
+                             torch.from_numpy(b.weight)).numpy()
+        self.mark_dirty({"nb.counts": rows})
+        return rows
+
+    def _label_logits(self, b: Batch, feats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's label logits (N, n_labels), plus ``learner.nb_weight`` times the
+        Naive Bayes scores when that part is on (no gradient reaches the counts)."""
+        logits = self.model.classify(feats, b.n_labels).float()
+        if self.nb is None:
+            return logits
+        nb = self.nb.scores(torch.from_numpy(b.nb_tokens), b.n_labels)
+        return logits + self.cfg.learner.nb_weight * nb.to(logits.device)
 
     def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
         if not self.model.training:
@@ -265,8 +298,8 @@ class Learner(river_base.Classifier):
         feats = self._tensors(b.feats)
         weight = self._tensor(b.weight)
         if self.task == "classify":
-            logits = self.model.classify(feats, b.n_labels)  # (N, n_labels)
-            ce = F.cross_entropy(logits.float(), self._tensor(b.targets["labels"]), reduction="none")
+            logits = self._label_logits(b, feats)  # (N, n_labels)
+            ce = F.cross_entropy(logits, self._tensor(b.targets["labels"]), reduction="none")
             loss = (ce * weight).sum() / len(ce)
         else:
             x = self._readout(b, feats)  # (n, d)
@@ -301,7 +334,7 @@ class Learner(river_base.Classifier):
         feats = self._tensors(b.feats)
         with self._autocast():
             if self.task == "classify":
-                return self.model.classify(feats, b.n_labels).float()
+                return self._label_logits(b, feats)
             return self.model.output(self._readout(b, feats)).float()
 
     # ------------------------------------------------------------------ device
@@ -426,6 +459,14 @@ def _seeded_rng(device: torch.device, seed: int):
 
 
 
+def _naive_bayes(cfg: Config) -> NaiveBayesHead | None:
+    """The Naive Bayes part of a classifier (``learner.nb_weight > 0``), else None."""
+    lc = cfg.learner
+    if lc.task != "classify" or lc.nb_weight == 0:
+        return None
+    return NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha)
+
+
 def _check_learner(cfg: Config) -> None:
     lc = cfg.learner
     if cfg.hashing.tokenizer not in ("words", "ids"):
@@ -434,5 +475,12 @@ def _check_learner(cfg: Config) -> None:
         raise ConfigError(f"hashing.max_tokens must be >= 2, got {cfg.hashing.max_tokens}")
     if not 0 < lc.mask_prob < 1:
         raise ConfigError(f"learner.mask_prob must be in (0, 1), got {lc.mask_prob}")
+    if lc.nb_weight < 0 or lc.nb_alpha <= 0:
+        raise ConfigError(f"learner.nb_weight must be >= 0 and learner.nb_alpha > 0, got {lc.nb_weight} and {lc.nb_alpha}")
+    if lc.nb_weight > 0 and (lc.nb_cells % NaiveBayesHead.ROW or lc.nb_cells < 2 * cfg.model.max_labels + 1 + NaiveBayesHead.ROW):
+        raise ConfigError(
+            f"learner.nb_cells={lc.nb_cells} must be a multiple of {NaiveBayesHead.ROW} and leave room for the "
+            f"2 * model.max_labels + 1 label cells: raise it (default 1048576)"
+        )
     if lc.history < 1 or lc.beam < 1 or lc.shuffle_random < 0:
         raise ConfigError("learner.history and learner.beam must be >= 1, learner.shuffle_random >= 0")

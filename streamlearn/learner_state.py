@@ -5,8 +5,9 @@ the worker wraps them in a ``state.Checkpoint`` with its offsets):
 
 - tables: each embedding row table (``"E"``, ``"P"``, ...) and its row-optimizer state
   (``"E.sum"`` for Adagrad; ``"E.exp_avg"``, ``"E.exp_avg_sq"`` for lazy Adam), float32,
-  same ids. Only rows changed since the previous checkpoint are written (all with
-  ``full=True``). A row never written is still its seeded init, which the config
+  same ids; with the Naive Bayes part on (``learner.nb_weight > 0``), its count table
+  ``"nb.counts"`` (zero-initialised). Only rows changed since the previous checkpoint
+  are written (all with ``full=True``). A row never written is still its seeded init, which the config
   rebuilds bit for bit, so restoring starts from the init and overlays the stored rows.
 - blobs: ``learner.config`` (JSON), ``learner.meta`` (counters), ``model.dense`` (every
   non-row weight, ``torch.save``), ``optim.dense`` (AdamW), ``optim.rows`` (the row
@@ -55,7 +56,10 @@ def checkpoint_parts(learner: "Learner", full: bool):
 
 def row_tables(learner: "Learner") -> dict[str, torch.Tensor]:
     """Every row table and row-optimizer state table, by store name."""
-    return {**{n: p for n, p in learner.model.row_tables().items()}, **learner.row_optim.state_tables()}
+    tables = {**{n: p for n, p in learner.model.row_tables().items()}, **learner.row_optim.state_tables()}
+    if learner.nb is not None:
+        tables["nb.counts"] = learner.nb.counts
+    return tables
 
 
 def _save(obj) -> bytes:

@@ -8,7 +8,7 @@ import torch
 from river import evaluate, metrics
 
 from streamlearn.config import Config, StoreConfig
-from streamlearn.exceptions import RecordError, StreamlearnError
+from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import Batch, LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record
 from streamlearn.state import Checkpoint, open_store
@@ -470,3 +470,119 @@ def test_replicas_meeting_labels_in_other_orders_agree_after_a_permutation():
     ra, rb = _head_rows(a), _head_rows(b)
     assert set(ra) == set(rb) == {"food", "tech"}
     assert all(torch.equal(ra[k], rb[k]) for k in ra)
+
+
+# ---------------------------------------------------------------------------- Naive Bayes part
+
+NB = ("learner.nb_weight=0.5", "learner.nb_cells=65536", "learner.nb_alpha=0.5")
+
+
+def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) -> np.ndarray:
+    """The Naive Bayes score by hand (dict counts): log prior plus, per query token, the
+    one-vs-rest log-count ratio log q_c(t) - log q_-c(t) (heads.NaiveBayesHead)."""
+    from collections import Counter
+    from streamlearn.hashing import tokenize
+    docs, tokens, pairs = Counter(), Counter(), Counter()
+    for r in records:
+        toks = tokenize(r["text"])
+        docs[r["label"]] += 1
+        tokens[r["label"]] += len(toks)
+        pairs.update((t, r["label"]) for t in toks)
+    aV = alpha * len(pairs)  # distinct (token, label) pairs: the head's stand-in for V
+    n, N = len(labels), sum(tokens.values())
+    out = []
+    for c in labels:
+        s = np.log(docs[c] + 1) - np.log(sum(docs.values()) + n)
+        for t in query:
+            rest = sum(pairs[(t, o)] for o in labels if o != c)
+            s += np.log((pairs[(t, c)] + alpha) / (tokens[c] + aV))
+            s -= np.log((rest + alpha) / (N - tokens[c] + aV))
+        out.append(s)
+    return np.array(out)
+
+
+def test_naive_bayes_part_scores_the_records_before_the_batch():
+    lrn = learner(*NB)
+    stream = batches(topic_stream(48), 16)
+    seen = []
+    for records in stream:
+        batch = lrn.prepare(records)
+        if seen:  # the step's loss and a prequential prediction see the counts before the batch
+            got = lrn.nb.scores(torch.from_numpy(batch.nb_tokens), batch.n_labels).numpy()
+            for row, r in zip(got, records):
+                want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5)
+                np.testing.assert_allclose(row, want, rtol=1e-5)
+        lrn.learn_batch(batch)
+        seen += records
+    # the label logits are the model's plus nb_weight times those scores
+    q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
+    with torch.inference_mode():
+        model_logits = lrn.model.classify(lrn._tensors(q.feats), q.n_labels).float()
+    nb = lrn.nb.scores(torch.from_numpy(q.nb_tokens), q.n_labels)
+    np.testing.assert_allclose(lrn._infer(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_naive_bayes_part_alone_learns_from_one_batch():
+    lrn = learner("learner.nb_weight=1", "optim.sparse_lr=1e-9", "optim.dense_lr=1e-9")  # counts do the work
+    lrn.learn_many(topic_stream(16, seed=3))
+    preds = lrn.predict_many([{"text": "goal match team"}, {"text": "chip code server"}, {"text": "soup bread"}])
+    assert preds == ["sport", "tech", "food"]
+
+
+def test_naive_bayes_reports_and_checkpoints_the_count_rows_it_changed(store):
+    lrn, reference = learner(*NB), learner(*NB)
+    stream = batches(topic_stream(16 * 6), 16)
+    for i, records in enumerate(stream[:4]):
+        before = lrn.nb.counts.clone()
+        report = lrn.learn_many(records)
+        reference.learn_many(records)
+        changed = (lrn.nb.counts != before).any(1).nonzero()[:, 0].numpy()
+        np.testing.assert_array_equal(report.rows["nb.counts"], changed)
+        if i in (1, 3):
+            commit(lrn, store)  # incremental: only the changed count rows
+    restored = Learner.restore(store)
+    assert torch.equal(restored.nb.counts, reference.nb.counts)
+    query = [{"text": "goal chip soup"}]
+    assert restored.predict_proba_many(query) == reference.predict_proba_many(query)
+    for records in stream[4:]:
+        assert restored.learn_many(records).loss == reference.learn_many(records).loss
+    assert torch.equal(restored.nb.counts, reference.nb.counts)
+
+
+@pytest.mark.parametrize("bad", ["learner.nb_cells=1000", "learner.nb_cells=64", "learner.nb_alpha=0",
+                                 "learner.nb_weight=-1"])
+def test_naive_bayes_config_errors_say_what_to_change(bad):
+    with pytest.raises(ConfigError, match="learner.nb_"):
+        learner("learner.nb_weight=0.5", bad)
+
+
+def test_naive_bayes_part_only_for_classify_and_only_when_weighted():
+    assert learner("learner.nb_weight=0").nb is None
+    assert learner("learner.task=mlm", "learner.nb_weight=0.5").nb is None
+    assert "nb.counts" not in learner("learner.nb_weight=0").checkpoint_parts(full=True)[1]
+
+
+def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
+    """A reader that copies only ``rows_read(batch)`` of each table from the store (as a
+    snapshot does) answers as the learner that wrote it."""
+    lrn = learner(*NB)
+    for records in batches(topic_stream(48), 16):
+        lrn.learn_many(records)
+    commit(lrn, store, full=True)
+    reader = learner(*NB)
+    reader.load_from(store)  # dense weights, labels ...
+    with torch.no_grad():  # ... then forget the rows, and read back only those the query needs
+        for t in reader.model.row_tables().values():
+            t.zero_()
+        reader.nb.counts.zero_()
+    query = [{"text": "goal chip chip soup"}, {"text": "never seen words"}]
+    batch = reader.prepare(query, train=False)
+    tables = {**reader.model.row_tables(), "nb.counts": reader.nb.counts}
+    rows = reader.rows_read(batch)
+    assert set(rows) == {"E", "P", "nb.counts"}
+    with torch.no_grad():
+        for name, ids in rows.items():
+            values, found = store.read_rows(name, ids)
+            tables[name][torch.from_numpy(ids[found])] = torch.from_numpy(values[found])
+    np.testing.assert_allclose(reader.predict_proba_batch(batch), lrn.predict_proba_batch(lrn.prepare(query, train=False)),
+                               rtol=1e-6, atol=1e-7)
