@@ -48,7 +48,7 @@ from ..batching import seed_of
 from ..exceptions import StreamlearnError
 from ..learner import Batch, Learner
 from ..objectives import LabelCapacityError, LabelTable
-from .distributed import DistributedError, Group, SyncReport
+from .distributed import DistributedError, Group, SyncReport, all_gather, all_reduce
 
 _FLAGS = ("batch", "sync", "finished", "new_labels")
 
@@ -193,8 +193,7 @@ class GradientExchange:
         used = self._used_rows()
         grads = [_leading(p.grad if p.grad is not None else torch.zeros_like(p), used.get(id(p))).float()
                  .reshape(-1).cpu() for p in dense]
-        flat = torch.cat([head.reshape(-1), has, *grads])  # (W*S + P + D,), D: the rows in use
-        dist.all_reduce(flat)
+        flat = all_reduce(torch.cat([head.reshape(-1), has, *grads]))  # (W*S + P + D,), D: the rows in use
         sent = flat.numel() * 4
         head = flat[:world * slot].view(world, slot)
         self.last = Round(*(int(head[:, i].sum()) for i in range(len(_FLAGS))))
@@ -236,7 +235,7 @@ class GradientExchange:
         n_ids, n_values = counts.sum(1), (counts * widths).sum(1)  # (W,), (W,)
         ids = _padded(torch.cat([i for i, _ in rows]), int(n_ids.max()), -1)
         values = _padded(torch.cat([v.reshape(-1) for _, v in rows]), int(n_values.max()), 0.0)
-        all_ids, all_values = _all_gather(ids), _all_gather(values)
+        all_ids, all_values = all_gather(ids), all_gather(values)
         id_at = (torch.cumsum(counts, 1) - counts).tolist()  # (W, T): where each table starts in a rank's ids
         value_at = (torch.cumsum(counts * widths, 1) - counts * widths).tolist()
         n = counts.tolist()
@@ -308,7 +307,3 @@ def _padded(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:
     return out
 
 
-def _all_gather(t: torch.Tensor) -> list[torch.Tensor]:
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t)
-    return parts

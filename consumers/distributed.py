@@ -122,6 +122,8 @@ class Group:
         self.settings = settings
         host, _, port = settings.url[len("tcp://"):].rpartition(":")
         timeout = timedelta(seconds=settings.timeout_s)
+        if settings.backend == "nccl":  # one GPU per rank on a host: torchrun's LOCAL_RANK, else rank mod GPUs
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", settings.rank % torch.cuda.device_count())))
         try:
             # Our own TCPStore (hosted by rank 0) also carries the sync requests (SyncClock).
             self.store = dist.TCPStore(host, int(port), settings.world_size,
@@ -171,11 +173,10 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
         _merge_labels(learner, group)
         touched = learner.take_dirty()
         tables = row_tables(learner)
-        union, id_bytes = _union_ids(touched, tables, group.world_size)
+        union, id_bytes = _union_ids(touched, tables)
         dense = list(learner.model.dense_parameters().values())
         flat = _pack(dense, tables, union)  # (n,) float32
-        dist.all_reduce(flat)
-        flat /= group.world_size
+        flat = all_reduce(flat) / group.world_size
         _unpack(flat, dense, tables, union)
     except RuntimeError as exc:
         raise DistributedError(f"model sync failed (a peer stopped, died or did not answer within "
@@ -227,20 +228,41 @@ def _permute_rows(t: torch.Tensor, old: list[int | None]) -> None:
         t.data.copy_(fresh)
 
 
-def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor],
-               world: int) -> tuple[dict[str, np.ndarray], int]:
+def _collective_device() -> torch.device:
+    """Where a collective's buffers must be: NCCL moves CUDA tensors only, gloo CPU ones.
+    Buffers are packed on the CPU (numpy ids, row gathers), so with NCCL they travel there
+    and back: a sync moves a few MB, once every ``sync_every`` records."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """The sum of ``t`` over the group, as a CPU tensor (``t`` is left as it was)."""
+    buf = t.to(_collective_device(), copy=True)
+    dist.all_reduce(buf)
+    return buf.cpu()
+
+
+def all_gather(t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``t`` (same shape on every rank), in rank order, as CPU tensors."""
+    buf = t.to(_collective_device())
+    parts = [torch.empty_like(buf) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, buf)
+    return [part.cpu() for part in parts]
+
+
+def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], int]:
     """Per table (sorted store-name order, the same on every rank): the union of the ids
     every rank touched; and the bytes this rank sent for it."""
     names = sorted(tables)
     counts = torch.tensor([len(touched.get(n, ())) for n in names], dtype=torch.int64)  # (T,)
-    all_counts = [torch.zeros_like(counts) for _ in range(world)]
-    dist.all_gather(all_counts, counts)
+    all_counts = all_gather(counts)
     widest = int(max(int(c.sum()) for c in all_counts))
     mine = np.concatenate([touched.get(n, np.zeros(0, np.int64)) for n in names] or [np.zeros(0, np.int64)])
     padded = torch.full((max(widest, 1),), -1, dtype=torch.int64)  # (widest,)
     padded[:len(mine)] = torch.from_numpy(mine.astype(np.int64))
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
+    gathered = all_gather(padded)
     union: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for rank_counts, ids in zip(all_counts, gathered):
         at = 0
