@@ -73,7 +73,7 @@ def open_learner(store: Store, cfg: Config) -> Learner:
         ) from exc
 
 
-def config_diff(old: Config, new: Config, skip: tuple[str, ...] = ("worker", "store", "service")) -> str:
+def config_diff(old: Config, new: Config, skip: tuple[str, ...] = ("worker", "store", "service", "kafka")) -> str:
     """``"model.layers 0 -> 1, ..."`` for the keys that differ outside ``skip``."""
     a, b = old.to_dict(), new.to_dict()
     diffs = [f"{section}.{key} {a[section][key]!r} -> {value!r}"

@@ -400,3 +400,9 @@ def test_letters_cut_to_size_keep_their_origin():
     assert cut.cut(5).headers.count(("truncated-from", b"100")) == 1  # the original size stays
     assert {k for k, _ in letter.minimal().headers} == {"reason", "source"}
     assert letter.cut(1000) is letter
+
+
+def test_config_diff_names_model_keys_not_connection_settings():
+    from streamlearn.consumers.checkpoint import config_diff
+    new = Config().override("model.layers=2", "kafka.client_id=edge-7", "worker.group=other")
+    assert config_diff(Config(), new) == "model.layers 0 -> 2"
