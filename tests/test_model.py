@@ -92,6 +92,23 @@ def test_with_layers_mlm_reads_the_final_state_at_the_slot():
     torch.testing.assert_close(out, h[0, 1:2])
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_query_readout_equals_the_training_readout_on_padded_batches(layers):
+    # Queries run in eval + inference mode, where torch may take its fused encoder fast
+    # path; its padding handling must give the slot the state training computes, or
+    # prequential recall (bench/depth.py) measures a different model than the one learned.
+    model = build(f"model.layers={layers}", "learner.task=mlm", "embedding.scheme=bloom")
+    feats = feats_of(model, [["a", "b", "c", "d", "e"], ["f", "g"], ["h"]])
+    slots = torch.zeros_like(feats["mask"])
+    rows, cols = torch.tensor([0, 1, 2]), torch.tensor([4, 0, 0])
+    slots[rows, cols] = True
+    trained = model.train().read_slots(feats, slots, rows, cols)
+    with torch.inference_mode():
+        queried = model.eval().read_slots(feats, slots, rows, cols)
+    torch.testing.assert_close(queried, trained, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(trained[0], trained[1])  # the slots read their own context
+
+
 def test_positions_make_order_matter_and_sets_do_not():
     torch.manual_seed(0)
     for positions, differs in ((False, False), (True, True)):
