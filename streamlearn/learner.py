@@ -251,7 +251,8 @@ class Learner(river_base.Classifier):
         (e.g. a distributed label merge) so every replica starts that label alike."""
         ids = list(ids)
         labels = [self.label_table.labels[i] for i in ids]
-        self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"))
+        scale = 1.0 if self.cfg.model.layers == 0 else 0.1  # unit-size pooled states behind a LayerNorm
+        self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
 
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Per row table, the rows a forward pass over ``batch`` reads: the embedding's

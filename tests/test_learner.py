@@ -428,6 +428,10 @@ def test_label_rows_start_from_the_seed_and_the_label():
     other_seed.prepare([{"text": "x", "label": "tech"}])
     other_seed.start_label_rows([0])
     assert not torch.equal(other_seed.model.label_head.weight[0].detach(), rows["tech"])
+    deep = learner("model.layers=1")  # behind the encoder's LayerNorm: the same row, a tenth
+    deep.prepare([{"text": "x", "label": "tech"}])
+    deep.start_label_rows([0])
+    torch.testing.assert_close(deep.model.label_head.weight[0].detach(), 0.1 * rows["tech"])
 
 
 def test_learn_batch_starts_new_label_rows_and_leaves_unused_rows_zero():
