@@ -266,7 +266,7 @@ class Learner(river_base.Classifier):
     def _count(self, b: Batch) -> np.ndarray:
         """The Naive Bayes part counts the batch (after the step: the step's loss used
         the counts from before it, as its prediction did); returns the changed rows."""
-        rows = self.nb.learn(self._tensor(b.nb_tokens).cpu(), torch.from_numpy(b.targets["labels"]),
+        rows = self.nb.learn(torch.from_numpy(b.nb_tokens), torch.from_numpy(b.targets["labels"]),
                              torch.from_numpy(b.weight)).numpy()
         self.mark_dirty({"nb.counts": rows})
         return rows
