@@ -455,7 +455,7 @@ def _pick(seq: list, idx: list[int]) -> Sequence:
 def _scan(
     txn: lmdb.Transaction, db: Any, start: bytes, batch: int, prefix: bytes = b""
 ) -> tuple[list[tuple[Any, Any]], bytes | None]:
-    """Up to ``batch`` (key, value) views from ``start`` on (keys starting with ``prefix``),
+    """Up to ``batch`` (key, value) pairs from ``start`` on (keys starting with ``prefix``),
     and the key to resume from (None when done)."""
     with txn.cursor(db=db) as cur:
         if not (cur.set_range(start) if start else cur.first()):
