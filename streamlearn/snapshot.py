@@ -202,7 +202,7 @@ class Snapshot:
     def _answer(self, records: Iterable, run: Callable[[list, Any], list],
                 prepare: Callable[[list], tuple[dict, Any]] | None = None) -> Answer:
         """Steps 1-4 of the module docstring, under the lock. ``prepare(records)`` gives
-        the features whose rows must be current and a context handed to ``run``."""
+        the rows the answer reads (per table) and a context handed to ``run``."""
         records = list(records)
         with self._lock:
             with self._store.snapshot():  # 1. one short read transaction
@@ -212,18 +212,18 @@ class Snapshot:
                 records = self._resolve(records)
                 context = None
                 if records:
-                    feats, context = (prepare or self._query_feats)(records)
-                    self._fetch_rows(feats)  # 3.
+                    rows, context = (prepare or self._query_rows)(records)
+                    self._fetch_rows(rows)  # 3.
             version = self._version
             values = run(records, context) if records else []  # 4. forward, outside the transaction
         return Answer(version.step, version.committed_at, values)
 
-    def _query_feats(self, records: list) -> tuple[dict[str, np.ndarray], None]:
-        return self._learner.prepare(records, train=False).feats, None
+    def _query_rows(self, records: list) -> tuple[dict[str, np.ndarray], None]:
+        return self._learner.rows_read(self._learner.prepare(records, train=False)), None
 
     def _query_batch(self, records: list) -> tuple[dict[str, np.ndarray], Any]:
         batch = self._learner.prepare(records, train=False)
-        return batch.feats, batch
+        return self._learner.rows_read(batch), batch
 
     def _probs(self, records: list, batch: Any) -> list[dict]:
         """Label probabilities of a prepared query batch (prepared once, for the row
@@ -232,10 +232,10 @@ class Snapshot:
         labels = self._learner.label_table.labels[:batch.n_labels]
         return [dict(zip(labels, row.tolist())) for row in probs]
 
-    def _fetch_rows(self, feats: dict[str, np.ndarray]) -> None:
-        """Read the touched rows not yet read at this checkpoint into the model."""
-        touched = self._learner.model.embedding.rows_touched(feats)
-        for name, ids in touched.items():
+    def _fetch_rows(self, rows: dict[str, np.ndarray]) -> None:
+        """Read the rows an answer reads, those not yet read at this checkpoint, into the
+        model (embedding rows; with the Naive Bayes part, its count rows too)."""
+        for name, ids in rows.items():
             seen = self._row_version.get(name)
             if seen is None or not len(ids):
                 continue  # a table read whole, or one the store has not declared
@@ -259,8 +259,9 @@ class Snapshot:
 
     def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
         lists = [self._record_tokens(r, i) for i, r in enumerate(records)]
-        feats = self._learner.model.embedding.featurize(lists, self.config.hashing.max_tokens)
-        return feats, (lists, feats)
+        embedding = self._learner.model.embedding
+        feats = embedding.featurize(lists, self.config.hashing.max_tokens)
+        return embedding.rows_touched(feats), (lists, feats)
 
     @torch.inference_mode()
     def _embed(self, records: list, context: tuple) -> list[TokenVectors]:
@@ -328,6 +329,8 @@ class Snapshot:
             embedding.grow = False  # the plain reference's dictionary comes from the checkpoint
         self._learner = learner
         self._tables = dict(learner.model.row_tables())
+        if learner.nb is not None:  # the Naive Bayes counts: read lazily like embedding rows
+            self._tables["nb.counts"] = learner.nb.counts
         self._whole = _whole_tables(learner)
         self._lazy_versions = {
             n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole

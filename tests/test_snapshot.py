@@ -74,13 +74,14 @@ def assert_same(task: str, got: list, want: list) -> None:
             np.testing.assert_allclose(g.scores, w.scores, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("scheme,task", [
-    ("hash", "classify"), ("hash", "mlm"), ("hash", "next-item"), ("bloom", "mlm"),
-    ("plain", "classify"), ("hashformer-pool", "next-item"), ("tfree", "classify"),
+@pytest.mark.parametrize("scheme,task,extra", [
+    ("hash", "classify", ()), ("hash", "mlm", ()), ("hash", "next-item", ()), ("bloom", "mlm", ()),
+    ("plain", "classify", ()), ("hashformer-pool", "next-item", ()), ("tfree", "classify", ()),
+    ("hash", "classify", ("learner.nb_weight=1.0", "learner.nb_cells=65536")),  # + the Naive Bayes counts
 ])
-def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, tmp_path):
+def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, extra, tmp_path):
     rng = random.Random(0)
-    learner = Learner(Config().override(*SMALL, f"embedding.scheme={scheme}", f"learner.task={task}"))
+    learner = Learner(Config().override(*SMALL, f"embedding.scheme={scheme}", f"learner.task={task}", *extra))
     store = open_store(tmp_path / "state")
     learner.learn_many(stream(task, 32, rng))
     commit(store, learner, 1)
