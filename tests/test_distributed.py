@@ -16,6 +16,8 @@ from streamlearn.config import Config, StoreConfig
 from streamlearn.consumers.distributed import (
     DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
 from streamlearn.exceptions import ConfigError
+from streamlearn.consumers import RunOptions
+from streamlearn.consumers.scaleout import GroupWorker
 from streamlearn.learner import Learner
 from streamlearn.state import Checkpoint, open_store
 
@@ -268,6 +270,12 @@ def test_settings_from_options_or_torchrun_env():
                          (dict(environ={**env, "RANK": "x"}), "RANK must be an integer")]:
         with pytest.raises(ConfigError, match=message):
             dist_settings(**bad)
+
+
+def test_allreduce_refuses_the_naive_bayes_counts_it_cannot_keep_equal(tmp_path):
+    cfg = Config().override(*SMALL, "worker.sync=allreduce", "learner.nb_weight=0.2")
+    with pytest.raises(ConfigError, match="worker.sync=average"):
+        GroupWorker(cfg, RunOptions("t", str(tmp_path / "s")), DistSettings(0, 2, "tcp://127.0.0.1:1", "gloo", 1.0))
 
 
 def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
