@@ -44,7 +44,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..batching import seed_of
 from ..exceptions import StreamlearnError
 from ..learner import Batch, Learner
 from ..objectives import LabelCapacityError, LabelTable
@@ -137,9 +136,7 @@ class GradientExchange:
         except LabelCapacityError as exc:
             raise StreamlearnError(f"the workers together saw more labels than the table holds: {exc}") from exc
         if len(self.labels) > first:
-            head = self.learner.model.label_head
-            head.start_rows(range(first, len(self.labels)), self.labels.labels[first:],
-                            seed_of(self.learner.cfg.learner.seed, "label-head"))
+            self.learner.start_label_rows(range(first, len(self.labels)), self.labels.labels[first:])
 
     # ------------------------------------------------------------------ rounds
     def offer(self, batch: bool, sync: bool = False, finished: bool = False) -> None:
@@ -159,7 +156,7 @@ class GradientExchange:
         except RuntimeError as exc:
             raise self._error(exc) from exc
         if stepped:
-            self._step()
+            self.learner.apply_gradients()  # the group's step, as the ranks that learned a batch take it
         return self.last
 
     def _hook(self, learner: Learner) -> None:
@@ -253,19 +250,6 @@ class GradientExchange:
             out.append(torch.sparse_coo_tensor(idx[None], mean, table.shape, check_invariants=False).coalesce()
                        .to(table.device, table.dtype))
         return out, ids.numel() * 8 + values.numel() * 4
-
-    def _step(self) -> None:
-        """The step :meth:`Learner.learn_batch` takes after its hook, for a rank without a
-        batch: the same optimizers, the same gradients, the same dirty rows."""
-        lrn = self.learner
-        lrn.dense_optim.step()
-        lrn.dense_optim.zero_grad(set_to_none=True)
-        changed = lrn.row_optim.step()
-        lrn.row_optim.zero_grad()
-        lrn.steps += 1  # one optimizer step, as on the ranks that learned a batch
-        states = lrn.row_optim.state_names
-        lrn.mark_dirty({table: idx.cpu().numpy() for name, idx in changed.items()
-                        for table in (name, *(f"{name}.{s}" for s in states))})
 
     # ------------------------------------------------------------------ syncs
     def settle(self) -> SyncReport:

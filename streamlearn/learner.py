@@ -243,14 +243,15 @@ class Learner(river_base.Classifier):
             self.index.add(batch.candidates)
         return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated)
 
-    def start_label_rows(self, ids: Iterable[int]) -> None:
-        """Give the label head rows ``ids`` (label ids of the label table) their starting
-        vectors, a function of ``learner.seed`` and the label alone
-        (:class:`~streamlearn.heads.LabelHead`). :meth:`learn_batch` calls it for the
-        labels a batch brought; call it for a label added to the table any other way
-        (e.g. a distributed label merge) so every replica starts that label alike."""
+    def start_label_rows(self, ids: Iterable[int], labels: Iterable | None = None) -> None:
+        """Give the label head rows ``ids`` their starting vectors, a function of
+        ``learner.seed`` and the label alone (:class:`~streamlearn.heads.LabelHead`).
+        ``labels``: the label of each id (default: this learner's label table's).
+        :meth:`learn_batch` calls it for the labels a batch brought; call it for a label
+        added any other way (e.g. a distributed label merge) so every replica starts that
+        label alike."""
         ids = list(ids)
-        labels = [self.label_table.labels[i] for i in ids]
+        labels = [self.label_table.labels[i] for i in ids] if labels is None else list(labels)
         scale = 1.0 if self.cfg.model.layers == 0 else 0.1  # unit-size pooled states behind a LayerNorm
         self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
 
@@ -288,12 +289,19 @@ class Learner(river_base.Classifier):
         loss.backward()
         if self.gradient_hook is not None:
             self.gradient_hook(self)
+        return float(loss.detach()), self.apply_gradients()
+
+    def apply_gradients(self) -> dict[str, np.ndarray]:
+        """The optimizer half of a step: both optimizers apply the gradients that sit on
+        the parameters (AdamW on the dense ones, the row rule on the touched rows), clear
+        them, count the step and record the changed rows; returns them per table. A
+        distributed rank without a batch of its own takes the group's step with it."""
         self.dense_optim.step()
         self.dense_optim.zero_grad(set_to_none=True)
         changed = self.row_optim.step()
         self.row_optim.zero_grad()
         self.steps += 1
-        return float(loss.detach()), self._record_dirty(changed)
+        return self._record_dirty(changed)
 
     def _loss(self, b: Batch) -> torch.Tensor:
         feats = self._tensors(b.feats)
@@ -325,6 +333,12 @@ class Learner(river_base.Classifier):
         h = self.model.encode(feats)  # (N, T, d)
         logits = self.model.sr_head(h[feats["mask"]])  # (M, 3)
         return F.cross_entropy(logits.float(), self._tensor(b.sr_labels))
+
+    def outputs(self, batch: Batch) -> torch.Tensor:
+        """The model's raw outputs for a prepared query batch: label logits (N, n_labels),
+        hashed-output logits (N, m, size) or T-Free logits (N, v). For callers that decode
+        a whole batch themselves (e.g. replay's batched exhaustive top-k)."""
+        return self._infer(batch)
 
     @torch.inference_mode()
     def _infer(self, b: Batch) -> torch.Tensor:

@@ -82,9 +82,9 @@ class ModelContestant:
         exhaustively for the whole mini-batch at once (exact, as ``exhaustive_topk``)."""
         learner = self.learner
         batch = learner.prepare([e.query for e in events], train=False)
-        # Learner._infer is the forward pass of the learner's own topk_many; the public verb
-        # cannot exclude per record (see the module docstring).
-        logp = torch.log_softmax(learner._infer(batch), dim=-1).cpu().numpy()  # (N, m, size)
+        # The forward pass of the learner's own topk_many; that verb cannot exclude per
+        # record (see the module docstring), so the batch is decoded here.
+        logp = torch.log_softmax(learner.outputs(batch), dim=-1).cpu().numpy()  # (N, m, size)
         exclude = [self._had_ids(e) for e in events]
         return [top.tokens for top in exhaustive_topk_many(logp, learner.index, self.k, exclude)]
 
