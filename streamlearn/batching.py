@@ -14,8 +14,8 @@ output hashers), never its weights.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Iterable, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -228,7 +228,9 @@ class Preparer:
         text, tokens = fields.get("text"), fields.get("tokens")
         try:
             if tokens is not None:
-                if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+                # list/tuple first: isinstance against the Sequence ABC costs ~13 us a query
+                if not isinstance(tokens, (list, tuple)) and (isinstance(tokens, (str, bytes))
+                                                              or not isinstance(tokens, Sequence)):
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
                 return self._cut([canonical_id(t) for t in tokens])
             if isinstance(text, str):
