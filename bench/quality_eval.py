@@ -136,50 +136,6 @@ def beam_check(L: Learner, keys: list[int], k: int) -> dict:
 
 # ---------------------------------------------------------------------------- set completion
 
-def set_completion(sets: list[list[str]], overrides: Sequence[str], batch: int, eval_rows: int = 64) -> dict:
-    """Before learning each batch, mask one random id in each of its first ``eval_rows``
-    sets and ask ``topk_many`` for the completion; the set's other ids are excluded from
-    the answer (a set has no repeats). recall@1 and @10 over all those queries and over
-    the last quarter of the stream (the learned state)."""
-    L = learner("mlm", overrides, batch)
-    rng = np.random.default_rng(1)
-    marks: list[tuple[int, bool, bool]] = []
-    learn_s = 0.0
-    for start in range(0, len(sets), batch):
-        chunk = sets[start:start + batch]
-        if len(L.index):
-            marks += [(start, *hit) for hit in _complete(L, chunk[:eval_rows], rng)]
-        t = time.perf_counter()
-        L.learn_many([{"tokens": s} for s in chunk])
-        learn_s += time.perf_counter() - t
-    quarters = [[m for m in marks if q * len(sets) <= 4 * m[0] < (q + 1) * len(sets)] for q in range(4)]
-    late = quarters[-1]
-    return {"recall@1": _mean(m[1] for m in marks), "recall@10": _mean(m[2] for m in marks),
-            "recall@1_last_quarter": _mean(m[1] for m in late), "recall@10_last_quarter": _mean(m[2] for m in late),
-            "recall@10_by_quarter": [_mean(m[2] for m in q) for q in quarters],
-            "queries": len(marks), "records": len(sets), "batch": batch,
-            "learn_records_per_s": len(sets) / learn_s, "params": n_params(L.model)}
-
-
-def _complete(L: Learner, sets: list[list[str]], rng: np.random.Generator) -> list[tuple[bool, bool]]:
-    masked = rng.integers(0, [len(s) for s in sets])
-    queries = [{"tokens": s[:j] + s[j + 1:] + ["[MASK]"]} for s, j in zip(sets, masked.tolist())]
-    longest = max(len(s) for s in sets)
-    out = []
-    for s, j, top in zip(sets, masked.tolist(), L.topk_many(queries, k=10 + longest)):
-        context = set(s) - {s[j]}
-        answer = [t for t in top.tokens if t not in context][:10]
-        out.append((answer[:1] == [s[j]], s[j] in answer))
-    return out
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else float("nan")
-
-
-# ---------------------------------------------------------------------------- step cost
-
 def step_cost(records: list[dict], task: str, overrides: Sequence[str], batch: int, steps: int) -> dict:
     """Median learn_batch time of the configuration against the same configuration with
     ``embedding.scheme=plain`` (a bounded-dictionary nn.Embedding table of the same

@@ -5,8 +5,8 @@
   mapped to the class names of ``classes.txt`` so both files agree);
 - :func:`movielens`: u.data as next-item events in timestamp order (stable sort, as
   ``streamlearn.datasets`` reads it);
-- :func:`cluster_sets` / :func:`set_stream`: the synthetic set-completion stream (latent
-  clusters of ids), with its ground truth / as token lists (bench/depth.py, bench/quality.py);
+- :func:`cluster_sets`: the synthetic set-completion stream (latent clusters of ids) with
+  its ground truth (bench/depth.py);
 - :func:`river_nb`, :func:`vw_oaa`: the text peers, prequential one record at a time;
 - :class:`NextItemBaselines`: first-order Markov and global popularity, online.
 """
@@ -70,12 +70,6 @@ def cluster_sets(n_ids: int, cluster: int, records: int, sizes: tuple[int, int],
     lengths = rng.integers(sizes[0], sizes[1] + 1, size=records)
     sets = [rng.choice(clusters[c], n, replace=False) for c, n in zip(which, lengths)]
     return ClusterSets(sets, which, clusters)
-
-
-def set_stream(n_ids: int, cluster: int, records: int, sizes: tuple[int, int], seed: int = 0) -> list[list[str]]:
-    """:func:`cluster_sets` as token lists (what bench/quality.py feeds the learner)."""
-    stream = cluster_sets(n_ids, cluster, records, sizes, seed)
-    return [stream.tokens(i) for i in range(records)]
 
 
 # ---------------------------------------------------------------------------- text peers
