@@ -402,7 +402,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     tmp = tempfile.mkdtemp(prefix="bench-serve-")
     state, port = os.path.join(tmp, "state"), free_port()
     if args.trainer == "worker":
-        records = int(2500 * (2 * args.windows * args.window_seconds + 40))  # more than it can learn
+        records = int(12_000 * (2 * args.windows * args.window_seconds + 40))  # more than it can learn (depth 0: ~8,000 rec/s)
         train = WorkerTrainer(state, args.checkpoint_every, cpu_train, records)
     else:
         train = Trainer(state, args.checkpoint_every, cpu_train)
