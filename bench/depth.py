@@ -112,7 +112,7 @@ def model_scores(L: Learner, qs, codes: np.ndarray) -> np.ndarray:
     """Superbloom's score sum_j log p_j(h_j(id)) of every id (n, ids), context ids -inf.
     Uses the learner's own forward pass on a prepared query batch, as bench/quality_eval does."""
     b = L.prepare([{"tokens": [f"id{x}" for x in ctx] + ["[MASK]"]} for _, _, ctx in qs], train=False)
-    logp = torch.log_softmax(L._infer(b).float(), dim=-1).numpy()  # (n, m, B)
+    logp = torch.log_softmax(L.outputs(b).float(), dim=-1).numpy()  # (n, m, B)
     scores = sum(logp[:, j, codes[:, j]] for j in range(codes.shape[1]))  # (n, ids)
     for r, (_, _, ctx) in enumerate(qs):
         scores[r, ctx] = -np.inf

@@ -4,7 +4,7 @@ Every loop times only ``Learner.learn_batch`` for its records/s (prepare, i.e. p
 and hashing, runs in a worker's ingest thread and is excluded), and reports it with the
 torch thread count the caller set.
 
-Predictions on a prepared training batch use ``Learner._infer``, the forward pass the
+Predictions on a prepared training batch use ``Learner.outputs``, the forward pass the
 learner's own prediction verbs run, as consumers/metrics.py does: the public verbs would
 tokenize and hash the batch a second time, and the next-item recall below needs every
 candidate's score (to exclude the items a user already rated), which no public verb
@@ -110,7 +110,7 @@ def next_item(events: list[dict], overrides: Sequence[str], batch: int, k: int =
 
 
 def _item_scores(L: Learner, b, codes: np.ndarray) -> np.ndarray:
-    logp = torch.log_softmax(L._infer(b).float(), dim=-1).numpy()  # (n, m, size)
+    logp = torch.log_softmax(L.outputs(b).float(), dim=-1).numpy()  # (n, m, size)
     scores = logp[:, 0, codes[:, 0]]
     for j in range(1, codes.shape[1]):
         scores = scores + logp[:, j, codes[:, j]]
