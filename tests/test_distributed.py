@@ -163,20 +163,22 @@ def run_ranks(tmp_path, script: str, timeout_s: float = 5.0, world: int = 2) -> 
     return outs
 
 
+def timed_ranks(tmp_path_factory, name: str, script: str):
+    """One 2-rank launch shared by a mode's tests: (directory, each rank's output, seconds)."""
+    tmp = tmp_path_factory.mktemp(name)
+    started = time.monotonic()
+    outs = run_ranks(tmp, script)
+    return tmp, outs, time.monotonic() - started
+
+
 @pytest.fixture(scope="module")
 def averaged(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("average")
-    started = time.monotonic()
-    outs = run_ranks(tmp, AVERAGE_SCRIPT)
-    return tmp, outs, time.monotonic() - started
+    return timed_ranks(tmp_path_factory, "average", AVERAGE_SCRIPT)
 
 
 @pytest.fixture(scope="module")
 def allreduced(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("allreduce")
-    started = time.monotonic()
-    outs = run_ranks(tmp, ALLREDUCE_SCRIPT)
-    return tmp, outs, time.monotonic() - started
+    return timed_ranks(tmp_path_factory, "allreduce", ALLREDUCE_SCRIPT)
 
 
 LABEL_HEAD = ("d:label_head.weight", "d:label_head.bias")
