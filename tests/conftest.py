@@ -16,10 +16,22 @@ import time
 import uuid
 
 import pytest
+import torch
 
 from streamlearn.broker import EmbeddedBroker, create_topic
 
 GROUP_TIMEOUTS = {"max_poll_interval_ms": 3000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tiny models, restored afterwards: on a shared
+    2-core machine OpenMP oversubscription makes them several times slower. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,7 @@ SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfr
          "model.d_model=16", "model.heads=2", "model.ffn=32", "model.out_B=256", "model.max_labels=16")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP
-    # oversubscription (several times faster here); restored afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def learner(*overrides: str) -> Learner:

@@ -21,14 +21,7 @@ SMALL = ("embedding.K=500", "embedding.B=64", "embedding.d=16", "embedding.tfree
          "model.d_model=16", "model.heads=2", "model.ffn=32", "model.out_B=64", "model.max_labels=8")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP
-    # oversubscription (several times faster here); restored afterwards.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small(*overrides: str) -> Config:

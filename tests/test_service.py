@@ -28,12 +28,7 @@ from test_snapshot import SMALL, commit, stream
 LIMITS = ServiceConfig(max_tokens=8, max_batch=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_state(path, task: str, checkpoints: int = 1) -> str:

@@ -24,12 +24,7 @@ SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfr
 WORDS = [f"w{i}" for i in range(120)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def commit(store, learner: Learner, step: int) -> None:

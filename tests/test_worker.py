@@ -9,10 +9,9 @@ import urllib.request
 
 import numpy as np
 import pytest
-import torch
 
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
-from streamlearn.config import Config, StoreConfig
+from streamlearn.config import Config
 from streamlearn.consumers import AUDIT, RunOptions, Worker, read_audit
 from streamlearn.consumers.checkpoint import AuditLog, Checkpointer, open_learner
 from streamlearn.consumers.dlq import Letter
@@ -30,13 +29,7 @@ VOCAB = {"sport": ["goal", "match", "team", "score", "coach", "league"],
          "food": ["pasta", "bread", "soup", "cheese", "salad", "spice"]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on a shared 2-core machine: one intra-op thread is several times faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def stream(n: int, seed: int = 0) -> list[dict]:

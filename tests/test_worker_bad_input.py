@@ -7,7 +7,6 @@ import random
 
 import msgpack
 import pytest
-import torch
 
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker, read_audit
@@ -48,12 +47,7 @@ BAD = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def valid(n: int, rng: random.Random) -> list[bytes]:
