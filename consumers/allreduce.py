@@ -34,6 +34,10 @@ rank sets every step's pace), no drift between the replicas, and one more caveat
 peer's death: the survivors' model already holds the dead rank's gradients since the last
 sync, and its records are consumed again, so they count twice in the model (the offsets
 and the audit stay exactly-once). bench/scaleout.py measures both modes.
+
+The Naive Bayes counts (``learner.nb_weight > 0``) are counted, not learned, so no round
+carries them: each rank counts its own batches, and every sync adds the group's count
+changes since the last one on every rank (one all-reduce of the table's deltas).
 """
 from __future__ import annotations
 
@@ -84,6 +88,9 @@ class GradientExchange:
         self.bytes = 0  # handed to collectives since the last sync
         self.rounds = 0
         self.seconds = 0.0
+        # The Naive Bayes counts as of the last sync (equal on every rank): no gradient
+        # carries counts, so each sync adds up the ranks' changes since (_share_counts).
+        self._nb_base = learner.nb.counts.clone() if learner.nb is not None else None
         learner.gradient_hook = self._hook
 
     # ------------------------------------------------------------------ labels
@@ -256,10 +263,30 @@ class GradientExchange:
         """At a sync: the learner takes the group's label table; returns what the rounds
         since the last sync handed to collectives (and clears the counts)."""
         self.settle_labels()
+        self.bytes += self._share_counts()
         dense = sum(p.numel() for p in self.learner.model.dense_parameters().values())
         report = SyncReport(self.seconds, self.bytes, dense, {}, self.rounds)
         self.bytes, self.rounds, self.seconds = 0, 0, 0.0
         return report
+
+    def _share_counts(self) -> int:
+        """Every rank adds the group's Naive Bayes count changes since the last sync (one
+        all-reduce of the table's deltas, the same sum on every rank), so the replicas'
+        counts are equal again; between syncs each counts only its own batches. Returns
+        the bytes handed to the collective."""
+        nb = self.learner.nb
+        if nb is None or self.group is None:
+            return 0
+        delta = nb.counts - self._nb_base  # (rows, 64)
+        try:
+            total = all_reduce(delta)
+        except RuntimeError as exc:
+            raise DistributedError(f"sharing the Naive Bayes counts failed (a peer stopped, died or did not "
+                                   f"answer within {self.group.settings.timeout_s:g} s): {exc}") from exc
+        nb.counts.copy_(self._nb_base + total)  # in place: nb.flat views it
+        self._nb_base = nb.counts.clone()
+        self.learner.mark_dirty({"nb.counts": total.ne(0).any(1).nonzero().flatten().numpy()})
+        return delta.numel() * 4
 
     def go_solo(self) -> None:
         """Stop exchanging (the group broke or a peer finished); labels keep mapping."""

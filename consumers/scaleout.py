@@ -146,11 +146,6 @@ class GroupWorker(Worker):
                               "per-key histories and candidates are not merged between workers; run one worker")
         if cfg.worker.sync not in SYNC_MODES:
             raise ConfigError(f"worker.sync={cfg.worker.sync!r}; choose one of {SYNC_MODES} (docs/operations.md)")
-        if cfg.worker.sync == "allreduce" and cfg.learner.nb_weight > 0:
-            raise ConfigError("worker.sync=allreduce exchanges gradients, and the Naive Bayes counts "
-                              "(learner.nb_weight > 0) are counted, not learned by gradient: the replicas' "
-                              "counts would drift apart; use worker.sync=average (it averages the counts "
-                              "with the other rows) or learner.nb_weight=0")
         self.cfg, self.options, self.settings = cfg, options, settings
         self.rank, self.live_world = settings.rank, settings.world_size
         self.group = Group(settings)

@@ -16,8 +16,6 @@ from streamlearn.config import Config, StoreConfig
 from streamlearn.consumers.distributed import (
     DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
 from streamlearn.exceptions import ConfigError
-from streamlearn.consumers import RunOptions
-from streamlearn.consumers.scaleout import GroupWorker
 from streamlearn.learner import Learner
 from streamlearn.state import Checkpoint, open_store
 
@@ -132,7 +130,8 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
     torch.save(grads, f"{out}/grads{rank}.pt")
     result = {"digest": replica_digest(lrn), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
               "bytes": report.payload_bytes, "exchanges": report.exchanges,
-              "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()}}
+              "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()},
+              "nb_records": float(lrn.nb.flat[:lrn.nb.max_labels].sum())}
     if rank == 1:
         print(json.dumps(result), flush=True)
         os._exit(0)  # gone without a word: rank 0's next round must fail, not hang
@@ -146,14 +145,14 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_ranks(tmp_path, script: str, timeout_s: float = 5.0, world: int = 2) -> list[dict]:
+def run_ranks(tmp_path, script: str, timeout_s: float = 5.0, world: int = 2, overrides=SMALL) -> list[dict]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
         procs.append(subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(timeout_s),
-                                       json.dumps(SMALL)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       json.dumps(overrides)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, text=True))
     outs = []
     for proc in procs:
@@ -163,11 +162,11 @@ def run_ranks(tmp_path, script: str, timeout_s: float = 5.0, world: int = 2) -> 
     return outs
 
 
-def timed_ranks(tmp_path_factory, name: str, script: str):
+def timed_ranks(tmp_path_factory, name: str, script: str, overrides=SMALL):
     """One 2-rank launch shared by a mode's tests: (directory, each rank's output, seconds)."""
     tmp = tmp_path_factory.mktemp(name)
     started = time.monotonic()
-    outs = run_ranks(tmp, script)
+    outs = run_ranks(tmp, script, overrides=overrides)
     return tmp, outs, time.monotonic() - started
 
 
@@ -178,7 +177,9 @@ def averaged(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def allreduced(tmp_path_factory):
-    return timed_ranks(tmp_path_factory, "allreduce", ALLREDUCE_SCRIPT)
+    # With the Naive Bayes part on: its counts travel at the sync, not in the rounds.
+    return timed_ranks(tmp_path_factory, "allreduce", ALLREDUCE_SCRIPT, (*SMALL, "learner.nb_weight=0.5",
+                                                                         "learner.nb_cells=65536"))
 
 
 LABEL_HEAD = ("d:label_head.weight", "d:label_head.bias")
@@ -231,6 +232,7 @@ def test_allreduce_keeps_replicas_bit_equal_on_uneven_data(allreduced):
     assert outs[0]["digest"] == outs[1]["digest"]
     assert outs[0]["labels"] == outs[1]["labels"] and sorted(outs[0]["labels"]) == ["food", "news", "sport", "tech"]
     assert outs[0]["steps"] == outs[1]["steps"] == 5  # the idle rank stepped with rank 0
+    assert outs[0]["nb_records"] == outs[1]["nb_records"] == 80 + 24  # each rank's counts hold both ranks' records
     assert outs[0]["dirty"] == outs[1]["dirty"] and outs[0]["dirty"]  # both would store the same rows
     assert outs[0]["exchanges"] == outs[0]["rounds"] >= 5 and outs[0]["bytes"] > 0
     g0, g1 = (torch.load(tmp / f"grads{r}.pt") for r in range(2))
@@ -272,12 +274,6 @@ def test_settings_from_options_or_torchrun_env():
                          (dict(environ={**env, "RANK": "x"}), "RANK must be an integer")]:
         with pytest.raises(ConfigError, match=message):
             dist_settings(**bad)
-
-
-def test_allreduce_refuses_the_naive_bayes_counts_it_cannot_keep_equal(tmp_path):
-    cfg = Config().override(*SMALL, "worker.sync=allreduce", "learner.nb_weight=0.2")
-    with pytest.raises(ConfigError, match="worker.sync=average"):
-        GroupWorker(cfg, RunOptions("t", str(tmp_path / "s")), DistSettings(0, 2, "tcp://127.0.0.1:1", "gloo", 1.0))
 
 
 def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
