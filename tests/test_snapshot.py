@@ -123,7 +123,7 @@ class CountingStore:
 
 
 def test_rows_are_read_once_per_checkpoint_and_only_those_touched(tmp_path):
-    learner = Learner(Config().override(*SMALL))
+    learner = Learner(Config().override(*SMALL, "learner.nb_weight=0.2"))  # with the Naive Bayes counts
     learner.learn_many(stream("classify", 32, random.Random(2)))
     store = open_store(tmp_path)
     commit(store, learner, 1)
