@@ -124,8 +124,7 @@ class GradientExchange:
         pending: the fetch thread waits for a checkpoint)."""
         self._map(list(self.learner.labels[len(self._to_group):]))
         table = self.learner.label_table
-        table.labels[:] = self.labels.labels
-        table.__post_init__()  # rebuilds the label -> id index
+        table.replace(self.labels.labels)
         self._to_group = list(range(len(table.labels)))
 
     def _map(self, labels: list) -> None:

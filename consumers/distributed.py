@@ -213,8 +213,7 @@ def _merge_labels(learner: Learner, group: Group) -> None:
         for moment in learner.dense_optim.state.get(param, {}).values():
             if torch.is_tensor(moment) and moment.shape == param.shape:
                 _permute_rows(moment, old)
-    table.labels[:] = merged.labels
-    table.__post_init__()  # rebuilds the label -> id index
+    table.replace(merged.labels)
     learner.start_label_rows([j for j, i in enumerate(old) if i is None])
 
 

@@ -161,6 +161,12 @@ class LabelTable:
         self.labels.append(label)
         return self._ids[key]
 
+    def replace(self, labels: list) -> None:
+        """Hold ``labels`` from now on, in this order (a label's id is its new position),
+        e.g. a merged table of several replicas; the caller moves the head rows."""
+        self.labels[:] = labels
+        self.__post_init__()
+
     def to_bytes(self) -> bytes:
         return msgpack.packb({"capacity": self.capacity, "labels": self.labels}, use_bin_type=True)
 
