@@ -306,16 +306,8 @@ def _best(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.n
 
 
 def _as_scores(x, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """numpy float64 copy of a numpy array or torch tensor, shape- and value-checked."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise DecodingError(f"{what} must be a numeric array or tensor: {exc}") from exc
-    if a.ndim < len(shape) or a.shape[a.ndim - len(shape):] != shape:
-        raise DecodingError(f"{what} has shape {a.shape}; expected (..., {', '.join(map(str, shape))}) "
-                            "to match the index")
+    """:func:`_as_array` as float64, value-checked."""
+    a = _as_array(x, shape, what).astype(np.float64, copy=False)
     if np.isnan(a).any() or np.isposinf(a).any():
         raise DecodingError(f"{what} contains NaN or +inf: check the model output (log-probabilities are <= 0)")
     return a
@@ -446,8 +438,8 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
 
 
 def _as_array(x, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """numpy view of a numpy array or torch tensor, shape-checked, in its own float
-    dtype (:func:`_as_scores` without the float64 copy and the value check)."""
+    """numpy view of a numpy array or torch tensor, shape-checked, in its own numeric
+    dtype (no copy: batched callers check values where they read them)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     try:

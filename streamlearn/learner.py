@@ -255,6 +255,14 @@ class Learner(river_base.Classifier):
         scale = 1.0 if self.cfg.model.layers == 0 else 0.1  # unit-size pooled states behind a LayerNorm
         self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
 
+    def value_tables(self) -> dict[str, torch.Tensor]:
+        """The row tables a forward pass reads, by store name: the embedding's and, with
+        the Naive Bayes part, ``"nb.counts"`` (not the row optimizer's state tables)."""
+        tables = dict(self.model.row_tables())
+        if self.nb is not None:
+            tables["nb.counts"] = self.nb.counts
+        return tables
+
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Per row table, the rows a forward pass over ``batch`` reads: the embedding's
         (``rows_touched``) and, with the Naive Bayes part, those of ``"nb.counts"``. A

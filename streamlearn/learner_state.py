@@ -56,10 +56,7 @@ def checkpoint_parts(learner: "Learner", full: bool):
 
 def row_tables(learner: "Learner") -> dict[str, torch.Tensor]:
     """Every row table and row-optimizer state table, by store name."""
-    tables = {**{n: p for n, p in learner.model.row_tables().items()}, **learner.row_optim.state_tables()}
-    if learner.nb is not None:
-        tables["nb.counts"] = learner.nb.counts
-    return tables
+    return {**learner.value_tables(), **learner.row_optim.state_tables()}
 
 
 def _save(obj) -> bytes:

@@ -328,9 +328,7 @@ class Snapshot:
         if hasattr(embedding, "grow"):
             embedding.grow = False  # the plain reference's dictionary comes from the checkpoint
         self._learner = learner
-        self._tables = dict(learner.model.row_tables())
-        if learner.nb is not None:  # the Naive Bayes counts: read lazily like embedding rows
-            self._tables["nb.counts"] = learner.nb.counts
+        self._tables = learner.value_tables()  # the Naive Bayes counts too: read lazily like embedding rows
         self._whole = _whole_tables(learner)
         self._lazy_versions = {
             n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole
