@@ -131,10 +131,16 @@ class Preparer:
     def _featurize(self, token_lists: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
         return self.model.embedding.featurize(token_lists, self.cfg.hashing.max_tokens)
 
-    def _nb_tokens(self, token_lists: Sequence[Sequence[str]]) -> np.ndarray | None:
-        """The Naive Bayes part's token ids (N, T), cut like the model's input; None when off."""
+    def _nb_tokens(self, token_lists: Sequence[Sequence[str]], feats: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The Naive Bayes part's token ids (N, T), cut like the model's input; None when
+        off. Hash embeddings' D1 (``feats["d1"]``, already one uniform hash per token) is
+        reused when its range K is at least half the part's span (so at most twice its
+        own collisions): hashing every token again cost the fetch thread 0.04 CPU-s per
+        1,000 SMS records, more than the rest of its work."""
         if self.nb is None:
             return None
+        if "d1" in feats and 2 * self.cfg.embedding.K >= self.nb.span:
+            return self.nb.ids_of(feats["d1"], feats["mask"])
         flat, mask = flatten_batch(token_lists, self.cfg.hashing.max_tokens)
         return self.nb.token_ids(flat, mask, self.cfg.hashing.seed)
 
@@ -145,7 +151,7 @@ class Preparer:
         if not accepted:
             return
         batch.feats = self._featurize([t for _, t in accepted])
-        batch.nb_tokens = self._nb_tokens([t for _, t in accepted])
+        batch.nb_tokens = self._nb_tokens([t for _, t in accepted], batch.feats)
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
@@ -204,7 +210,7 @@ class Preparer:
             lists, batch.rows, batch.cols = _mask_queries(lists, self.cfg.hashing.max_tokens)
         batch.feats = self._query_featurize(lists)
         if self.task == "classify":
-            batch.nb_tokens = self._nb_tokens(lists)
+            batch.nb_tokens = self._nb_tokens(lists, batch.feats)
         if self.task == "mlm":
             batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
             for r, ts in enumerate(lists):

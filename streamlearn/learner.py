@@ -269,14 +269,13 @@ class Learner(river_base.Classifier):
         reader that loads rows lazily from a checkpoint must have these current."""
         rows = dict(self.model.embedding.rows_touched(batch.feats)) if batch.feats is not None else {}
         if self.nb is not None and batch.nb_tokens is not None and batch.n_labels:
-            rows["nb.counts"] = self.nb.rows_read(torch.from_numpy(batch.nb_tokens), batch.n_labels)
+            rows["nb.counts"] = self.nb.rows_read(batch.nb_tokens, batch.n_labels)
         return rows
 
     def _count(self, b: Batch) -> np.ndarray:
         """The Naive Bayes part counts the batch (after the step: the step's loss used
         the counts from before it, as its prediction did); returns the changed rows."""
-        rows = self.nb.learn(torch.from_numpy(b.nb_tokens), torch.from_numpy(b.targets["labels"]),
-                             torch.from_numpy(b.weight)).numpy()
+        rows = self.nb.learn(b.nb_tokens, b.targets["labels"], b.weight)
         self.mark_dirty({"nb.counts": rows})
         return rows
 
@@ -286,7 +285,7 @@ class Learner(river_base.Classifier):
         logits = self.model.classify(feats, b.n_labels).float()
         if self.nb is None:
             return logits
-        nb = self.nb.scores(torch.from_numpy(b.nb_tokens), b.n_labels)
+        nb = torch.from_numpy(self.nb.scores(b.nb_tokens, b.n_labels))
         return logits + self.cfg.learner.nb_weight * nb.to(logits.device)
 
     def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:

@@ -36,7 +36,7 @@ from .state.schema import TableSpec
 if TYPE_CHECKING:
     from .learner import Learner
 
-FORMAT = 1
+FORMAT = 2  # 2: the Naive Bayes counts index tokens by hash embeddings' D1 where it is wide enough
 _SHORT_KEY = 256  # longer history keys are stored under their xxh3-128 digest
 
 
@@ -122,6 +122,7 @@ def load_into(learner: "Learner", store) -> None:
     if meta_bytes is None:
         raise StreamlearnError(f"store {store.path} holds no learner checkpoint (no learner.meta blob)")
     meta = msgpack.unpackb(meta_bytes)
+    check_format(learner, meta)
     with store.snapshot():
         _check_tables(learner, store)
         _load_rows(learner, store)
@@ -129,6 +130,16 @@ def load_into(learner: "Learner", store) -> None:
         _load_kv(learner, store, meta["candidates"])
     learner.steps, learner.prep.prepared, learner._applied = meta["steps"], meta["prepared"], meta["applied"]
     learner._dirty = {}
+
+
+def check_format(learner: "Learner", meta: dict) -> None:
+    """Refuse a checkpoint whose Naive Bayes counts index tokens differently (format 1
+    hashed every token again; format 2 reuses D1), rather than read wrong counts."""
+    if learner.nb is not None and meta.get("format", 1) < 2:
+        raise StreamlearnError(
+            f"this checkpoint's Naive Bayes counts (learner.nb_weight > 0) were written by an older "
+            f"streamlearn (checkpoint format {meta.get('format', 1)}, this one reads {FORMAT}) and index tokens "
+            "differently: restore with learner.nb_weight=0, or train a new state")
 
 
 def _check_tables(learner: "Learner", store) -> None:

@@ -2,11 +2,13 @@
 with a reason, drops into river, and survives a checkpoint/restore bit for bit."""
 import random
 
+import msgpack
 import numpy as np
 import pytest
 import torch
 from river import evaluate, metrics
 
+from streamlearn import learner_state
 from streamlearn.config import Config, StoreConfig
 from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import Batch, LabelCapacityError, Learner, StepReport
@@ -499,14 +501,25 @@ def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) 
     return np.array(out)
 
 
-def test_naive_bayes_part_scores_the_records_before_the_batch():
-    lrn = learner(*NB)
+@pytest.mark.parametrize("ids", ["d1", "hashed", "bloom"])
+def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
+    """Exact NB scores whichever way the part gets its token ids: hash embeddings' D1
+    when its range is wide enough, else (a narrow D1, or a scheme without one) a hash
+    of its own."""
+    extra = {"d1": ["embedding.K=65536"], "hashed": [], "bloom": ["embedding.scheme=bloom"]}[ids]
+    lrn = learner(*NB, *extra)
     stream = batches(topic_stream(48), 16)
     seen = []
     for records in stream:
         batch = lrn.prepare(records)
+        mask = batch.feats["mask"]
+        np.testing.assert_array_equal(batch.nb_tokens >= 0, mask)
+        if ids == "d1":
+            np.testing.assert_array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask] % lrn.nb.span)
+        else:
+            assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask])
         if seen:  # the step's loss and a prequential prediction see the counts before the batch
-            got = lrn.nb.scores(torch.from_numpy(batch.nb_tokens), batch.n_labels).numpy()
+            got = lrn.nb.scores(batch.nb_tokens, batch.n_labels)
             for row, r in zip(got, records):
                 want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5)
                 np.testing.assert_allclose(row, want, rtol=1e-5)
@@ -516,7 +529,7 @@ def test_naive_bayes_part_scores_the_records_before_the_batch():
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
         model_logits = lrn.model.classify(lrn._tensors(q.feats), q.n_labels).float()
-    nb = lrn.nb.scores(torch.from_numpy(q.nb_tokens), q.n_labels)
+    nb = torch.from_numpy(lrn.nb.scores(q.nb_tokens, q.n_labels))
     np.testing.assert_allclose(lrn._infer(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -545,6 +558,17 @@ def test_naive_bayes_reports_and_checkpoints_the_count_rows_it_changed(store):
     for records in stream[4:]:
         assert restored.learn_many(records).loss == reference.learn_many(records).loss
     assert torch.equal(restored.nb.counts, reference.nb.counts)
+
+
+def test_a_checkpoint_whose_naive_bayes_counts_index_tokens_differently_is_refused(store):
+    lrn = learner(*NB)
+    lrn.learn_many(topic_stream(16))
+    commit(lrn, store)
+    meta = msgpack.unpackb(store.read_blob("learner.meta"))
+    learner_state.check_format(lrn, meta)  # this version's checkpoint: fine
+    with pytest.raises(StreamlearnError, match="learner.nb_weight=0"):
+        learner_state.check_format(lrn, {**meta, "format": 1})
+    learner_state.check_format(learner("learner.nb_weight=0"), {**meta, "format": 1})  # no counts to misread
 
 
 @pytest.mark.parametrize("bad", ["learner.nb_cells=1000", "learner.nb_cells=64", "learner.nb_alpha=0",
