@@ -122,7 +122,7 @@ def load_into(learner: "Learner", store) -> None:
     if meta_bytes is None:
         raise StreamlearnError(f"store {store.path} holds no learner checkpoint (no learner.meta blob)")
     meta = msgpack.unpackb(meta_bytes)
-    check_format(learner, meta)
+    check_format(learner, meta, store)
     with store.snapshot():
         _check_tables(learner, store)
         _load_rows(learner, store)
@@ -132,14 +132,15 @@ def load_into(learner: "Learner", store) -> None:
     learner._dirty = {}
 
 
-def check_format(learner: "Learner", meta: dict) -> None:
-    """Refuse a checkpoint whose Naive Bayes counts index tokens differently (format 1
-    hashed every token again; format 2 reuses D1), rather than read wrong counts."""
-    if learner.nb is not None and meta.get("format", 1) < 2:
+def check_format(learner: "Learner", meta: dict, store) -> None:
+    """Refuse Naive Bayes counts stored by checkpoint format 1, which indexed tokens by a
+    hash of their own (format 2 reuses D1), rather than read them as wrong counts. A
+    format-1 state without counts restores with the part on: it starts counting then."""
+    if learner.nb is not None and meta.get("format", 1) < 2 and "nb.counts" in store.tables():
         raise StreamlearnError(
-            f"this checkpoint's Naive Bayes counts (learner.nb_weight > 0) were written by an older "
-            f"streamlearn (checkpoint format {meta.get('format', 1)}, this one reads {FORMAT}) and index tokens "
-            "differently: restore with learner.nb_weight=0, or train a new state")
+            f"this checkpoint's Naive Bayes counts were written by an older streamlearn (checkpoint "
+            f"format {meta.get('format', 1)}, this one reads {FORMAT}) and index tokens differently: "
+            "restore with learner.nb_weight=0, or train into a new state directory")
 
 
 def _check_tables(learner: "Learner", store) -> None:

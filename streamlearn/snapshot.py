@@ -309,7 +309,7 @@ class Snapshot:
         if config_blob != self._config_blob or rewound:
             self._rebuild(config_blob)  # a rewritten store, or another model in the directory
         meta = msgpack.unpackb(meta_blob)
-        learner_state.check_format(self._learner, meta)
+        learner_state.check_format(self._learner, meta, self._store)
         self._load_dense()
         self._learner.prep.label_table = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
         self._extend_candidates(meta.get("candidates", 0))

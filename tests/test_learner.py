@@ -560,15 +560,29 @@ def test_naive_bayes_reports_and_checkpoints_the_count_rows_it_changed(store):
     assert torch.equal(restored.nb.counts, reference.nb.counts)
 
 
-def test_a_checkpoint_whose_naive_bayes_counts_index_tokens_differently_is_refused(store):
+def test_naive_bayes_counts_of_an_older_checkpoint_format_are_refused(store):
+    """Format 1 indexed the counts by another token hash: such counts are refused, not
+    misread; a format-1 state without counts restores with the part on."""
     lrn = learner(*NB)
     lrn.learn_many(topic_stream(16))
     commit(lrn, store)
     meta = msgpack.unpackb(store.read_blob("learner.meta"))
-    learner_state.check_format(lrn, meta)  # this version's checkpoint: fine
+    learner_state.check_format(lrn, meta, store)  # this version's checkpoint: fine
     with pytest.raises(StreamlearnError, match="learner.nb_weight=0"):
-        learner_state.check_format(lrn, {**meta, "format": 1})
-    learner_state.check_format(learner("learner.nb_weight=0"), {**meta, "format": 1})  # no counts to misread
+        learner_state.check_format(lrn, {**meta, "format": 1}, store)
+    learner_state.check_format(learner("learner.nb_weight=0"), {**meta, "format": 1}, store)  # counts unused
+
+
+def test_a_state_without_naive_bayes_counts_restores_with_the_part_on(store):
+    plain = learner("learner.nb_weight=0")
+    plain.learn_many(topic_stream(16))
+    commit(plain, store)
+    meta = msgpack.unpackb(store.read_blob("learner.meta"))
+    learner_state.check_format(learner(*NB), {**meta, "format": 1}, store)  # no counts stored: nothing to misread
+    restored = Learner.restore(store, Config().override(*SMALL, *NB))
+    assert restored.nb is not None and not restored.nb.counts.any()
+    restored.learn_many(topic_stream(16, seed=1))
+    assert restored.nb.counts.any()
 
 
 @pytest.mark.parametrize("bad", ["learner.nb_cells=1000", "learner.nb_cells=64", "learner.nb_alpha=0",
