@@ -101,7 +101,7 @@ class LearnerConfig:
     history: int = 10  # next-item: a key's last n items
     beam: int = 50  # top-k decoding beam width
     shuffle_random: float = 0.0  # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
-    nb_weight: float = 0.0  # classify: weight of the hashed Naive Bayes score added to the label logits (0 = off; 0.2: AG News >= NB)
+    nb_weight: float = 0.2  # classify: weight of the hashed Naive Bayes score added to the label logits (0 = off; 0.2: AG News >= NB)
     nb_alpha: float = 0.3  # classify: Naive Bayes additive smoothing of the (token, label) counts
     nb_cells: int = 1_048_576  # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
     seed: int = 0
