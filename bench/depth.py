@@ -1,30 +1,40 @@
-"""Superbloom's depth claim on a heavily hashed synthetic set stream: 0 to 3 layers.
+"""Superbloom's depth claim on heavily hashed synthetic set streams: 0 to 3 layers.
 
-    python bench/depth.py [--quick] [--out depth.json] [--seeds 2] [--sets 300000] [--jobs 2] [--control]
+    python bench/depth.py [--stream partners|clusters] [--quick] [--out depth.json] [--seeds 2]
+                          [--sets 400000] [--jobs 2] [--control]
 
 Claim (Superbloom, section 3.4): with m hashes and many ids per hash row, a model of 2
 or more layers recovers masked ids clearly better than a 1-layer model of the same size,
 because telling which id of a row is meant needs the context, mixed over several layers.
 
-Stream (bench/quality_streams.cluster_sets): --ids ids (2,000) split at random into
-latent clusters of --cluster (8); each set picks a cluster uniformly and 3..6 of its ids.
+Streams (bench/quality_streams), both over --ids ids (2,000), one set per record:
+
+- ``partners`` (the default): ids paired at random; each set holds 2..3 whole pairs. With
+  one id masked, the answer is the partner of the one context id left without its
+  partner. Finding that id needs the context ids compared with each other (a first layer
+  of attention) before the [MASK] slot reads it (a second); under hashing the comparison
+  is between the ids' shared rows.
+- ``clusters``: ids split at random into latent clusters of --cluster (8); each set picks a
+  cluster and 3..6 of its ids. Every context id votes for the answer's cluster on its own,
+  so one read of the context suffices (the first design: no depth effect).
+
 Ids are Bloom-hashed, m = 2 hashes into one table of B = m * ids / 20 rows, so every row
-is shared by about 20 ids of unrelated clusters, on input and (tied, Superbloom's
-E_O = E_I) on output. Models: no positions, [MASK] slot read at depth >= 1 (depth 0: the
-pooled context), d_model 64, 4 heads, the same transformer parameter count at 1, 2 and
-3 layers (ffn 645, 256, 128), the same optimizer settings (dense AdamW 0.002, the
-depth >= 1 rate of docs/choosing-a-configuration.md; sparse Adagrad 0.2), batch 128,
-one pass.
+is shared by about 20 ids, on input and (tied, Superbloom's E_O = E_I) on output. Models:
+no positions, [MASK] slot read at depth >= 1 (depth 0: the pooled context), d_model 64,
+4 heads, the same transformer parameter count at 1, 2 and 3 layers (ffn 645, 256, 128),
+the same optimizer settings (dense AdamW 0.002, the depth >= 1 rate of
+docs/choosing-a-configuration.md; sparse Adagrad 0.2), batch 128, one pass, mlm (15%
+masking, 80/10/10).
 
 Metric: prequential. Before each batch is learned, one random id of each of its first 64
 sets is masked and the rest of the set is the query; every one of the ids is scored with
 Superbloom's decoding score sum_j log p_j(h_j(id)) (exhaustive: what Algorithm 1 ranks
 by, exact), the query's own ids excluded; recall@1/@10 of the masked id, per quarter
-of the stream. For scale, on the same queries: the oracle that knows the true cluster
-(the masked id is uniform over the cluster's ids not in the query), and the same oracle
-decoded through the hashes (its exact per-hash marginals, ranked as a model's are), the
-ceiling of any model with this hashed output. --control repeats 1 and 2 layers (first seed) with
-B = 2 * m * ids (no heavy hashing) to show what the hashing costs.
+of the stream. For scale, on the same queries: the oracle that knows the ground truth
+(the cluster, or the pairs), and the same oracle decoded through the hashes (its exact
+per-hash marginals, ranked as a model's are), the ceiling of any model with this hashed
+output. --control repeats 1 and 2 layers (first seed) with B = 2 * m * ids (no heavy
+hashing) to show what the hashing costs.
 
 Prints a markdown table with each depth's ratio to 1 layer; --out writes JSON.
 """
@@ -44,14 +54,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality_streams import ClusterSets, cluster_sets  # noqa: E402
+from quality_streams import ClusterSets, PartnerSets, cluster_sets, partner_sets  # noqa: E402
 
 from streamlearn.config import load_config  # noqa: E402
 from streamlearn.learner import Learner  # noqa: E402
 
 M = 2
 IDS_PER_ROW = 20
-SIZES = (3, 6)
+SIZES = {"clusters": (3, 6), "partners": (2, 3)}  # ids per set; whole pairs per set
 D_MODEL, HEADS = 64, 4
 FFN = {0: 0, 1: 645, 2: 256, 3: 128}  # layers -> ffn: ~100k transformer parameters at 1..3 layers
 BATCH, EVAL_ROWS, K = 128, 64, 10
@@ -68,6 +78,7 @@ class Run:
     cluster: int
     sets: int
     rows: int  # B
+    stream: str = "partners"
 
     def overrides(self) -> list[str]:
         return ["learner.task=mlm", f"learner.batch_size={BATCH}", f"learner.seed={self.seed}",
@@ -76,6 +87,12 @@ class Run:
                 f"model.heads={HEADS}", f"model.layers={self.layers}", f"model.ffn={max(FFN[self.layers], 1)}",
                 "model.positions=false", "model.dropout=0", "model.tie_output=true", "optim.dense_lr=0.002",
                 "optim.sparse_lr=0.2"]
+
+
+def make_stream(run: Run) -> ClusterSets | PartnerSets:
+    if run.stream == "partners":
+        return partner_sets(run.ids, run.sets, SIZES["partners"], seed=run.seed)
+    return cluster_sets(run.ids, run.cluster, run.sets, SIZES["clusters"], seed=run.seed)
 
 
 def learner(run: Run) -> Learner:
@@ -98,7 +115,7 @@ def recall_at(scores: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
     return np.clip((k - above) / (tied + 1), 0.0, 1.0)
 
 
-def queries(stream: ClusterSets, start: int, n: int, rng: np.random.Generator):
+def queries(stream: ClusterSets | PartnerSets, start: int, n: int, rng: np.random.Generator):
     """(index, masked id, context ids) of the first n sets of the batch at ``start``."""
     out = []
     for i in range(start, min(start + n, len(stream.sets))):
@@ -123,7 +140,7 @@ def model_scores(L: Learner, qs, codes: np.ndarray) -> np.ndarray:
 
 def run_model(run: Run) -> dict:
     torch.set_num_threads(1)
-    stream = cluster_sets(run.ids, run.cluster, run.sets, SIZES, seed=run.seed)
+    stream = make_stream(run)
     L = learner(run)
     codes = L.model.space.hasher([f"id{i}" for i in range(run.ids)])  # (ids, m)
     rng = np.random.default_rng(1000 + run.seed)
@@ -145,7 +162,7 @@ def run_model(run: Run) -> dict:
         learn_s += time.perf_counter() - t
     at_a, r1_a, r10_a = np.array(at), np.concatenate(r1), np.concatenate(r10)
     quarter = np.minimum(4 * at_a // run.sets, 3)
-    return {"layers": run.layers, "seed": run.seed, "rows": run.rows, "ffn": FFN[run.layers],
+    return {"stream": run.stream, "layers": run.layers, "seed": run.seed, "rows": run.rows, "ffn": FFN[run.layers],
             "transformer_params": transformer_params(L), "params": sum(p.numel() for p in L.model.parameters()),
             "queries": int(len(at_a)),
             "recall@1_by_quarter": [float(r1_a[quarter == q].mean()) for q in range(4)],
@@ -155,19 +172,21 @@ def run_model(run: Run) -> dict:
 
 # ---------------------------------------------------------------------------- oracles
 
-def oracles(ids: int, cluster: int, sets: int, rows: int, seed: int) -> dict:
-    """recall@10 of the known-cluster oracle, exact and decoded through the m hashes."""
-    stream = cluster_sets(ids, cluster, sets, SIZES, seed=seed)
-    codes = learner(Run(0, seed, ids, cluster, sets, rows)).model.space.hasher([f"id{i}" for i in range(ids)])
-    rng = np.random.default_rng(1000 + seed)
+def oracles(run: Run) -> dict:
+    """recall@1/@10 of the oracle that knows the ground truth (the cluster, or the pairs),
+    exact and decoded through the m hashes."""
+    ids, rows = run.ids, run.rows
+    stream = make_stream(run)
+    codes = learner(run).model.space.hasher([f"id{i}" for i in range(ids)])
+    rng = np.random.default_rng(1000 + run.seed)
     qs = []
-    for start in range(BATCH, sets, BATCH):
+    for start in range(BATCH, run.sets, BATCH):
         qs += queries(stream, start, EVAL_ROWS, rng)
         if len(qs) >= ORACLE_QUERIES:
             break
     exact, exact1, hashed, hashed1 = [], [], [], []
     for i, target, ctx in qs:
-        rest = np.setdiff1d(stream.clusters[stream.which[i]], ctx)  # the ids the oracle cannot tell apart
+        rest = stream.answers(i, ctx)  # the ids the oracle cannot tell apart
         exact.append(min(1.0, K / len(rest)))
         exact1.append(1.0 / len(rest))
         scores = np.zeros(ids)
@@ -178,14 +197,14 @@ def oracles(ids: int, cluster: int, sets: int, rows: int, seed: int) -> dict:
         scores[ctx] = -np.inf
         hashed.append(recall_at(scores[None], np.array([target]), K)[0])
         hashed1.append(recall_at(scores[None], np.array([target]), 1)[0])
-    return {"known_cluster_recall@10": float(np.mean(exact)), "known_cluster_recall@1": float(np.mean(exact1)),
-            "known_cluster_hashed_recall@10": float(np.mean(hashed)),
-            "known_cluster_hashed_recall@1": float(np.mean(hashed1)), "queries": len(qs)}
+    return {"oracle_recall@10": float(np.mean(exact)), "oracle_recall@1": float(np.mean(exact1)),
+            "oracle_hashed_recall@10": float(np.mean(hashed)),
+            "oracle_hashed_recall@1": float(np.mean(hashed1)), "queries": len(qs)}
 
 
-def shared_digests(ids: int, rows: int, seed: int) -> float:
+def shared_digests(run: Run) -> float:
     """Share of ids whose whole digest another id has (no model can tell those apart)."""
-    codes = learner(Run(0, seed, ids, 8, 1, rows)).model.space.hasher([f"id{i}" for i in range(ids)])
+    codes = learner(run).model.space.hasher([f"id{i}" for i in range(run.ids)])
     _, inverse, counts = np.unique(np.sort(codes, axis=1), axis=0, return_inverse=True, return_counts=True)
     return float((counts[inverse.ravel()] > 1).mean())
 
@@ -223,34 +242,40 @@ def table(results: dict) -> str:
                     f"{s['recall@1_by_quarter'][-1]:.3f} / {s['recall@10_by_quarter'][-1]:.3f} ({per_seed}) | "
                     f"{ratio} | {s['learn_records_per_s']:,.0f} |")
     o = results["oracle"]
-    rows.append(f"| oracle knowing the cluster | - | - | - | {o['known_cluster_recall@1']:.3f} / {o['known_cluster_recall@10']:.3f} | - | - |")
+    truth = "the pairs" if results["stream"] == "partners" else "the cluster"
+    rows.append(f"| oracle knowing {truth} | - | - | - | {o['oracle_recall@1']:.3f} / {o['oracle_recall@10']:.3f} | - | - |")
     rows.append(f"| same oracle through the hashes (m softmaxes) | {results['rows']} | - | - | "
-                f"{o['known_cluster_hashed_recall@1']:.3f} / {o['known_cluster_hashed_recall@10']:.3f} | - | - |")
+                f"{o['oracle_hashed_recall@1']:.3f} / {o['oracle_hashed_recall@10']:.3f} | - | - |")
+    lo, hi = results["set_sizes"]
+    shape = (f"ids in random pairs, sets of {lo}-{hi} whole pairs" if results["stream"] == "partners"
+             else f"ids in clusters of {results['cluster']}, sets of {lo}-{hi} ids")
     return "\n".join(rows) + (
-        f"\n\n{results['ids']:,} ids in clusters of {results['cluster']}, sets of {SIZES[0]}-{SIZES[1]} ids, "
+        f"\n\nstream {results['stream']}: {results['ids']:,} {shape}, "
         f"{results['sets']:,} sets per run, m = {M}, {results['shared_digest']:.1%} of ids share their whole digest; "
         f"seeds {results['seeds']}; {results['seconds']:.0f} s")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stream", choices=("partners", "clusters"), default="partners",
+                        help="the set stream (module docstring; default partners)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 40,000 sets, 1 and 2 layers")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--ids", type=int, default=2_000)
     parser.add_argument("--cluster", type=int, default=8)
-    parser.add_argument("--sets", type=int, help="sets per run (default 300,000; --quick 40,000)")
+    parser.add_argument("--sets", type=int, help="sets per run (default 400,000; --quick 40,000)")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--layers", type=int, nargs="*", choices=sorted(FFN), help="depths (default 0 1 2 3)")
     parser.add_argument("--control", action="store_true", help="also 1 and 2 layers without heavy hashing")
     parser.add_argument("--jobs", type=int, default=2, help="models trained in parallel, 1 torch thread each")
     args = parser.parse_args()
-    sets = args.sets or (40_000 if args.quick else 300_000)
+    sets = args.sets or (40_000 if args.quick else 400_000)
     seeds = list(range(1 if args.quick else args.seeds))
     depths = args.layers or ([1, 2] if args.quick else sorted(FFN))
     rows = M * args.ids // IDS_PER_ROW
-    runs = [Run(layers, seed, args.ids, args.cluster, sets, rows) for seed in seeds for layers in depths]
+    runs = [Run(layers, seed, args.ids, args.cluster, sets, rows, args.stream) for seed in seeds for layers in depths]
     if args.control:
-        runs += [Run(layers, seeds[0], args.ids, args.cluster, sets, 2 * M * args.ids) for layers in (1, 2)]
+        runs += [Run(layers, seeds[0], args.ids, args.cluster, sets, 2 * M * args.ids, args.stream) for layers in (1, 2)]
     t = time.perf_counter()
     models = []
     with mp.get_context("spawn").Pool(args.jobs) as pool:
@@ -259,10 +284,10 @@ def main() -> int:
             print(f"done: {r['layers']} layers, B={r['rows']}, seed {r['seed']}: recall@10 by quarter "
                   + " ".join(f"{x:.3f}" for x in r["recall@10_by_quarter"]), file=sys.stderr, flush=True)
     models.sort(key=lambda r: (r["rows"] != rows, r["rows"], r["layers"], r["seed"]))  # hashed first
-    results = {"ids": args.ids, "cluster": args.cluster, "sets": sets, "rows": rows, "seeds": seeds,
-               "set_sizes": list(SIZES), "m": M, "batch": BATCH, "eval_rows": EVAL_ROWS,
-               "oracle": oracles(args.ids, args.cluster, sets, rows, seeds[0]),
-               "shared_digest": shared_digests(args.ids, rows, seeds[0]),
+    first = Run(0, seeds[0], args.ids, args.cluster, sets, rows, args.stream)
+    results = {"stream": args.stream, "ids": args.ids, "cluster": args.cluster, "sets": sets, "rows": rows,
+               "seeds": seeds, "set_sizes": list(SIZES[args.stream]), "m": M, "batch": BATCH, "eval_rows": EVAL_ROWS,
+               "oracle": oracles(first), "shared_digest": shared_digests(first),
                "models": models, "summary": summarize(models), "torch": torch.__version__,
                "python": platform.python_version(), "jobs": args.jobs, "quick": args.quick}
     results["seconds"] = time.perf_counter() - t

@@ -5,8 +5,8 @@
   mapped to the class names of ``classes.txt`` so both files agree);
 - :func:`movielens`: u.data as next-item events in timestamp order (stable sort, as
   ``streamlearn.datasets`` reads it);
-- :func:`cluster_sets`: the synthetic set-completion stream (latent clusters of ids) with
-  its ground truth (bench/depth.py);
+- :func:`cluster_sets`, :func:`partner_sets`: the synthetic set-completion streams (latent
+  clusters of ids; sets of partnered ids) with their ground truth (bench/depth.py);
 - :func:`river_nb`, :func:`vw_oaa`: the text peers, prequential one record at a time;
 - :class:`NextItemBaselines`: first-order Markov and global popularity, online.
 """
@@ -57,6 +57,11 @@ class ClusterSets:
     def tokens(self, i: int) -> list[str]:
         return [f"id{x}" for x in self.sets[i].tolist()]
 
+    def answers(self, i: int, context: np.ndarray) -> np.ndarray:
+        """The ids an oracle that knows the clusters cannot tell apart as the one missing
+        from set i's ``context``: the rest of its cluster."""
+        return np.setdiff1d(self.clusters[self.which[i]], context)
+
 
 def cluster_sets(n_ids: int, cluster: int, records: int, sizes: tuple[int, int], seed: int = 0) -> ClusterSets:
     """``records`` sets: each picks one of n_ids / cluster latent clusters (uniformly) and
@@ -70,6 +75,41 @@ def cluster_sets(n_ids: int, cluster: int, records: int, sizes: tuple[int, int],
     lengths = rng.integers(sizes[0], sizes[1] + 1, size=records)
     sets = [rng.choice(clusters[c], n, replace=False) for c, n in zip(which, lengths)]
     return ClusterSets(sets, which, clusters)
+
+
+@dataclass(frozen=True)
+class PartnerSets:
+    """A synthetic set-completion stream whose answer needs two steps of context.
+
+    Ids are paired at random (``partner[x]`` is x's partner); every set holds whole pairs.
+    With one id masked, the answer is the partner of the one context id whose own partner
+    is missing: telling which id that is needs the context ids compared with each other
+    before the [MASK] slot reads them.
+    """
+
+    sets: list[np.ndarray]
+    partner: np.ndarray  # (n_ids,) int64
+
+    def tokens(self, i: int) -> list[str]:
+        return [f"id{x}" for x in self.sets[i].tolist()]
+
+    def answers(self, i: int, context: np.ndarray) -> np.ndarray:
+        """The one id that completes ``context`` (set i minus one id) into whole pairs."""
+        return self.partner[context[~np.isin(self.partner[context], context)]]
+
+
+def partner_sets(n_ids: int, records: int, pairs: tuple[int, int], seed: int = 0) -> PartnerSets:
+    """``records`` sets of ``pairs[0]..pairs[1]`` random whole pairs each (2 to 2 * pairs[1]
+    ids); ids are paired at random, so the hash of an id says nothing about its partner."""
+    if n_ids % 2 or not 1 <= pairs[0] <= pairs[1] <= n_ids // 2:
+        raise ValueError(f"need an even n_ids and 1 <= pairs <= n_ids / 2; got {n_ids}, {pairs}")
+    rng = np.random.default_rng(seed)
+    couples = rng.permutation(n_ids).reshape(-1, 2)
+    partner = np.empty(n_ids, dtype=np.int64)
+    partner[couples[:, 0]], partner[couples[:, 1]] = couples[:, 1], couples[:, 0]
+    counts = rng.integers(pairs[0], pairs[1] + 1, size=records)
+    sets = [rng.permutation(couples[rng.choice(len(couples), c, replace=False)].reshape(-1)) for c in counts]
+    return PartnerSets(sets, partner)
 
 
 # ---------------------------------------------------------------------------- text peers
