@@ -33,7 +33,7 @@ by, exact), the query's own ids excluded; recall@1/@10 of the masked id, per qua
 of the stream. For scale, on the same queries: the oracle that knows the ground truth
 (the cluster, or the pairs), and the same oracle decoded through the hashes (its exact
 per-hash marginals, ranked as a model's are), the ceiling of any model with this hashed
-output. --control repeats 1 and 2 layers (first seed) with B = 2 * m * ids (no heavy
+output. --control repeats the depths up to 2 (first seed) with B = 2 * m * ids (no heavy
 hashing) to show what the hashing costs.
 
 Prints a markdown table with each depth's ratio to 1 layer; --out writes JSON.
@@ -259,23 +259,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream", choices=("partners", "clusters"), default="partners",
                         help="the set stream (module docstring; default partners)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 40,000 sets, 1 and 2 layers")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 150,000 sets, 1 and 2 layers")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--ids", type=int, default=2_000)
     parser.add_argument("--cluster", type=int, default=8)
-    parser.add_argument("--sets", type=int, help="sets per run (default 400,000; --quick 40,000)")
+    parser.add_argument("--sets", type=int, help="sets per run (default 400,000; --quick 150,000)")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--layers", type=int, nargs="*", choices=sorted(FFN), help="depths (default 0 1 2 3)")
-    parser.add_argument("--control", action="store_true", help="also 1 and 2 layers without heavy hashing")
+    parser.add_argument("--control", action="store_true", help="also the depths up to 2 without heavy hashing")
     parser.add_argument("--jobs", type=int, default=2, help="models trained in parallel, 1 torch thread each")
     args = parser.parse_args()
-    sets = args.sets or (40_000 if args.quick else 400_000)
+    sets = args.sets or (150_000 if args.quick else 400_000)
     seeds = list(range(1 if args.quick else args.seeds))
     depths = args.layers or ([1, 2] if args.quick else sorted(FFN))
     rows = M * args.ids // IDS_PER_ROW
     runs = [Run(layers, seed, args.ids, args.cluster, sets, rows, args.stream) for seed in seeds for layers in depths]
     if args.control:
-        runs += [Run(layers, seeds[0], args.ids, args.cluster, sets, 2 * M * args.ids, args.stream) for layers in (1, 2)]
+        runs += [Run(layers, seeds[0], args.ids, args.cluster, sets, 2 * M * args.ids, args.stream)
+                 for layers in depths if layers <= 2]
     t = time.perf_counter()
     models = []
     with mp.get_context("spawn").Pool(args.jobs) as pool:
