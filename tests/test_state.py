@@ -137,6 +137,20 @@ def test_manifest_merges_offsets_per_partition_and_keeps_config(store):
     assert json.loads(json.dumps(m.to_dict()))["tables"]["emb.E"] == {"rows": 1000, "width": 4, "dtype": "float32"}
 
 
+@BACKENDS
+def test_a_reader_sees_each_new_manifest_and_its_tables(store):
+    """A reader polls the manifest on every query (the LMDB store keeps the last parse
+    while the stored bytes are unchanged): a commit or a declared table must show at once."""
+    with reader(store) as ro:
+        assert ro.manifest().commits == 0
+        store.commit(Checkpoint(step=10, offsets={"a:0": 5}))
+        assert (ro.manifest().step, ro.manifest().commits, ro.manifest().offsets) == (10, 1, {"a:0": 5})
+        store.commit(Checkpoint(step=10, offsets={"a:0": 6}))  # same step, new offsets
+        assert (ro.manifest().commits, ro.manifest().offsets) == (2, {"a:0": 6})
+        store.declare_tables([TableSpec("extra", rows=10, width=1)])
+        assert "extra" in ro.manifest().tables
+
+
 def _bad_checkpoints():
     ok = rows(E, [1, 2])
     return {
