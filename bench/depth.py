@@ -54,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality_streams import ClusterSets, PartnerSets, cluster_sets, partner_sets  # noqa: E402
+from quality_streams import SetStream, cluster_sets, partner_sets  # noqa: E402
 
 from streamlearn.config import load_config  # noqa: E402
 from streamlearn.learner import Learner  # noqa: E402
@@ -89,7 +89,7 @@ class Run:
                 "optim.sparse_lr=0.2"]
 
 
-def make_stream(run: Run) -> ClusterSets | PartnerSets:
+def make_stream(run: Run) -> SetStream:
     if run.stream == "partners":
         return partner_sets(run.ids, run.sets, SIZES["partners"], seed=run.seed)
     return cluster_sets(run.ids, run.cluster, run.sets, SIZES["clusters"], seed=run.seed)
@@ -97,6 +97,11 @@ def make_stream(run: Run) -> ClusterSets | PartnerSets:
 
 def learner(run: Run) -> Learner:
     return Learner(load_config(overrides=run.overrides(), use_env=False))
+
+
+def digest_codes(L: Learner, ids: int) -> np.ndarray:
+    """(ids, m): the m hash rows of each id's token, as the model's input and output see them."""
+    return L.model.space.hasher([f"id{i}" for i in range(ids)])
 
 
 def transformer_params(L: Learner) -> int:
@@ -115,7 +120,7 @@ def recall_at(scores: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
     return np.clip((k - above) / (tied + 1), 0.0, 1.0)
 
 
-def queries(stream: ClusterSets | PartnerSets, start: int, n: int, rng: np.random.Generator):
+def queries(stream: SetStream, start: int, n: int, rng: np.random.Generator):
     """(index, masked id, context ids) of the first n sets of the batch at ``start``."""
     out = []
     for i in range(start, min(start + n, len(stream.sets))):
@@ -142,7 +147,7 @@ def run_model(run: Run) -> dict:
     torch.set_num_threads(1)
     stream = make_stream(run)
     L = learner(run)
-    codes = L.model.space.hasher([f"id{i}" for i in range(run.ids)])  # (ids, m)
+    codes = digest_codes(L, run.ids)
     rng = np.random.default_rng(1000 + run.seed)
     at: list[int] = []
     r1: list[np.ndarray] = []
@@ -172,12 +177,11 @@ def run_model(run: Run) -> dict:
 
 # ---------------------------------------------------------------------------- oracles
 
-def oracles(run: Run) -> dict:
+def oracles(run: Run, codes: np.ndarray) -> dict:
     """recall@1/@10 of the oracle that knows the ground truth (the cluster, or the pairs),
-    exact and decoded through the m hashes."""
+    exact and decoded through the m hashes (``codes``: :func:`digest_codes`)."""
     ids, rows = run.ids, run.rows
     stream = make_stream(run)
-    codes = learner(run).model.space.hasher([f"id{i}" for i in range(ids)])
     rng = np.random.default_rng(1000 + run.seed)
     qs = []
     for start in range(BATCH, run.sets, BATCH):
@@ -202,9 +206,8 @@ def oracles(run: Run) -> dict:
             "oracle_hashed_recall@1": float(np.mean(hashed1)), "queries": len(qs)}
 
 
-def shared_digests(run: Run) -> float:
+def shared_digests(codes: np.ndarray) -> float:
     """Share of ids whose whole digest another id has (no model can tell those apart)."""
-    codes = learner(run).model.space.hasher([f"id{i}" for i in range(run.ids)])
     _, inverse, counts = np.unique(np.sort(codes, axis=1), axis=0, return_inverse=True, return_counts=True)
     return float((counts[inverse.ravel()] > 1).mean())
 
@@ -286,9 +289,10 @@ def main() -> int:
                   + " ".join(f"{x:.3f}" for x in r["recall@10_by_quarter"]), file=sys.stderr, flush=True)
     models.sort(key=lambda r: (r["rows"] != rows, r["rows"], r["layers"], r["seed"]))  # hashed first
     first = Run(0, seeds[0], args.ids, args.cluster, sets, rows, args.stream)
+    codes = digest_codes(learner(first), args.ids)
     results = {"stream": args.stream, "ids": args.ids, "cluster": args.cluster, "sets": sets, "rows": rows,
                "seeds": seeds, "set_sizes": list(SIZES[args.stream]), "m": M, "batch": BATCH, "eval_rows": EVAL_ROWS,
-               "oracle": oracles(first), "shared_digest": shared_digests(first),
+               "oracle": oracles(first, codes), "shared_digest": shared_digests(codes),
                "models": models, "summary": summarize(models), "torch": torch.__version__,
                "python": platform.python_version(), "jobs": args.jobs, "quick": args.quick}
     results["seconds"] = time.perf_counter() - t

@@ -43,19 +43,28 @@ def movielens(data: Path) -> list[dict]:
 
 
 @dataclass(frozen=True)
-class ClusterSets:
-    """A synthetic set-completion stream with its ground truth.
-
-    ``sets[i]`` holds integer ids (token ``f"id{x}"``) drawn without replacement from
-    cluster ``which[i]``; ``clusters`` (n_clusters, cluster) lists each cluster's ids.
-    """
+class SetStream:
+    """A synthetic set-completion stream: ``sets[i]`` holds integer ids (token
+    ``f"id{x}"``); subclasses carry the ground truth and answer for it."""
 
     sets: list[np.ndarray]
-    which: np.ndarray  # (records,) int64
-    clusters: np.ndarray  # (n_clusters, cluster) int64
 
     def tokens(self, i: int) -> list[str]:
         return [f"id{x}" for x in self.sets[i].tolist()]
+
+    def answers(self, i: int, context: np.ndarray) -> np.ndarray:
+        """The ids an oracle that knows the ground truth cannot tell apart as the one
+        missing from set i's ``context`` (set i minus one id)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ClusterSets(SetStream):
+    """Sets of ids drawn without replacement from cluster ``which[i]``; ``clusters``
+    (n_clusters, cluster) lists each cluster's ids."""
+
+    which: np.ndarray  # (records,) int64
+    clusters: np.ndarray  # (n_clusters, cluster) int64
 
     def answers(self, i: int, context: np.ndarray) -> np.ndarray:
         """The ids an oracle that knows the clusters cannot tell apart as the one missing
@@ -78,8 +87,8 @@ def cluster_sets(n_ids: int, cluster: int, records: int, sizes: tuple[int, int],
 
 
 @dataclass(frozen=True)
-class PartnerSets:
-    """A synthetic set-completion stream whose answer needs two steps of context.
+class PartnerSets(SetStream):
+    """A set stream whose answer needs two steps of context.
 
     Ids are paired at random (``partner[x]`` is x's partner); every set holds whole pairs.
     With one id masked, the answer is the partner of the one context id whose own partner
@@ -87,11 +96,7 @@ class PartnerSets:
     before the [MASK] slot reads them.
     """
 
-    sets: list[np.ndarray]
     partner: np.ndarray  # (n_ids,) int64
-
-    def tokens(self, i: int) -> list[str]:
-        return [f"id{x}" for x in self.sets[i].tolist()]
 
     def answers(self, i: int, context: np.ndarray) -> np.ndarray:
         """The one id that completes ``context`` (set i minus one id) into whole pairs."""

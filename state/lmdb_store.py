@@ -85,7 +85,7 @@ class LmdbStore(Store):
         self._local = threading.local()
         self._tables: dict[str, TableSpec] = {}
         self._tables_raw = b""  # the stored table list self._tables was parsed from
-        self._manifest_memo: tuple[bytes, bytes, bytes, Manifest] | None = None  # raw records -> parsed
+        self._manifest_memo: tuple[tuple[bytes, ...], Manifest] | None = None  # stored records, their parse
         self._lock_fd: int | None = None
         self._shared: SharedEnv | None = None
         if readonly:
@@ -206,7 +206,7 @@ class LmdbStore(Store):
 
         def work(txn: lmdb.Transaction) -> None:  # 3. one write transaction (in _write)
             meta = self._shared.db(_META)
-            prev = _read_manifest(txn, meta, self._tables)  # 4. previous manifest, step check
+            prev = _parse_manifest(_manifest_records(txn, meta), self._tables)  # 4. previous manifest, step check
             manifest = next_manifest(prev, prep, time.time())
             for db, keys, values in batches:  # 5. rows, blobs, kv
                 with txn.cursor(db=db) as cur:
@@ -312,18 +312,16 @@ class LmdbStore(Store):
 
     def manifest(self) -> Manifest:
         """The last commit's manifest. A reader polls it on every query (has a new
-        checkpoint landed?), so the parse is kept for as long as the stored bytes are the
-        same: comparing them costs microseconds, parsing the JSON a tenth of a millisecond.
-        The result is shared between calls; treat it as read-only, like any Manifest."""
+        checkpoint landed?), so the parse is kept for as long as the stored records are
+        the same: comparing them costs microseconds, parsing the JSON a tenth of a
+        millisecond. The result is shared between calls; treat it as read-only, like any
+        Manifest."""
         with self._read_txn() as txn:
-            meta = self._shared.db(_META)
-            raw = tuple(bytes(txn.get(key, b"", meta)) for key in (b"manifest", b"tables", b"schema_version"))
-            memo = self._manifest_memo
-            if memo is not None and memo[:3] == raw:
-                return memo[3]
-            manifest = _read_manifest(txn, meta, None)
-        self._manifest_memo = (*raw, manifest)
-        return manifest
+            records = _manifest_records(txn, self._shared.db(_META))
+        memo = self._manifest_memo
+        if memo is None or memo[0] != records:
+            memo = self._manifest_memo = (records, _parse_manifest(records))
+        return memo[1]
 
     def read_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         spec = self._spec(table)
@@ -439,12 +437,17 @@ def _write_new_meta(txn: lmdb.Transaction, meta: Any, shards: int) -> None:
         txn.put(key, value, db=meta)
 
 
-def _read_manifest(txn: lmdb.Transaction, meta: Any, tables: dict[str, TableSpec] | None) -> Manifest:
-    record = json.loads(bytes(txn.get(b"manifest", None, meta)))
+def _manifest_records(txn: lmdb.Transaction, meta: Any) -> tuple[bytes, ...]:
+    """The stored records a Manifest is parsed from: manifest, table list, schema version."""
+    return tuple(bytes(txn.get(key, None, meta)) for key in (b"manifest", b"tables", b"schema_version"))
+
+
+def _parse_manifest(records: tuple[bytes, ...], tables: dict[str, TableSpec] | None = None) -> Manifest:
+    """``tables``: the already parsed table list, or None to parse the stored one."""
+    manifest, table_list, version = records
     if tables is None:
-        tables = specs_from_json(json.loads(bytes(txn.get(b"tables", None, meta))))
-    version = int(bytes(txn.get(b"schema_version", None, meta)))
-    return Manifest(tables=dict(tables), schema_version=version, **record)
+        tables = specs_from_json(json.loads(table_list))
+    return Manifest(tables=dict(tables), schema_version=int(version), **json.loads(manifest))
 
 
 def _put_blobs_kv(txn: lmdb.Transaction, blobs_db: Any, kv_db: Any, prep: Prepared) -> None:
