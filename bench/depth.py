@@ -101,7 +101,7 @@ def learner(run: Run) -> Learner:
 
 def digest_codes(L: Learner, ids: int) -> np.ndarray:
     """(ids, m): the m hash rows of each id's token, as the model's input and output see them."""
-    return L.model.space.hasher([f"id{i}" for i in range(ids)])
+    return L.task.code.targets([f"id{i}" for i in range(ids)])["hashes"]
 
 
 def transformer_params(L: Learner) -> int:

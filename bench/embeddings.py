@@ -90,7 +90,7 @@ def step(module: nn.Module, feats: dict[str, torch.Tensor], weight: torch.Tensor
 
 def time_section(batch: list[list[str]], repeats: int) -> None:
     hashed = HashEmbedding(HashEmbeddingConfig(K=10**6, B=10**5, d=D, k=2))
-    feats = hashed.featurize(batch, T)
+    feats = hashed.featurizer.featurize(batch, T)
     tensors = to_tensors(feats)
     weight = torch.randn(N, tensors["mask"].shape[1], 4 * D, generator=torch.Generator().manual_seed(0))
     steps = {
@@ -100,7 +100,7 @@ def time_section(batch: list[list[str]], repeats: int) -> None:
     t = interleaved(steps, repeats)
     # Timed apart: its 256 MB gradient per step would evict the caches the others use.
     t["dense"] = timings(step(TableReference(10**6, D, sparse=False), tensors, weight), 5)
-    t["featurize"] = timings(lambda: hashed.featurize(batch, T), repeats)
+    t["featurize"] = timings(lambda: hashed.featurizer.featurize(batch, T), repeats)
     med = {name: statistics.median(v) for name, v in t.items()}
     best = {name: min(v) for name, v in t.items()}
     print(f"batch N={N}, T={tensors['mask'].shape[1]}, {int(feats['mask'].sum()):,} tokens; "
@@ -128,10 +128,10 @@ def others(batch: list[list[str]], weight: torch.Tensor, repeats: int, t_ref: fl
     print(f"\n{'scheme (defaults, d=64), medians':<34}{'params':>12}{'featurize ms':>14}{'fwd+bwd ms':>12}{'ratio':>8}")
     for scheme in ("hash", "hashing-trick", "bloom", "tfree", "hashformer-pool", "hashformer-add",
                    "hashformer-proj", "plain"):
-        emb = build_embedding(EmbeddingConfig(scheme=scheme, d=D), seed=0)
-        emb.featurize(batch, T)  # the plain dictionary learns the batch's tokens first
-        t_feat = statistics.median(timings(lambda: emb.featurize(batch, T), max(3, repeats // 4)))  # noqa: B023
-        tensors = to_tensors(emb.featurize(batch, T))
+        featurizer, emb = build_embedding(EmbeddingConfig(scheme=scheme, d=D), seed=0)
+        featurizer.featurize(batch, T)  # the plain dictionary learns the batch's tokens first
+        t_feat = statistics.median(timings(lambda: featurizer.featurize(batch, T), max(3, repeats // 4)))  # noqa: B023
+        tensors = to_tensors(featurizer.featurize(batch, T))
         t = statistics.median(timings(step(emb, tensors, weight), max(3, repeats // 2)))
         params = sum(p.numel() for p in emb.parameters())
         print(f"{scheme:<34}{params:>12,}{t_feat * 1e3:>14.2f}{t * 1e3:>12.2f}{t / t_ref:>8.2f}")

@@ -72,7 +72,7 @@ def next_item(events: list[dict], overrides: Sequence[str], batch: int, k: int =
     first = np.full(n_items, len(events))
     np.minimum.at(first, items, np.arange(len(events)))  # the event where each item first appears
     L = learner("next-item", overrides, batch)
-    codes = L.model.space.hasher([str(i) for i in range(n_items)])  # (n_items, m)
+    codes = L.task.code.targets([str(i) for i in range(n_items)])["hashes"]  # (n_items, m)
     base = NextItemBaselines(n_items)
     rated = np.zeros((users.max() + 1, n_items), dtype=bool)
     last: dict[int, int] = {}
@@ -124,7 +124,7 @@ def beam_check(L: Learner, keys: list[int], k: int) -> dict:
     tops = L.topk_many(queries, k=k)
     b = L.prepare(queries, train=False)
     tokens = L.index.tokens
-    codes = L.model.space.hasher(tokens)
+    codes = L.task.code.targets(tokens)["hashes"]
     scores = _item_scores(L, b, codes)  # (n, candidates)
     same = 0
     for top, s in zip(tops, scores):

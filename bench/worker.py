@@ -49,7 +49,7 @@ from streamlearn.broker import EmbeddedBroker, create_topic, produce_rows
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker
 from streamlearn.consumers import worker as worker_module
-from streamlearn.learner import intra_op_threads
+from streamlearn.device import intra_op_threads
 from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 

@@ -90,7 +90,7 @@ class GradientExchange:
         self.seconds = 0.0
         # The Naive Bayes counts as of the last sync (equal on every rank): no gradient
         # carries counts, so each sync adds up the ranks' changes since (_share_counts).
-        self._nb_base = learner.nb.counts.clone() if learner.nb is not None else None
+        self._nb_base = learner.task.nb.counts.clone() if getattr(learner.task, "nb", None) is not None else None
         learner.gradient_hook = self._hook
 
     # ------------------------------------------------------------------ labels
@@ -100,7 +100,7 @@ class GradientExchange:
 
     def to_group_labels(self, batch: Batch) -> None:
         """Map the batch's targets to group label ids, in place (once, before learning)."""
-        if batch.task != "classify" or "labels" not in batch.targets:
+        if "labels" not in batch.targets:
             return
         if self.group is None:  # alone: new local labels join the table directly
             self._map(list(self.learner.labels[len(self._to_group):batch.n_labels]))
@@ -223,8 +223,8 @@ class GradientExchange:
         holds ``model.max_labels`` rows, and a row past the group's labels is never read,
         so its gradient is zero on every rank (1,024 rows by default, for a stream of a
         few labels: most of the dense bytes of a step)."""
-        head = self.learner.model.label_head
-        return {} if head is None else {id(head.weight): len(self.labels), id(head.bias): len(self.labels)}
+        head = self.learner.model.head
+        return {} if self.learner.label_table is None else {id(head.weight): len(self.labels), id(head.bias): len(self.labels)}
 
     def _exchange_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor,
                        contributors: int) -> tuple[list[torch.Tensor | None], int]:
@@ -273,7 +273,7 @@ class GradientExchange:
         all-reduce of the table's deltas, the same sum on every rank), so the replicas'
         counts are equal again; between syncs each counts only its own batches. Returns
         the bytes handed to the collective."""
-        nb = self.learner.nb
+        nb = getattr(self.learner.task, "nb", None)
         if nb is None or self.group is None:
             return 0
         delta = nb.counts - self._nb_base  # (rows, 64)

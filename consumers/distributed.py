@@ -192,7 +192,7 @@ def _merge_labels(learner: Learner, group: Group) -> None:
     ones in rank order. A replica whose label ids move permutes its label head rows (and
     their AdamW moments) to match; a label it never saw gets its starting row, as a
     learner gives a label that arrives (the same on every replica)."""
-    if learner.model.label_head is None:
+    if learner.label_table is None:
         return
     gathered: list = [None] * group.world_size
     dist.all_gather_object(gathered, list(learner.labels))
@@ -207,7 +207,7 @@ def _merge_labels(learner: Learner, group: Group) -> None:
     if merged.labels == table.labels:
         return
     old = [table.get(label) for label in merged.labels]
-    head = learner.model.label_head
+    head = learner.model.head
     for param in (head.weight, head.bias):
         _permute_rows(param, old)
         for moment in learner.dense_optim.state.get(param, {}).values():

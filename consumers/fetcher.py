@@ -28,7 +28,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
-from ..learner import Learner
+from ..batching import Preparer
 from ..records import Record, decode_many, reason_code
 from .connect import Backoff, close_quietly, dlq_partitions, new_consumer, new_producer, retry
 from .dlq import DeadLetters
@@ -65,10 +65,11 @@ class Fetcher(threading.Thread):
     checkpoint succeeded).
     """
 
-    def __init__(self, learner: Learner, cfg: WorkerConfig, plan: FetchPlan, handoff: Handoff,
+    def __init__(self, prep: Preparer, cfg: WorkerConfig, plan: FetchPlan, handoff: Handoff,
                  positions: dict[int, int]):
         super().__init__(name=f"fetch-{plan.topic}", daemon=True)
-        self.learner, self.cfg, self.plan, self.handoff = learner, cfg, plan, handoff
+        # The learner's ingest half only (numpy): this thread never touches the model.
+        self.prep, self.cfg, self.plan, self.handoff = prep, cfg, plan, handoff
         self.positions = dict(positions)
         self.end_offsets: dict[int, int] = {}
         self.broker_errors = 0
@@ -118,7 +119,7 @@ class Fetcher(threading.Thread):
         return reason
 
     def _connect(self) -> bool:
-        cfg, topic, security = self.cfg, self.plan.topic, self.learner.cfg.kafka
+        cfg, topic, security = self.cfg, self.plan.topic, self.prep.cfg.kafka
         partitions = retry(f"setting up dead-letter topic {self.dlq_topic!r}", cfg,
                            lambda: dlq_partitions(cfg, topic, self.dlq_topic, security), self._stopping)
         producer = partitions and retry("connecting the dead-letter producer", cfg,
@@ -226,7 +227,7 @@ class Fetcher(threading.Thread):
         decoded, errors = decode_many([m.value for m in chunk], self.cfg.max_record_bytes)
         dead = [self._dead_letter(chunk[i], reason) for i, reason in errors]
         records = [_with_event_time(record, chunk[i]) for i, record in decoded]
-        batch = self.learner.prepare(records)
+        batch = self.prep.train(records)
         dead += [self._dead_letter(chunk[decoded[j][0]], str(exc)) for j, exc in batch.rejected]
         spans = _spans(chunk)
         for partition, (_, last, _) in spans.items():

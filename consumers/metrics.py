@@ -38,13 +38,11 @@ _CHECKPOINT_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 
 
 def prequential_hits(learner: Learner, batch: Batch) -> int | None:
-    """Correct label predictions on a classify training batch, made before learning it;
-    None for other tasks and empty batches. Uses the prepared batch, so the records are
-    not tokenized and hashed again on the training thread."""
-    if batch.task != "classify" or not batch.examples or batch.n_labels == 0:
-        return None
-    predicted = learner.predict_proba_batch(batch).argmax(-1)  # (N,)
-    return int((predicted == batch.targets["labels"]).sum())
+    """Correct predictions on a training batch, made before learning it (the task's
+    check: a classifier's labels); None for tasks without one and empty batches. Uses
+    the prepared batch, so the records are not tokenized and hashed again on the
+    training thread."""
+    return learner.prequential_hits(batch)
 
 
 class _Average:

@@ -166,7 +166,7 @@ class GroupWorker(Worker):
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
-        self.fetcher = SyncedFetcher(self.learner, cfg.worker, plan, self.handoff, self.checkpointer.positions,
+        self.fetcher = SyncedFetcher(self.learner.prep, cfg.worker, plan, self.handoff, self.checkpointer.positions,
                                      clock=self.clock)
         self.summary = RunSummary()
         self._batches = 0

@@ -20,7 +20,7 @@ import torch
 
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
-from ..learner import intra_op_threads
+from ..device import intra_op_threads
 from ..state import open_store
 from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
@@ -86,7 +86,7 @@ class Worker:
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
-        self.fetcher = Fetcher(self.learner, cfg.worker, plan, self.handoff, self.checkpointer.positions)
+        self.fetcher = Fetcher(self.learner.prep, cfg.worker, plan, self.handoff, self.checkpointer.positions)
         self.summary = RunSummary()
         self._batches = 0
         self._broker_errors = 0

@@ -1,13 +1,13 @@
 """Contract checks every embedding scheme must pass (in the manner of ``river.checks``).
 
 Each check takes a factory ``make() -> TokenEmbedding`` that builds a fresh module
-from one fixed config and seed, and raises AssertionError when the contract is
-broken. :func:`yield_checks` lists them; the test suite runs every check over every
+(with its featurizer, ``module.featurizer``) from one fixed config and seed, and raises
+AssertionError when the contract is broken. :func:`yield_checks` lists them; the test suite runs every check over every
 scheme, and a new scheme gets the whole suite by being added to that one list.
 
 >>> from streamlearn.config import EmbeddingConfig
 >>> from streamlearn.embeddings import build_embedding
->>> make = lambda: build_embedding(EmbeddingConfig(scheme="bloom", d=4, B=64), seed=0)
+>>> make = lambda: build_embedding(EmbeddingConfig(scheme="bloom", d=4, B=64), seed=0)[1]
 >>> for check in yield_checks():
 ...     check(make)
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import io
+import pickle
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -46,10 +47,11 @@ def yield_checks() -> Iterator[Callable[[Factory], None]]:
     yield check_batch_order_independence
     yield check_padding_is_zero_and_gets_no_gradient
     yield check_rows_touched_equal_sparse_gradients
+    yield check_featurizer_is_pure
 
 
 def embed(emb: TokenEmbedding, token_lists: Sequence[Sequence], max_len: int = MAX_LEN) -> torch.Tensor:
-    return emb(to_tensors(emb.featurize(token_lists, max_len)))
+    return emb(to_tensors(emb.featurizer.featurize(token_lists, max_len)))
 
 
 # ---------------------------------------------------------------------------- checks
@@ -58,13 +60,13 @@ def check_features_follow_the_contract(make: Factory) -> None:
     """numpy arrays only; ``mask`` bool (N, T) with T = min(max_len, longest) >= 1;
     ids int64, codes uint8; output (N, T, out_dim)."""
     emb = make()
-    feats = emb.featurize(BATCH, MAX_LEN)
+    feats = emb.featurizer.featurize(BATCH, MAX_LEN)
     assert all(isinstance(a, np.ndarray) for a in feats.values()), "featurize must return numpy only"
     assert feats["mask"].dtype == np.bool_ and feats["mask"].shape == (len(BATCH), MAX_LEN)
     assert feats["mask"].sum(1).tolist() == [min(len(t), MAX_LEN) for t in BATCH]
     assert all(a.dtype in (np.int64, np.uint8) for k, a in feats.items() if k != "mask")
-    assert emb.featurize([["a"], []], MAX_LEN)["mask"].shape == (2, 1)
-    assert emb.featurize([[]], MAX_LEN)["mask"].shape == (1, 1)
+    assert emb.featurizer.featurize([["a"], []], MAX_LEN)["mask"].shape == (2, 1)
+    assert emb.featurizer.featurize([[]], MAX_LEN)["mask"].shape == (1, 1)
     assert tuple(embed(emb, BATCH).shape) == (len(BATCH), MAX_LEN, emb.out_dim)
 
 
@@ -72,7 +74,7 @@ def check_same_seed_same_output(make: Factory) -> None:
     """Two modules from the same config and seed agree exactly, batch after batch."""
     a, b = make(), make()
     for batch in (BATCH, LATER):
-        fa, fb = a.featurize(batch, MAX_LEN), b.featurize(batch, MAX_LEN)
+        fa, fb = a.featurizer.featurize(batch, MAX_LEN), b.featurizer.featurize(batch, MAX_LEN)
         assert sorted(fa) == sorted(fb) and all(np.array_equal(fa[k], fb[k]) for k in fa)
         assert torch.equal(a(to_tensors(fa)), b(to_tensors(fb)))
 
@@ -81,7 +83,7 @@ def check_input_not_mutated(make: Factory) -> None:
     """featurize leaves the token lists alone; forward leaves the features alone."""
     emb = make()
     batch = copy.deepcopy(BATCH)
-    feats = emb.featurize(batch, MAX_LEN)
+    feats = emb.featurizer.featurize(batch, MAX_LEN)
     assert batch == BATCH, "featurize mutated its input"
     tensors = to_tensors(feats)
     before = {k: t.clone() for k, t in tensors.items()}
@@ -129,7 +131,7 @@ def check_batch_order_independence(make: Factory) -> None:
     """A record's vectors do not depend on the other records or their order. (The
     batch is featurized once first, so a growing dictionary already holds its tokens.)"""
     emb = make()
-    emb.featurize(BATCH, MAX_LEN)
+    emb.featurizer.featurize(BATCH, MAX_LEN)
     forward = embed(emb, BATCH)
     backward = embed(emb, BATCH[::-1])
     assert torch.allclose(forward, backward.flip(0), atol=1e-6, rtol=0)
@@ -143,7 +145,7 @@ def check_padding_is_zero_and_gets_no_gradient(make: Factory) -> None:
     same record alone (padding adds nothing to any parameter's gradient)."""
     emb = make()
     short, long = ["the", "cat"], ["a", "b", "c", "d", "e"]
-    emb.featurize([short, long], MAX_LEN)
+    emb.featurizer.featurize([short, long], MAX_LEN)
     padded = embed(emb, [short, long])
     assert torch.count_nonzero(padded[0, len(short):]) == 0, "padding is not zero"
     padded[0].pow(2).sum().backward()
@@ -160,9 +162,9 @@ def check_rows_touched_equal_sparse_gradients(make: Factory) -> None:
     """Row tables get sparse gradients on exactly ``rows_touched``; other parameters
     get dense ones."""
     emb = make()
-    feats = emb.featurize(BATCH, MAX_LEN)
+    feats = emb.featurizer.featurize(BATCH, MAX_LEN)
     emb(to_tensors(feats)).pow(2).sum().backward()
-    touched, tables = emb.rows_touched(feats), emb.row_tables()
+    touched, tables = emb.featurizer.rows_touched(feats), emb.row_tables()
     assert sorted(touched) == sorted(tables), "rows_touched and row_tables name different tables"
     for name, table in tables.items():
         assert table.grad is not None and table.grad.is_sparse, f"{name} has no sparse gradient"
@@ -172,6 +174,20 @@ def check_rows_touched_equal_sparse_gradients(make: Factory) -> None:
     for name, p in emb.named_parameters():
         if id(p) not in row_params:
             assert p.grad is not None and not p.grad.is_sparse, f"{name} should have a dense gradient"
+
+
+def check_featurizer_is_pure(make: Factory) -> None:
+    """The featurizer holds no torch object and survives pickling (so ingest can run in
+    another process) with the same arrays."""
+    emb = make()
+    emb.featurizer.featurize(BATCH, MAX_LEN)  # a dictionary grows first: pickling must keep it
+    held = [k for k, v in vars(emb.featurizer).items() if isinstance(v, (torch.Tensor, torch.nn.Module))]
+    assert not held, f"the featurizer holds torch objects: {held}"
+    clone = pickle.loads(pickle.dumps(emb.featurizer))
+    for batch in (BATCH, LATER):
+        a = emb.featurizer.featurize(batch, MAX_LEN, grow=False)
+        b = clone.featurize(batch, MAX_LEN, grow=False)
+        assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "pickling changed the features"
 
 
 # ---------------------------------------------------------------------------- helpers

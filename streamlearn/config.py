@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .exceptions import ConfigError
+from .tasks import REGISTRY as TASK_REGISTRY
 
 SCHEMES = (
     "hash", "bloom", "hashformer-pool", "hashformer-add", "hashformer-proj",
     "tfree", "hashing-trick", "plain",
 )
-TASKS = ("classify", "mlm", "next-item")
+TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 SECRET_KEYS = frozenset({"kafka.ssl_password", "kafka.sasl_plain_password"})

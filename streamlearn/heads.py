@@ -3,82 +3,36 @@
 - :class:`LabelHead`: classification over a label table that grows up to
   ``model.max_labels`` rows; only the first ``n_labels`` rows take part in the softmax.
 - :class:`HashedHead`: Superbloom's output layer. Each output id t has m hashes
-  eta_1(t)..eta_m(t) into [0, size); the head gives m softmaxes over the hash space and
-  the loss is sum_j CE(p_j, eta_j(t)). Its output table is either its own (size, width)
-  matrix or, tied, the input embedding's row table with the input's hash functions
-  (``eta_j = h_j``), as Superbloom does when input and output spaces coincide.
+  eta_1(t)..eta_m(t) into [0, size) (a :class:`~streamlearn.outputs.HashedCode`); the
+  head gives m softmaxes over the hash space and the loss is sum_j CE(p_j, eta_j(t)).
+  Its output table is either its own (size, width) matrix or, tied, the input
+  embedding's row table with the input's hash functions (``eta_j = h_j``), as
+  Superbloom does when input and output spaces coincide.
 - :class:`TFreeHead`: T-Free's output: v sigmoids over the rows of the T-Free table,
   trained with multi-label BCE against the target word's trigram pattern.
 - :class:`ShuffleRandomHead`: HashFormers' Shuffle+Random objective, a 3-way per-token
   classifier (intact / shuffled / random).
 
-Heads never own a tied table: the model passes it in, so ``state_dict`` holds it once,
-under the embedding, and the row-wise optimizer sees one parameter. Dense weights draw
+Token heads (:func:`output_head` picks one for an output code) share one interface:
+``forward(x, tied)``, ``loss(logits, targets, weight)`` and ``decodable(logits)`` (the
+scores the code decodes). They never own a tied table: the caller passes it in, so
+``state_dict`` holds it once, under the embedding, and the row-wise optimizer sees one
+parameter. Dense weights draw
 from torch's global RNG; the model is built under a seeded ``fork_rng``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .embeddings import HashEmbedding, HashingTrickEmbedding, TokenEmbedding
-from .embeddings.bloom import BloomEmbedding
-from .embeddings.tfree import TFreeEmbedding
-from .hashing import derive_seed, multi_hash, tfree_hashes
+from .hashing import derive_seed
+from .outputs import HashedCode, OutputCode, PatternCode
 
-Hasher = Callable[[Sequence[str]], np.ndarray]
-
-# Which embeddings can tie their output: the row table a token's ids index, and the
-# featurize key holding those ids ((N, T, m) or (N, T) for m = 1).
-# Hash embeddings tie to their B component vectors with eta_j = h_j (j = 1..k).
-TIE_RULES: dict[type, tuple[str, str]] = {
-    BloomEmbedding: ("E", "ids"),
-    HashEmbedding: ("E", "buckets"),
-    HashingTrickEmbedding: ("E", "buckets"),
-}
-
-
-@dataclass(frozen=True)
-class OutputSpace:
-    """Where a hashed head predicts: m hashes into [0, size), rows of width ``width``.
-
-    ``table`` names the embedding row table the head is tied to (None: the head owns
-    its table); ``hasher(tokens) -> (N, m) int64`` gives each output id's rows.
-    """
-
-    m: int
-    size: int
-    width: int
-    table: str | None
-    hasher: Hasher
-
-
-def untied_space(m: int, size: int, width: int, seed: int) -> OutputSpace:
-    """An own output space: ``hashing.multi_hash(tokens, m, size, seed, "out")``, the
-    hash ``decoding.CandidateIndex.superbloom`` uses by default."""
-    return OutputSpace(m, size, width, None, partial(multi_hash, n=m, size=size, seed=seed, purpose="out"))
-
-
-def tied_space(embedding: TokenEmbedding) -> OutputSpace | None:
-    """The input embedding's own row space, if its scheme has one (else None)."""
-    rule = next((r for cls, r in TIE_RULES.items() if isinstance(embedding, cls)), None)
-    if rule is None:
-        return None
-    name, key = rule
-    table = embedding.row_tables()[name]
-
-    def hasher(tokens: Sequence[str]) -> np.ndarray:
-        ids = embedding.featurize([[t] for t in tokens], max_len=1)[key][:, 0]  # (N, m) or (N,)
-        return ids.reshape(len(tokens), -1)
-
-    m = hasher(["m"]).shape[1]
-    return OutputSpace(m, table.shape[0], table.shape[1], name, hasher)
+__all__ = ["HashedHead", "LabelHead", "NaiveBayesHead", "ShuffleRandomHead", "TFreeHead", "output_head"]
 
 
 class LabelHead(nn.Module):
@@ -139,18 +93,17 @@ class _Transform(nn.Module):
 
 
 class HashedHead(nn.Module):
-    """Superbloom's m softmaxes over the hashed output space."""
+    """Superbloom's m softmaxes over the hashed output space of a :class:`HashedCode`."""
 
-    def __init__(self, d_model: int, space: OutputSpace):
+    def __init__(self, d_model: int, code: HashedCode, width: int):
         super().__init__()
-        self.space = space
         # Slot j gets its own transform: with one vector per position (rather than
         # Superbloom's m input positions per id) the m distributions must differ.
-        self.transform = _Transform(d_model, space.m, space.width)
-        self.bias = nn.Parameter(torch.zeros(space.m, space.size))
+        self.transform = _Transform(d_model, code.m, width)
+        self.bias = nn.Parameter(torch.zeros(code.m, code.size))
         self.table = None
-        if space.table is None:
-            self.table = nn.Parameter(torch.randn(space.size, space.width) * 0.02)
+        if code.table is None:
+            self.table = nn.Parameter(torch.randn(code.size, width) * 0.02)
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
         """x (n, d_model) -> logits (n, m, size). ``tied``: the embedding's table."""
@@ -158,25 +111,31 @@ class HashedHead(nn.Module):
         z = self.transform(x)  # (n, m, width)
         return torch.matmul(z, table.t().to(z.dtype)) + self.bias  # (n, m, size)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """sum_j CE(logits[:, j], targets[:, j]), weighted mean over the n examples.
-        logits (n, m, size), targets (n, m) int64, weight (n,)."""
+    def loss(self, logits: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+        """sum_j CE(logits[:, j], hashes[:, j]), weighted mean over the n examples.
+        logits (n, m, size), targets["hashes"] (n, m) int64, weight (n,)."""
         n, m, size = logits.shape
-        ce = F.cross_entropy(logits.reshape(n * m, size).float(), targets.reshape(n * m), reduction="none")
+        hashes = targets["hashes"]
+        ce = F.cross_entropy(logits.reshape(n * m, size).float(), hashes.reshape(n * m), reduction="none")
         return (ce.view(n, m).sum(1) * weight).sum() / n
+
+    @staticmethod
+    def decodable(logits: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (n, m, size): what beam search sums per candidate."""
+        return F.log_softmax(logits.float(), dim=-1)
 
 
 class TFreeHead(nn.Module):
     """T-Free's output: sigmoid over v rows, multi-label BCE against the target pattern."""
 
-    def __init__(self, d_model: int, v: int, width: int, own_table: bool):
+    def __init__(self, d_model: int, code: PatternCode, width: int):
         super().__init__()
-        self.v = v
+        self.v = code.rows
         self.transform = _Transform(d_model, 1, width)
-        self.bias = nn.Parameter(torch.zeros(v))
+        self.bias = nn.Parameter(torch.zeros(self.v))
         self.table = None
-        if own_table:
-            self.table = nn.Parameter(torch.randn(v, width) * 0.02)
+        if code.table is None:
+            self.table = nn.Parameter(torch.randn(self.v, width) * 0.02)
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
         """x (n, d_model) -> logits (n, v) (apply a sigmoid for activations)."""
@@ -184,23 +143,21 @@ class TFreeHead(nn.Module):
         z = self.transform(x)[:, 0]  # (n, width)
         return z @ table.t().to(z.dtype) + self.bias  # (n, v)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Multi-label BCE summed over the v rows; targets (n, v) in {0, 1}."""
-        bce = F.binary_cross_entropy_with_logits(logits.float(), targets, reduction="none").sum(1)
+    def loss(self, logits: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+        """Multi-label BCE summed over the v rows against the targets' CSR patterns."""
+        dense = multi_hot(targets["ids"], targets["offsets"], self.v)  # (n, v) in {0, 1}
+        bce = F.binary_cross_entropy_with_logits(logits.float(), dense, reduction="none").sum(1)
         return (bce * weight).sum() / logits.shape[0]
 
+    @staticmethod
+    def decodable(logits: torch.Tensor) -> torch.Tensor:
+        """The logits themselves (n, v): a pattern's score is the sum of its rows'."""
+        return logits.float()
 
-def tfree_pattern_hasher(m: int, v: int, seed: int) -> Callable:
-    """Words -> CSR rows of their trigram patterns (``hashing.tfree_hashes``); with the
-    T-Free embedding's m, v and seed it is that embedding's own input code."""
-    return partial(tfree_hashes, m=m, v=v, seed=seed)
 
-
-def tfree_tie(embedding: TokenEmbedding) -> tuple[int, int, int] | None:
-    """(m, v, seed) of a T-Free input embedding (its table is the head's, tied), else None."""
-    if not isinstance(embedding, TFreeEmbedding):
-        return None
-    return embedding.cfg.m, embedding.cfg.v, embedding.cfg.seed
+def output_head(d_model: int, code: OutputCode, width: int) -> HashedHead | TFreeHead:
+    """The head of an output code; ``width``: the tied table's width (or d_model)."""
+    return HashedHead(d_model, code, width) if isinstance(code, HashedCode) else TFreeHead(d_model, code, width)
 
 
 def multi_hot(ids: torch.Tensor, offsets: torch.Tensor, v: int) -> torch.Tensor:
@@ -261,7 +218,7 @@ class NaiveBayesHead:
     def __init__(self, cells: int, max_labels: int, alpha: float):
         self.max_labels, self.alpha = max_labels, alpha
         self.base = 2 * max_labels + 1
-        self.span = cells - self.base
+        self.span = self.span_of(cells, max_labels)
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
 
@@ -271,25 +228,17 @@ class NaiveBayesHead:
     # faster than float64 at this size) and sort-based distinct values (np.unique is 3x
     # slower on a few hundred ints) are most of the difference.
 
-    def token_ids(self, flat_tokens: Sequence, mask: np.ndarray, seed: int) -> np.ndarray:
-        """Tokens (row-major, as ``flatten_batch`` gives them) -> (N, T) int64 ids in
-        [0, span), -1 where ``mask`` (N, T) is False."""
-        out = np.full(mask.shape, -1, dtype=np.int64)
-        if len(flat_tokens):
-            out[mask] = multi_hash(flat_tokens, 1, self.span, seed, "naive-bayes")[:, 0]
-        return out
-
-    def ids_of(self, hashes: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Token hashes the embedding already computed ((N, T) ints, uniform over their
-        range, as hash embeddings' D1 is) -> (N, T) ids in [0, span), -1 where ``mask``
-        is False: :meth:`token_ids` without hashing every token a second time."""
-        return np.where(mask, hashes % self.span, -1)
+    @staticmethod
+    def span_of(cells: int, max_labels: int) -> int:
+        """The range [0, span) of token ids for ``cells`` cells and ``max_labels`` labels
+        (the ingest stage hashes tokens into it: ``ClassifyPreparer.nb_tokens``)."""
+        return cells - (2 * max_labels + 1)
 
     def _cells(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
         return self.base + (tokens + labels * self.STRIDE) % self.span
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
-        """tokens (N, T) from :meth:`token_ids` -> s_c(x) of the class docstring, (N, n_labels) float32."""
+        """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
         n_tc = self.flat[self._cells(np.maximum(tokens, 0)[..., None], np.arange(n_labels))]  # (N, T, n_labels)
         rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels

@@ -2,12 +2,16 @@
 
 It owns the model (:class:`~streamlearn.model.HashedTransformer`), its optimizers (a
 row-wise sparse optimizer for the embedding tables, AdamW for the dense weights), the
-device, the label table, the next-item histories and the candidate index used to decode
-top-k answers. Workers, replay and the service call nothing else on a model.
+device and the task (:mod:`streamlearn.tasks`: classify, mlm, next-item), which owns
+what differs between tasks: the ingest half, the head, the loss, the readout, the
+decoding, and the state that follows the stream (the label table, next-item histories,
+the candidate index used to decode top-k answers). Workers, replay and the service
+call nothing else on a model.
 
 A training step is split so a worker can overlap ingest with training:
 
-1. :meth:`Learner.prepare` (numpy only, no torch; :mod:`streamlearn.batching`): parse,
+1. :meth:`Learner.prepare` (the task's :class:`~streamlearn.batching.Preparer`: numpy
+   only, no torch): parse,
    validate and tokenize the records, hash them (``featurize``), apply the objective's
    corruption, and advance the state that must follow stream order: new labels join the
    label table and next-item histories take each record's item, in record order (a
@@ -15,11 +19,9 @@ A training step is split so a worker can overlap ingest with training:
    they are listed in ``Batch.rejected`` with their :class:`RecordError` (the message
    starts with a reason code: ``missing-field``, ``bad-value``, ``label-capacity``...).
 2. :meth:`Learner.learn_batch`: one forward/backward and ONE optimizer step over the
-   whole batch; reports the loss and the rows of each table that changed. A classifier
-   with ``learner.nb_weight > 0`` also has a Naive Bayes part
-   (:class:`~streamlearn.heads.NaiveBayesHead`): hashed (token, label) counts whose
-   NB score (log-count ratios), times nb_weight, is added to the label logits; the step's loss sees
-   that sum (the model learns what the counts get wrong), then the batch is counted.
+   whole batch; reports the loss and the rows of each table that changed; then the
+   task keeps what it learns by counting (the candidate index; a classifier's Naive
+   Bayes counts, :mod:`streamlearn.tasks.classify`).
 
 ``learn_many(records)`` is ``learn_batch(prepare(records))``: one mini-batch step, so
 its batch size is the caller's. ``learn_one`` (river) is a step on a batch of one.
@@ -34,24 +36,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from river import base as river_base
 
+from .batching import QUERY_MASK, Batch, seed_of
 from .config import Config
-from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, tfree_topk
-from .exceptions import ConfigError, RecordError, StreamlearnError
+from .decoding import TopK
+from .device import Device
+from .embeddings import build_embedding
+from .exceptions import RecordError, StreamlearnError
 from . import learner_state as persist
-from .batching import QUERY_MASK, Batch, Preparer, seed_of
-from .heads import NaiveBayesHead, multi_hot
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
+from .tasks import build_task
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
 
@@ -74,6 +77,9 @@ class StepReport:
 class Learner(river_base.Classifier):
     """Online learner over a hashed transformer (see the module docstring).
 
+    ``task`` is the :class:`~streamlearn.tasks.base.Task` of ``learner.task`` (its name:
+    ``task.name``); ``prep`` its ingest half; ``featurizer`` the embedding's numpy half.
+
     >>> learner = Learner(Config().override("embedding.K=1000", "embedding.B=100", "model.layers=0"))
     >>> report = learner.learn_many([{"text": "free prize now", "label": "spam"},
     ...                              {"text": "meeting at noon", "label": "ham"}])
@@ -86,17 +92,15 @@ class Learner(river_base.Classifier):
     def __init__(self, cfg: Config | None = None):
         self.cfg = cfg if cfg is not None else Config()
         c = self.cfg
-        _check_learner(c)
-        self.task = c.learner.task
-        self.device = pick_device(c.learner.device)
+        self.dev = Device.pick(c.learner.device)
+        self.featurizer, embedding = build_embedding(c.embedding, c.hashing.seed)
+        self.task = build_task(c, self.featurizer)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed_of(c.learner.seed, "dense-init"))
-            self.model = HashedTransformer(c).to(self.device)
+            model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
+        self.model = model.to(self.dev.torch)
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
-        self.nb = _naive_bayes(c)
-        self.prep = Preparer(c, self.model, self.nb)
-        self.index = self._new_index()
         self.steps = 0  # optimizer steps taken
         self._applied = 0  # training batches learned
         self._dirty: dict[str, list[np.ndarray]] = {}
@@ -106,31 +110,50 @@ class Learner(river_base.Classifier):
         # training all-reduces them here (consumers/distributed.py).
         self.gradient_hook: Callable[["Learner"], None] | None = None
 
+    # ------------------------------------------------------------------ parts
+
+    @property
+    def prep(self):
+        """The task's ingest half (:class:`~streamlearn.batching.Preparer`): numpy only."""
+        return self.task.prep
+
+    @property
+    def device(self) -> torch.device:
+        return self.dev.torch
+
+    @property
+    def index(self):
+        """The candidate index of a token-answering task (None for classify)."""
+        return self.task.index
+
+    @property
+    def label_table(self) -> LabelTable | None:
+        return self.prep.label_table
+
+    @property
+    def histories(self) -> Histories | None:
+        return self.prep.histories
+
+    @property
+    def labels(self) -> list:
+        """Labels seen so far, in order of first appearance (a label's id is its position)."""
+        return list(self.label_table.labels) if self.label_table is not None else []
+
     # ------------------------------------------------------------------ river verbs
 
     @property
     def _multiclass(self) -> bool:
         return True
 
-    @property
-    def label_table(self) -> LabelTable:
-        return self.prep.label_table
-
-    @property
-    def histories(self) -> Histories:
-        return self.prep.histories
-
-    @property
-    def labels(self) -> list:
-        """Labels seen so far, in order of first appearance (a label's id is its position)."""
-        return list(self.label_table.labels)
-
     def learn_one(self, x: Mapping, y: Any = None, w: float | None = None) -> None:
-        """river: one step on a batch of one. ``y`` is the label (classify) or the item
-        (next-item); ``w`` the sample weight. A rejected record raises its RecordError."""
+        """river: one step on a batch of one. ``y`` is the record's answer field (the
+        label for classify, the item for next-item); ``w`` the sample weight. A rejected
+        record raises its RecordError."""
         record = dict(x)
         if y is not None:
-            record["item" if self.task == "next-item" else "label"] = y
+            if self.task.target_field is None:
+                raise StreamlearnError(f"task {self.task.name} learns from the record's tokens: pass y=None")
+            record[self.task.target_field] = y
         if w is not None:
             record["weight"] = w
         report = self.learn_many([record])
@@ -150,63 +173,64 @@ class Learner(river_base.Classifier):
         return self.learn_batch(self.prepare(records))
 
     def predict_many(self, records: Iterable) -> list:
-        """classify: the most probable label (None before any label); mlm/next-item: the
+        """classify: the most probable label (None before any label); token tasks: the
         best candidate token (None while the candidate index is empty)."""
-        if self.task == "classify":
-            return [max(p, key=p.get) if p else None for p in self.predict_proba_many(records)]
-        return [top.tokens[0] if top.tokens else None for top in self.topk_many(records, k=1)]
+        batch = self.prepare(records, train=False)
+        with self._inference():
+            return self.task.predict(self.model, batch, self.dev)
 
     def predict_proba_many(self, records: Iterable) -> list[dict]:
         """classify: ``{label: probability}`` over the labels seen so far ({} before any)."""
-        if self.task != "classify":
-            raise StreamlearnError(
-                f"predict_proba is defined for task classify, not {self.task}: use topk_many, "
-                "whose scores are log-probabilities"
-            )
         batch = self.prepare(records, train=False)
-        if not batch.n_labels or not batch.records:
-            return [{} for _ in range(batch.records)]
-        probs = self.predict_proba_batch(batch)  # (N, n_labels)
-        labels = self.label_table.labels[:batch.n_labels]
-        return [dict(zip(labels, row.tolist())) for row in probs]
+        with self._inference():
+            return self.task.predict_proba(self.model, batch, self.dev)
 
-    def predict_proba_batch(self, batch: Batch) -> np.ndarray:
-        """classify: label probabilities (N, n_labels) of an already prepared batch, a
-        query batch or a training batch before :meth:`learn_batch` (prequential
-        evaluation without tokenizing and hashing the records again)."""
-        if self.task != "classify":
-            raise StreamlearnError(f"predict_proba_batch is defined for task classify, not {self.task}")
-        if not batch.n_labels or batch.feats is None:
-            return np.zeros((batch.examples if batch.train else batch.records, batch.n_labels), np.float32)
-        return self._infer(batch).softmax(-1).cpu().numpy()
-
-    def topk_many(self, records: Iterable, k: int = 10, beam: int | None = None) -> list[TopK]:
+    def topk_many(self, records: Iterable, k: int = 10, beam: int | None = None,
+                  exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
         """The k best answers per record, best first, with scores (log-probabilities).
 
         mlm: at the first ``[MASK]`` of the record's tokens or text (one is appended when
         there is none: "complete this set"); next-item: after the key's history (or after
         the record's ``tokens``, if given). Candidates are the tokens the stream has shown;
+        ``exclude``: per record, candidate ids to leave out (``index.ids(tokens)``).
         ``TopK.exact`` is Superbloom's certificate (always True for T-Free and classify).
         """
-        batch = self.prepare(records, train=False)
-        if not batch.records:
-            return []
-        if self.task == "classify":
-            return self._label_topk(batch, k)
-        out = self._infer(batch).float()
-        if self.model.tfree_head is not None:
-            return [tfree_topk(row, self.index, k) for row in out.cpu().numpy()]
-        logp = F.log_softmax(out, dim=-1).cpu().numpy()  # (N, m, size)
-        return beam_topk_many(logp, self.index, k, beam or self.cfg.learner.beam)
+        return self.topk_batch(self.prepare(records, train=False), k, beam, exclude)
 
-    def _label_topk(self, batch: Batch, k: int) -> list[TopK]:
-        if not batch.n_labels:
-            return [TopK([], np.empty(0), True, 0) for _ in range(batch.records)]
-        logp = F.log_softmax(self._infer(batch).float(), -1).cpu()  # (N, n_labels)
-        top = logp.topk(min(k, batch.n_labels), dim=-1)
-        labels = self.label_table.labels
-        return [TopK([labels[i] for i in ids.tolist()], s.numpy().astype(np.float64), True, batch.n_labels)
-                for s, ids in zip(top.values, top.indices)]
+    def topk_batch(self, batch: Batch, k: int = 10, beam: int | None = None,
+                   exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
+        """:meth:`topk_many` of an already prepared query batch."""
+        with self._inference():
+            return self.task.topk(self.model, batch, self.dev, k, beam or self.cfg.learner.beam, exclude)
+
+    def predict_proba_batch(self, batch: Batch) -> np.ndarray:
+        """classify: label probabilities (N, n_labels) of an already prepared batch, a
+        query batch or a training batch before :meth:`learn_batch` (prequential
+        evaluation without tokenizing and hashing the records again)."""
+        with self._inference():
+            return self.task.probabilities(self.model, batch, self.dev)
+
+    def prequential_hits(self, batch: Batch) -> int | None:
+        """Correct answers on a training batch predicted before learning it (the
+        worker's cheap prequential check); None where the task has none or the batch
+        holds no example."""
+        with self._inference():
+            return self.task.hits(self.model, batch, self.dev)
+
+    def outputs(self, batch: Batch) -> torch.Tensor:
+        """The model's raw outputs for a prepared query batch: label logits (N, n_labels),
+        hashed-output logits (N, m, size) or T-Free logits (N, v)."""
+        with self._inference():
+            return self.task.outputs(self.model, batch, self.dev)
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """Eval mode (only when needed: eval() walks every module, measurable per query),
+        no autograd, autocast on CUDA."""
+        if self.model.training:
+            self.model.eval()
+        with torch.inference_mode(), self.dev.autocast():
+            yield
 
     # ------------------------------------------------------------------ prepare
 
@@ -232,67 +256,45 @@ class Learner(river_base.Classifier):
                 "learn batches in the order prepare() made them"
             )
         loss, changed = 0.0, {}
-        if batch.n_labels > batch.label_start:
-            self.start_label_rows(range(batch.label_start, batch.n_labels))
+        self.task.before_step(self.model, batch)
         if batch.examples:
             loss, changed = self._step(batch)
-            if self.nb is not None:
-                changed["nb.counts"] = self._count(batch)
+        counted = self.task.learned(batch)
+        if counted:
+            changed.update(counted)
+            self.mark_dirty(counted)
         self._applied += 1
-        if batch.candidates:
-            self.index.add(batch.candidates)
         return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated)
 
     def start_label_rows(self, ids: Iterable[int], labels: Iterable | None = None) -> None:
-        """Give the label head rows ``ids`` their starting vectors, a function of
-        ``learner.seed`` and the label alone (:class:`~streamlearn.heads.LabelHead`).
+        """classify: give the label head rows ``ids`` their starting vectors, a function
+        of ``learner.seed`` and the label alone (:class:`~streamlearn.heads.LabelHead`).
         ``labels``: the label of each id (default: this learner's label table's).
-        :meth:`learn_batch` calls it for the labels a batch brought; call it for a label
+        :meth:`learn_batch` does it for the labels a batch brought; call it for a label
         added any other way (e.g. a distributed label merge) so every replica starts that
         label alike."""
-        ids = list(ids)
-        labels = [self.label_table.labels[i] for i in ids] if labels is None else list(labels)
-        scale = 1.0 if self.cfg.model.layers == 0 else 0.1  # unit-size pooled states behind a LayerNorm
-        self.model.label_head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
+        self.task.start_label_rows(self.model, ids, labels)
 
     def value_tables(self) -> dict[str, torch.Tensor]:
-        """The row tables a forward pass reads, by store name: the embedding's and, with
-        the Naive Bayes part, ``"nb.counts"`` (not the row optimizer's state tables)."""
-        tables = dict(self.model.row_tables())
-        if self.nb is not None:
-            tables["nb.counts"] = self.nb.counts
-        return tables
+        """The row tables a forward pass reads, by store name: the embedding's and the
+        task's count tables (e.g. ``"nb.counts"``; not the row optimizer's state tables)."""
+        return {**self.model.row_tables(), **self.task.count_tables()}
 
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Per row table, the rows a forward pass over ``batch`` reads: the embedding's
-        (``rows_touched``) and, with the Naive Bayes part, those of ``"nb.counts"``. A
-        reader that loads rows lazily from a checkpoint must have these current."""
-        rows = dict(self.model.embedding.rows_touched(batch.feats)) if batch.feats is not None else {}
-        if self.nb is not None and batch.nb_tokens is not None and batch.n_labels:
-            rows["nb.counts"] = self.nb.rows_read(batch.nb_tokens, batch.n_labels)
+        and the task's count tables'. A reader that loads rows lazily from a checkpoint
+        must have these current."""
+        rows = dict(self.featurizer.rows_touched(batch.feats)) if batch.feats is not None else {}
+        rows.update(self.task.rows_read(batch))
         return rows
-
-    def _count(self, b: Batch) -> np.ndarray:
-        """The Naive Bayes part counts the batch (after the step: the step's loss used
-        the counts from before it, as its prediction did); returns the changed rows."""
-        rows = self.nb.learn(b.nb_tokens, b.targets["labels"], b.weight)
-        self.mark_dirty({"nb.counts": rows})
-        return rows
-
-    def _label_logits(self, b: Batch, feats: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The model's label logits (N, n_labels), plus ``learner.nb_weight`` times the
-        Naive Bayes scores when that part is on (no gradient reaches the counts)."""
-        logits = self.model.classify(feats, b.n_labels).float()
-        if self.nb is None:
-            return logits
-        nb = torch.from_numpy(self.nb.scores(b.nb_tokens, b.n_labels))
-        return logits + self.cfg.learner.nb_weight * nb.to(logits.device)
 
     def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
         if not self.model.training:
             self.model.train()
-        with self._dropout_rng(batch.seq), self._autocast():
-            loss = self._loss(batch)
+        with self._dropout_rng(batch.seq), self.dev.autocast():
+            loss = self.task.loss(self.model, batch, self.dev)
+            if batch.sr_feats is not None:
+                loss = loss + self.cfg.learner.shuffle_random * self._sr_loss(batch)
         loss.backward()
         if self.gradient_hook is not None:
             self.gradient_hook(self)
@@ -310,84 +312,19 @@ class Learner(river_base.Classifier):
         self.steps += 1
         return self._record_dirty(changed)
 
-    def _loss(self, b: Batch) -> torch.Tensor:
-        feats = self._tensors(b.feats)
-        weight = self._tensor(b.weight)
-        if self.task == "classify":
-            logits = self._label_logits(b, feats)  # (N, n_labels)
-            ce = F.cross_entropy(logits, self._tensor(b.targets["labels"]), reduction="none")
-            loss = (ce * weight).sum() / len(ce)
-        else:
-            x = self._readout(b, feats)  # (n, d)
-            loss = self.model.output_loss(self.model.output(x), self._targets(b), weight)
-        if b.sr_feats is not None:
-            loss = loss + self.cfg.learner.shuffle_random * self._sr_loss(b)
-        return loss
-
-    def _readout(self, b: Batch, feats: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The states the output head reads: masked positions (mlm) or the pooled history."""
-        if self.task == "mlm":
-            return self.model.read_slots(feats, self._tensor(b.slots), self._tensor(b.rows), self._tensor(b.cols))
-        return self.model.pool(self.model.encode(feats), feats["mask"])
-
-    def _targets(self, b: Batch) -> torch.Tensor:
-        if "hashes" in b.targets:
-            return self._tensor(b.targets["hashes"])
-        return multi_hot(self._tensor(b.targets["ids"]), self._tensor(b.targets["offsets"]), self.model.tfree_head.v)
-
     def _sr_loss(self, b: Batch) -> torch.Tensor:
-        feats = self._tensors(b.sr_feats)
+        """HashFormers' Shuffle+Random: classify each token as intact, shuffled or random."""
+        feats = self.dev.tensors(b.sr_feats)
         h = self.model.encode(feats)  # (N, T, d)
         logits = self.model.sr_head(h[feats["mask"]])  # (M, 3)
-        return F.cross_entropy(logits.float(), self._tensor(b.sr_labels))
-
-    def outputs(self, batch: Batch) -> torch.Tensor:
-        """The model's raw outputs for a prepared query batch: label logits (N, n_labels),
-        hashed-output logits (N, m, size) or T-Free logits (N, v). For callers that decode
-        a whole batch themselves (e.g. replay's batched exhaustive top-k)."""
-        return self._infer(batch)
-
-    @torch.inference_mode()
-    def _infer(self, b: Batch) -> torch.Tensor:
-        """Query outputs: label logits (N, n_labels), hashed logits (N, m, size) or
-        T-Free logits (N, v)."""
-        if self.model.training:  # eval() walks every module: measurable per query
-            self.model.eval()
-        feats = self._tensors(b.feats)
-        with self._autocast():
-            if self.task == "classify":
-                return self._label_logits(b, feats)
-            return self.model.output(self._readout(b, feats)).float()
-
-    # ------------------------------------------------------------------ device
+        return F.cross_entropy(logits.float(), self.dev.tensor(b.sr_labels))
 
     def _dropout_rng(self, seq: int):
         """Dropout draws from a generator seeded by the batch number (then the global
         RNG is put back), so a restored learner drops the same units."""
         if self.cfg.model.dropout == 0:
             return contextlib.nullcontext()
-        return _seeded_rng(self.device, seed_of(self.cfg.learner.seed, f"dropout/{seq}"))
-
-    def _autocast(self):
-        enabled = self.device.type == "cuda"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
-
-    def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
-
-    def _tensors(self, feats: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {name: self._tensor(a) for name, a in feats.items()}
-
-    def _new_index(self) -> CandidateIndex | PatternIndex | None:
-        if self.task == "classify":
-            return None
-        if self.model.tfree_head is not None:
-            return PatternIndex(self.model.tfree_head.v, self.model.pattern_hasher)
-        space = self.model.space
-        return CandidateIndex(space.m, space.size, space.hasher)
+        return self.dev.seeded(seed_of(self.cfg.learner.seed, f"dropout/{seq}"))
 
     # ------------------------------------------------------------------ dirty rows
 
@@ -440,69 +377,3 @@ class Learner(river_base.Classifier):
     def load_from(self, store) -> None:
         """Overwrite this learner's state with the store's last checkpoint."""
         persist.load_into(self, store)
-
-
-# ---------------------------------------------------------------------------- helpers
-
-def intra_op_threads(cfg: Config) -> int:
-    """torch intra-op threads for a process that trains or replays a learner:
-    ``worker.torch_threads``, or one less than the CPUs this process may use. On a busy
-    machine, oversubscribed OpenMP threads spin and can slow small steps down tens of
-    times (measured here: a replay at 2 threads on a loaded 2-core box ran 70x slower)."""
-    if cfg.worker.torch_threads > 0:
-        return cfg.worker.torch_threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus - 1)
-
-
-def pick_device(name: str) -> torch.device:
-    """"auto" -> CUDA when available, else CPU; otherwise the named device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"learner.device={name!r} is not a device: use auto, cpu or cuda[:N]") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("learner.device asks for CUDA but none is available: set learner.device=auto or cpu")
-    return device
-
-
-@contextlib.contextmanager
-def _seeded_rng(device: torch.device, seed: int):
-    # Seeds only this device's default generator: torch.manual_seed would also queue a
-    # seed for every CUDA device, which records a stack trace on each call.
-    cuda = device.type == "cuda"
-    with torch.random.fork_rng(devices=[device] if cuda else []):
-        gen = torch.cuda.default_generators[device.index or 0] if cuda else torch.default_generator
-        gen.manual_seed(seed)
-        yield
-
-
-
-
-def _naive_bayes(cfg: Config) -> NaiveBayesHead | None:
-    """The Naive Bayes part of a classifier (``learner.nb_weight > 0``), else None."""
-    lc = cfg.learner
-    if lc.task != "classify" or lc.nb_weight == 0:
-        return None
-    return NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha)
-
-
-def _check_learner(cfg: Config) -> None:
-    lc = cfg.learner
-    if cfg.hashing.tokenizer not in ("words", "ids"):
-        raise ConfigError(f"hashing.tokenizer={cfg.hashing.tokenizer!r}; choose 'words' or 'ids'")
-    if cfg.hashing.max_tokens < 2:
-        raise ConfigError(f"hashing.max_tokens must be >= 2, got {cfg.hashing.max_tokens}")
-    if not 0 < lc.mask_prob < 1:
-        raise ConfigError(f"learner.mask_prob must be in (0, 1), got {lc.mask_prob}")
-    if lc.nb_weight < 0 or lc.nb_alpha <= 0:
-        raise ConfigError(f"learner.nb_weight must be >= 0 and learner.nb_alpha > 0, got {lc.nb_weight} and {lc.nb_alpha}")
-    if lc.nb_weight > 0 and (lc.nb_cells % NaiveBayesHead.ROW or lc.nb_cells < 2 * cfg.model.max_labels + 1 + NaiveBayesHead.ROW):
-        raise ConfigError(
-            f"learner.nb_cells={lc.nb_cells} must be a multiple of {NaiveBayesHead.ROW} and leave room for the "
-            f"2 * model.max_labels + 1 label cells: raise it (default 1048576)"
-        )
-    if lc.history < 1 or lc.beam < 1 or lc.shuffle_random < 0:
-        raise ConfigError("learner.history and learner.beam must be >= 1, learner.shuffle_random >= 0")

@@ -36,7 +36,10 @@ from .state.schema import TableSpec
 if TYPE_CHECKING:
     from .learner import Learner
 
-FORMAT = 2  # 2: the Naive Bayes counts index tokens by hash embeddings' D1 where it is wide enough
+FORMAT = 3  # 2: the Naive Bayes counts index tokens by hash embeddings' D1 where it is wide enough;
+#            3: the task's head is the model's one ``head`` (dense keys "head.*")
+# Dense keys of the heads before format 3, renamed on load (the weights are the same).
+_OLD_HEADS = ("label_head.", "hashed_head.", "tfree_head.")
 _SHORT_KEY = 256  # longer history keys are stored under their xxh3-128 digest
 
 
@@ -69,6 +72,18 @@ def _load(data: bytes):
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
+def dense_weights(data: bytes, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The ``model.dense`` blob as a state dict on ``device``, keys of an older format
+    renamed to this one's."""
+    state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+    return {_current_key(k): v for k, v in state.items()}
+
+
+def _current_key(key: str) -> str:
+    old = next((p for p in _OLD_HEADS if key.startswith(p)), None)
+    return key if old is None else "head." + key[len(old):]
+
+
 def _dense_state(learner: "Learner") -> dict[str, torch.Tensor]:
     rows = {id(p) for p in learner.model.row_tables().values()}
     skip = {n for n, p in learner.model.named_parameters() if id(p) in rows}
@@ -81,7 +96,7 @@ def _blobs(learner: "Learner") -> dict[str, bytes]:
     return {
         "learner.config": learner.cfg.to_json().encode(),
         "learner.meta": msgpack.packb(meta),
-        "learner.labels": learner.label_table.to_bytes(),
+        **({"learner.labels": learner.label_table.to_bytes()} if learner.label_table is not None else {}),
         "model.dense": _save(_dense_state(learner)),
         "optim.dense": _save(learner.dense_optim.state_dict()),
         "optim.rows": msgpack.packb(learner.row_optim.state_dict()),
@@ -94,10 +109,12 @@ def _history_key(key: str) -> bytes:
 
 
 def _kv(learner: "Learner", full: bool) -> dict[str, dict[bytes, bytes]]:
-    histories = dict(learner.histories.items()) if full else learner.histories.take_dirty()
-    if full:
-        learner.histories.take_dirty()
-    kv = {"history": {_history_key(k): msgpack.packb([k, list(v)]) for k, v in histories.items()}}
+    kv = {}
+    if learner.histories is not None:
+        histories = dict(learner.histories.items()) if full else learner.histories.take_dirty()
+        if full:
+            learner.histories.take_dirty()
+        kv["history"] = {_history_key(k): msgpack.packb([k, list(v)]) for k, v in histories.items()}
     if learner.index is not None:
         start = 0 if full else learner._index_mark
         fresh = learner.index.new_since(start)
@@ -136,7 +153,7 @@ def check_format(learner: "Learner", meta: dict, store) -> None:
     """Refuse Naive Bayes counts stored by checkpoint format 1, which indexed tokens by a
     hash of their own (format 2 reuses D1), rather than read them as wrong counts. A
     format-1 state without counts restores with the part on: it starts counting then."""
-    if learner.nb is not None and meta.get("format", 1) < 2 and "nb.counts" in store.tables():
+    if "nb.counts" in learner.task.count_tables() and meta.get("format", 1) < 2 and "nb.counts" in store.tables():
         raise StreamlearnError(
             f"this checkpoint's Naive Bayes counts were written by an older streamlearn (checkpoint "
             f"format {meta.get('format', 1)}, this one reads {FORMAT}) and index tokens differently: "
@@ -157,7 +174,7 @@ def _check_tables(learner: "Learner", store) -> None:
 @torch.no_grad()
 def _load_rows(learner: "Learner", store) -> None:
     # Start every table from its seeded init (rows never stored keep it), state from zero.
-    fresh = build_embedding(learner.cfg.embedding, learner.cfg.hashing.seed).row_tables()
+    fresh = build_embedding(learner.cfg.embedding, learner.cfg.hashing.seed)[1].row_tables()
     stored = store.tables()
     for name, t in row_tables(learner).items():
         host = fresh[name].detach().clone() if name in fresh else torch.zeros(t.shape, dtype=t.dtype)
@@ -167,7 +184,7 @@ def _load_rows(learner: "Learner", store) -> None:
 
 
 def _load_blobs(learner: "Learner", store) -> None:
-    dense = _load(store.read_blob("model.dense"))
+    dense = dense_weights(store.read_blob("model.dense"))
     missing, unexpected = learner.model.load_state_dict(dense, strict=False)
     expected_missing = set(learner.model.state_dict()) - set(_dense_state(learner))
     if unexpected or set(missing) != expected_missing:
@@ -177,18 +194,20 @@ def _load_blobs(learner: "Learner", store) -> None:
         )
     learner.dense_optim.load_state_dict(_load(store.read_blob("optim.dense")))
     learner.row_optim.load_state_dict(msgpack.unpackb(store.read_blob("optim.rows")))
-    learner.prep.label_table = LabelTable.from_bytes(store.read_blob("learner.labels"))
+    if learner.label_table is not None:
+        learner.label_table.replace(LabelTable.from_bytes(store.read_blob("learner.labels")).labels)
 
 
 def _load_kv(learner: "Learner", store, n_candidates: int) -> None:
-    histories = Histories(learner.cfg.learner.history)
-    for _, value in store.iter_kv("history"):
-        key, items = msgpack.unpackb(value)
-        histories.load(key, items)
-    learner.prep.histories = histories
+    if learner.histories is not None:
+        histories = Histories(learner.cfg.learner.history)
+        for _, value in store.iter_kv("history"):
+            key, items = msgpack.unpackb(value)
+            histories.load(key, items)
+        learner.prep.histories = histories
     if learner.index is None:
         return
-    learner.index = learner._new_index()
+    learner.task.reset_index()
     tokens = [v.decode("utf-8") for _, v in store.iter_kv("candidates")]
     if len(tokens) != n_candidates:
         raise StreamlearnError(

@@ -1,48 +1,37 @@
-"""The hashed transformer: any embedding scheme -> L transformer layers -> task heads.
+"""The hashed transformer: any embedding scheme -> L transformer layers -> one task head.
 
     tokens --featurize--> feats --embedding--> (N, T, e) --proj--> (N, T, d)
-           --[MASK] slots, positions--> L pre-LN encoder layers --> (N, T, d) --> heads
+           --[MASK] slots, positions--> L pre-LN encoder layers --> (N, T, d) --> head
 
 ``model.layers = 0`` skips the encoder: a bag of hashed embeddings whose pooled sum
 feeds a linear head (fastText). Position embeddings are off by default: Superbloom
-treats its input as a set. Heads (see :mod:`streamlearn.heads`) depend on the task:
-
-- ``classify``: the pooled final states (:meth:`HashedTransformer.pool`) -> :class:`~streamlearn.heads.LabelHead`.
-- ``mlm``: the states at masked positions (depth 0: the pooled context) -> a hashed
-  head (Superbloom) or, with ``model.output = "tfree"`` (the default for the tfree
-  scheme), T-Free's head.
-- ``next-item``: the pooled states of the key's history -> the same hashed head.
-- ``learner.shuffle_random > 0`` adds HashFormers' per-token Shuffle+Random head.
-
-A hashed head is tied to the input row table (``model.tie_output``) when the scheme
-has one addressed by per-token hashes (hash, hashing-trick, bloom: Superbloom's
-``eta_j = h_j``, ``E_O = E_I``; tfree: T-Free decodes against its own table). Tied,
-the output space is the input's (``out_B``/``out_m`` are unused) and every step's
-full softmax reaches every row of the table, so every row is rewritten each step.
+treats its input as a set. The head is the task's (:mod:`streamlearn.tasks`): the model
+builds it after its own layers (so dense weights draw from the seeded RNG in a fixed
+order) and never asks which task it serves; the task reads the states out (pooled,
+at masked positions, ...) and applies its head. ``learner.shuffle_random > 0`` adds
+HashFormers' per-token Shuffle+Random head.
 
 >>> from streamlearn.config import Config
+>>> from streamlearn.embeddings import build_embedding
 >>> cfg = Config().override("model.layers=2", "embedding.K=1000", "embedding.B=100")
->>> model = HashedTransformer(cfg)
->>> feats = to_tensors(model.embedding.featurize([["a", "b"], ["c"]], max_len=8))
->>> tuple(model.encode(feats).shape), tuple(model.classify(feats, n_labels=3).shape)
-((2, 2, 64), (2, 3))
+>>> featurizer, embedding = build_embedding(cfg.embedding, cfg.hashing.seed)
+>>> model = HashedTransformer(cfg, embedding, lambda: None)
+>>> feats = to_tensors(featurizer.featurize([["a", "b"], ["c"]], max_len=8))
+>>> tuple(model.encode(feats).shape), tuple(model.pool(model.encode(feats), feats["mask"]).shape)
+((2, 2, 64), (2, 64))
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .config import Config, ModelConfig
-from .embeddings import TokenEmbedding, build_embedding, to_tensors
-from .exceptions import ConfigError
-from .heads import (
-    HashedHead, LabelHead, OutputSpace, ShuffleRandomHead, TFreeHead, tfree_pattern_hasher, tfree_tie,
-    tied_space, untied_space,
-)
+from .embeddings import TokenEmbedding, to_tensors
+from .heads import ShuffleRandomHead
 
-__all__ = ["Encoder", "HashedTransformer", "output_kind", "to_tensors"]
-
-OUTPUTS = ("auto", "hashed", "tfree")
+__all__ = ["Encoder", "HashedTransformer", "to_tensors"]
 
 
 class Encoder(nn.Module):
@@ -79,59 +68,29 @@ class Encoder(nn.Module):
 
 
 class HashedTransformer(nn.Module):
-    """Embedding + encoder + the heads of ``cfg.learner.task``.
+    """Embedding + encoder + the head ``make_head()`` builds (None: no head, e.g. a bare
+    encoder in a test).
 
     Build it under a seeded RNG (the learner does) for reproducible dense weights; the
     embedding tables derive their init from ``cfg.hashing.seed`` themselves.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, embedding: TokenEmbedding, make_head: Callable[[], nn.Module | None]):
         super().__init__()
-        _check(cfg)
-        self.cfg = cfg
-        self.embedding: TokenEmbedding = build_embedding(cfg.embedding, cfg.hashing.seed)
-        self.encoder = Encoder(cfg.model, self.embedding.out_dim, cfg.hashing.max_tokens)
-        d = cfg.model.d_model
-        self.label_head = LabelHead(d, cfg.model.max_labels) if cfg.learner.task == "classify" else None
-        self.space: OutputSpace | None = None
-        self.hashed_head = self.tfree_head = None
-        if cfg.learner.task != "classify":
-            self._build_output(cfg)
-        self.sr_head = ShuffleRandomHead(d) if cfg.learner.shuffle_random > 0 else None
+        self.embedding = embedding
+        self.encoder = Encoder(cfg.model, embedding.out_dim, cfg.hashing.max_tokens)
+        self.head = make_head()
+        self.sr_head = ShuffleRandomHead(cfg.model.d_model) if cfg.learner.shuffle_random > 0 else None
 
-    def _build_output(self, cfg: Config) -> None:
-        d, tie = cfg.model.d_model, cfg.model.tie_output
-        if output_kind(cfg) == "tfree":
-            spec = tfree_tie(self.embedding) if tie else None
-            m, v, seed = spec or (cfg.embedding.m, cfg.embedding.tfree_rows, cfg.hashing.seed)
-            self.pattern_hasher = tfree_pattern_hasher(m, v, seed)
-            self.tfree_tied = spec is not None
-            self.tfree_head = TFreeHead(d, v, self.embedding.out_dim if spec else d, own_table=spec is None)
-            return
-        space = tied_space(self.embedding) if tie else None
-        self.space = space or untied_space(cfg.model.out_m, cfg.model.out_B, d, cfg.hashing.seed)
-        self.hashed_head = HashedHead(d, self.space)
-
-    # ------------------------------------------------------------------ encoding
+    @property
+    def depth(self) -> int:
+        """Transformer layers (0: a bag of embeddings)."""
+        return 0 if self.encoder.layers is None else len(self.encoder.layers.layers)
 
     def encode(self, feats: dict[str, torch.Tensor], slots: torch.Tensor | None = None) -> torch.Tensor:
         """Final states (N, T, d) of a featurized batch."""
         x = self.embedding(feats)  # (N, T, e)
         return self.encoder(x, feats["mask"], slots)
-
-    def read_slots(self, feats: dict[str, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor,
-                   cols: torch.Tensor) -> torch.Tensor:
-        """The states (n, d) an mlm head reads for the positions (rows[i], cols[i]).
-
-        With layers, the final state there. At depth 0 nothing carries the context to a
-        [MASK] slot, whose state is the [MASK] vector alone (every answer would be the
-        same): there each position reads its record's pooled tokens outside the slots,
-        as word2vec's CBOW does.
-        """
-        h = self.encode(feats, slots)  # (N, T, d)
-        if self.encoder.layers is None:
-            return self.pool(h, feats["mask"] & ~slots)[rows]  # (n, d)
-        return h[rows, cols]  # (n, d)
 
     @staticmethod
     def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -146,34 +105,6 @@ class HashedTransformer(nn.Module):
         w = mask.to(h.dtype).unsqueeze(-1)  # (N, T, 1)
         return (h * w).sum(1) / w.sum(1).clamp_min(1.0).sqrt()
 
-    # ------------------------------------------------------------------ heads
-
-    def classify(self, feats: dict[str, torch.Tensor], n_labels: int) -> torch.Tensor:
-        """Label logits (N, n_labels)."""
-        return self.label_head(self.pool(self.encode(feats), feats["mask"]), n_labels)
-
-    def output_table(self) -> torch.Tensor:
-        """The output head's table: the embedding's own parameter when tied."""
-        head = self.hashed_head or self.tfree_head
-        if head.table is not None:
-            return head.table
-        name = self.space.table if self.hashed_head is not None else "E"
-        return self.embedding.row_tables()[name]
-
-    @property
-    def tied(self) -> bool:
-        head = self.hashed_head or self.tfree_head
-        return head is not None and head.table is None
-
-    def output(self, x: torch.Tensor) -> torch.Tensor:
-        """States (n, d) -> hashed logits (n, m, size) or T-Free logits (n, v)."""
-        head = self.hashed_head or self.tfree_head
-        return head(x, None if head.table is not None else self.output_table())
-
-    def output_loss(self, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        head = self.hashed_head or self.tfree_head
-        return head.loss(logits, targets, weight)
-
     def row_tables(self) -> dict[str, nn.Parameter]:
         return self.embedding.row_tables()
 
@@ -181,27 +112,3 @@ class HashedTransformer(nn.Module):
         """Every parameter that is not a row table, by its state_dict name."""
         rows = {id(p) for p in self.row_tables().values()}
         return {n: p for n, p in self.named_parameters() if id(p) not in rows}
-
-
-def output_kind(cfg: Config) -> str:
-    """"hashed" or "tfree": ``model.output``, with "auto" picking T-Free's head for the
-    tfree scheme and Superbloom's hashed head otherwise."""
-    if cfg.model.output == "auto":
-        return "tfree" if cfg.embedding.scheme == "tfree" else "hashed"
-    return cfg.model.output
-
-
-def _check(cfg: Config) -> None:
-    m = cfg.model
-    if m.output not in OUTPUTS:
-        raise ConfigError(f"model.output={m.output!r}; choose one of {OUTPUTS}")
-    if m.layers < 0:
-        raise ConfigError(f"model.layers must be >= 0 (0 = bag of embeddings), got {m.layers}")
-    if m.layers > 0 and m.d_model % m.heads:
-        raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.heads={m.heads}")
-    if min(m.d_model, m.max_labels, m.out_B, m.out_m) < 1:
-        raise ConfigError("model.d_model, max_labels, out_B and out_m must be >= 1")
-    if cfg.learner.shuffle_random > 0 and not m.positions:
-        raise ConfigError(
-            "learner.shuffle_random needs token order to detect shuffled tokens: set model.positions=true"
-        )

@@ -36,7 +36,6 @@ Usage (see docs/serving.md)::
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import threading
 import time
@@ -143,7 +142,8 @@ class Snapshot:
 
     @property
     def task(self) -> str:
-        return self._learner.task
+        """The model's task name (``learner.task``)."""
+        return self._learner.task.name
 
     @property
     def embedding_dim(self) -> int:
@@ -177,7 +177,11 @@ class Snapshot:
 
     def predict_proba(self, records: Iterable) -> Answer:
         """classify: ``{label: probability}`` per record over the labels seen so far."""
-        self._require_task("classify", "predict_proba", "topk")
+        if self._learner.task.answers != "labels":
+            raise TaskMismatchError(
+                f"predict_proba needs a classify model; this model's task is {self.task}: use topk "
+                "(POST /v1/topk) for its top-k tokens"
+            )
         return self._answer(records, self._probs, prepare=self._query_batch)
 
     def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:
@@ -185,7 +189,7 @@ class Snapshot:
         as log-probabilities, ``exact`` certificate). mlm fills the first ``[MASK]`` of
         ``text`` or ``tokens`` (appended when absent); next-item continues ``tokens`` or
         the stored history of ``key``."""
-        if self.task == "classify":
+        if self._learner.task.answers == "labels":
             raise TaskMismatchError(
                 "the model's task is classify: top-k decodes tokens for tasks mlm and next-item; "
                 "use predict / predict_proba (POST /v1/predict) for labels"
@@ -246,8 +250,8 @@ class Snapshot:
                 seen[stale] = self._version.number
 
     def _resolve(self, records: list) -> list:
-        """next-item: a query by ``key`` becomes a query on the key's stored history."""
-        if self.task != "next-item":
+        """A query by ``key`` (next-item) becomes a query on the key's stored history."""
+        if self._learner.histories is None:
             return records
         return [self._history_query(r) if _is_key_query(r) else r for r in records]
 
@@ -259,9 +263,9 @@ class Snapshot:
 
     def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
         lists = [self._record_tokens(r, i) for i, r in enumerate(records)]
-        embedding = self._learner.model.embedding
-        feats = embedding.featurize(lists, self.config.hashing.max_tokens)
-        return embedding.rows_touched(feats), (lists, feats)
+        featurizer = self._learner.featurizer
+        feats = featurizer.featurize(lists, self.config.hashing.max_tokens, grow=False)
+        return featurizer.rows_touched(feats), (lists, feats)
 
     @torch.inference_mode()
     def _embed(self, records: list, context: tuple) -> list[TokenVectors]:
@@ -272,29 +276,9 @@ class Snapshot:
         return [TokenVectors(tokens, out[i, :len(tokens)]) for i, tokens in enumerate(lists)]
 
     def _record_tokens(self, record: Any, i: int) -> list[str]:
-        h = self.config.hashing
         if not isinstance(record, Mapping):
             raise RecordError(f"wrong-type: query {i}: a record must be a dict, got {type(record).__name__}")
-        text, tokens = record.get("text"), record.get("tokens")
-        try:
-            if tokens is not None:
-                if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-                    raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
-                out = [canonical_id(t) for t in tokens]
-            elif isinstance(text, str):
-                out = tokenize(text, h.ngrams, h.lowercase) if h.tokenizer == "words" else text.split()
-            else:
-                raise RecordError(f"missing-field: query {i} needs text (str) or tokens")
-        except TypeError as exc:
-            raise RecordError(f"wrong-type: query {i}: {exc}") from exc
-        return out[: h.max_tokens]
-
-    def _require_task(self, task: str, verb: str, instead: str) -> None:
-        if self.task != task:
-            raise TaskMismatchError(
-                f"{verb} needs a {task} model; this model's task is {self.task}: use {instead} "
-                "(POST /v1/topk) for its top-k tokens"
-            )
+        return self._learner.prep.query_tokens(record, i)
 
     # ------------------------------------------------------------------ advancing
 
@@ -311,7 +295,9 @@ class Snapshot:
         meta = msgpack.unpackb(meta_blob)
         learner_state.check_format(self._learner, meta, self._store)
         self._load_dense()
-        self._learner.prep.label_table = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
+        if self._learner.label_table is not None:
+            stored = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
+            self._learner.label_table.replace(stored.labels)
         self._extend_candidates(meta.get("candidates", 0))
         for name in self._whole:
             if name in manifest.tables:
@@ -325,12 +311,9 @@ class Snapshot:
         if self._device is not None:
             cfg = cfg.override(f"learner.device={self._device}")
         learner = Learner(cfg)
-        embedding = learner.model.embedding
-        if hasattr(embedding, "grow"):
-            embedding.grow = False  # the plain reference's dictionary comes from the checkpoint
         self._learner = learner
         self._tables = learner.value_tables()  # the Naive Bayes counts too: read lazily like embedding rows
-        self._whole = _whole_tables(learner)
+        self._whole = learner.task.whole_tables(learner.model)
         self._lazy_versions = {
             n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole
         }
@@ -341,7 +324,7 @@ class Snapshot:
         """The dense weights only: the optimizer blobs (twice their size) are for training."""
         model = self._learner.model
         blob = self._store.read_blob("model.dense")
-        dense = torch.load(io.BytesIO(blob), map_location=self._learner.device, weights_only=True)
+        dense = learner_state.dense_weights(blob, self._learner.device)
         rows = {id(p) for p in self._tables.values()}
         row_names = {n for n, p in model.named_parameters() if id(p) in rows}
         missing, unexpected = model.load_state_dict(dense, strict=False)
@@ -357,7 +340,8 @@ class Snapshot:
         if index is None:
             return
         if count < index.mark:  # fewer than before: the store was rewritten
-            index = self._learner.index = self._learner._new_index()
+            self._learner.task.reset_index()
+            index = self._learner.index
         keys = [seq.to_bytes(8, "big") for seq in range(index.mark, count)]
         values = [self._store.read_kv("candidates", key) for key in keys]
         if any(v is None for v in values):
@@ -386,15 +370,6 @@ class Snapshot:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-def _whole_tables(learner: Learner) -> frozenset[str]:
-    """Row tables a head reads in full (a tied output head): loaded whole per checkpoint."""
-    model = learner.model
-    if learner.task == "classify" or not model.tied:
-        return frozenset()
-    table = model.output_table()
-    return frozenset(n for n, t in model.row_tables().items() if t is table)
-
 
 @torch.no_grad()
 def _write_rows(table: torch.Tensor, ids: np.ndarray, values: np.ndarray) -> None:

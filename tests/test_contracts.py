@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from streamlearn import checks
 from streamlearn.checks import yield_checks
 from streamlearn.config import SCHEMES, EmbeddingConfig
+from streamlearn.featurize import HashFeaturizer
 from streamlearn.embeddings import (
     HashEmbedding, HashEmbeddingConfig, PlainEmbedding, PlainEmbeddingConfig, build_embedding,
 )
@@ -23,7 +24,7 @@ CASES["plain+full"] = EmbeddingConfig(scheme="plain", **dict(SMALL, plain_vocab=
 @pytest.mark.parametrize("check", list(yield_checks()), ids=lambda c: c.__name__.removeprefix("check_"))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_embedding_contract(case, check):
-    check(lambda: build_embedding(CASES[case], seed=7))
+    check(lambda: build_embedding(CASES[case], seed=7)[1])
 
 
 def test_every_scheme_is_covered():
@@ -57,12 +58,18 @@ class Unseeded(HashEmbedding):
             self.E.normal_()
 
 
-class MutatesInput(HashEmbedding):
-    def featurize(self, token_lists, max_len):
+class SortingFeaturizer(HashFeaturizer):
+    def featurize(self, token_lists, max_len, grow=True):
         for tokens in token_lists:
             if isinstance(tokens, list):
                 tokens.sort(key=str)
-        return super().featurize(token_lists, max_len)
+        return super().featurize(token_lists, max_len, grow)
+
+
+class MutatesInput(HashEmbedding):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.featurizer = SortingFeaturizer(cfg)
 
 
 class ForgetsDictionary(PlainEmbedding):
@@ -85,10 +92,30 @@ class DenseGradients(HashEmbedding):
         return out.new_zeros(mask.shape + (self.out_dim,)).index_put((mask,), out)
 
 
-class IntsDiffer(HashEmbedding):
-    def featurize(self, token_lists, max_len):
+class IntPrefixFeaturizer(HashFeaturizer):
+    def featurize(self, token_lists, max_len, grow=True):
         return super().featurize([[f"int:{t}" if isinstance(t, int) else t for t in ts]
-                                  for ts in token_lists], max_len)
+                                  for ts in token_lists], max_len, grow)
+
+
+class IntsDiffer(HashEmbedding):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.featurizer = IntPrefixFeaturizer(cfg)
+
+
+class TorchFeaturizer(HashFeaturizer):
+    """Hashes with a lookup tensor: ingest would need torch."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.offsets = torch.zeros(1, dtype=torch.int64)
+
+
+class HoldsTorch(HashEmbedding):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.featurizer = TorchFeaturizer(cfg)
 
 
 BROKEN = [
@@ -102,6 +129,7 @@ BROKEN = [
         ("batch-normalised", lambda: BatchNormalised(CFG), checks.check_batch_order_independence),
         ("dense-gradients", lambda: DenseGradients(CFG), checks.check_rows_touched_equal_sparse_gradients),
         ("ints-differ", lambda: IntsDiffer(CFG), checks.check_unseen_tokens_work),
+        ("holds-torch", lambda: HoldsTorch(CFG), checks.check_featurizer_is_pure),
     ]
 ]
 

@@ -131,7 +131,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
     result = {"digest": replica_digest(lrn), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
               "bytes": report.payload_bytes, "exchanges": report.exchanges,
               "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()},
-              "nb_records": float(lrn.nb.flat[:lrn.nb.max_labels].sum())}
+              "nb_records": float(lrn.task.nb.flat[:lrn.task.nb.max_labels].sum())}
     if rank == 1:
         print(json.dumps(result), flush=True)
         os._exit(0)  # gone without a word: rank 0's next round must fail, not hang
@@ -182,7 +182,7 @@ def allreduced(tmp_path_factory):
                                                                          "learner.nb_cells=65536"))
 
 
-LABEL_HEAD = ("d:label_head.weight", "d:label_head.bias")
+LABEL_HEAD = ("d:head.weight", "d:head.bias")
 
 
 def test_sync_averages_dense_and_every_row_table_exactly(averaged):
@@ -245,7 +245,7 @@ def test_allreduce_keeps_replicas_bit_equal_on_uneven_data(allreduced):
             for name in a:
                 assert torch.equal(after0[part][name], after1[part][name]), name
                 torch.testing.assert_close(after0[part][name], (a[name] + b[name]) / 2, rtol=1e-5, atol=1e-7)
-        assert not torch.equal(dense0["label_head.weight"], dense1["label_head.weight"])
+        assert not torch.equal(dense0["head.weight"], dense1["head.weight"])
     (dense, rows), after = g0[4]  # rank 0 alone: its own gradient, not halved
     for name in dense:
         torch.testing.assert_close(after[0][name], dense[name])

@@ -14,7 +14,7 @@ from streamlearn.embeddings import (
     HashFormerEmbedding, HashingTrickConfig, HashingTrickEmbedding, PlainEmbedding, PlainEmbeddingConfig,
     TFreeEmbedding, TFreeEmbeddingConfig, build_embedding, to_tensors,
 )
-from streamlearn.embeddings.base import pad
+from streamlearn.featurize import build_featurizer, pad
 from streamlearn.embeddings.hashformer import char_ngrams, lsh_bits
 from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
 from streamlearn.hashing import TokenHasher, derive_seed, hash64, multi_hash, token_bits
@@ -27,7 +27,7 @@ def n_params(module: nn.Module) -> int:
 
 
 def run(emb, token_lists, max_len=16):
-    feats = emb.featurize(token_lists, max_len)
+    feats = emb.featurizer.featurize(token_lists, max_len)
     return feats, emb(to_tensors(feats))
 
 
@@ -40,7 +40,7 @@ def sparse_rows(param: nn.Parameter) -> list[int]:
 
 def test_mask_is_truncated_and_padded():
     emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4))
-    feats = emb.featurize(BATCH, max_len=4)
+    feats = emb.featurizer.featurize(BATCH, max_len=4)
     assert feats["mask"].dtype == np.bool_
     assert feats["mask"].astype(int).tolist() == [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     assert feats["d1"].shape == (3, 4) and feats["buckets"].shape == (3, 4, 2)
@@ -65,7 +65,7 @@ def test_truncation_keeps_the_first_tokens():
 
 def test_int_and_str_ids_are_the_same_token():
     emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4))
-    a, b = emb.featurize([[42, 7]], 4), emb.featurize([["42", "7"]], 4)
+    a, b = emb.featurizer.featurize([[42, 7]], 4), emb.featurizer.featurize([["42", "7"]], 4)
     assert np.array_equal(a["d1"], b["d1"]) and np.array_equal(a["buckets"], b["buckets"])
 
 
@@ -73,19 +73,19 @@ def test_int_and_str_ids_are_the_same_token():
 def test_a_list_that_is_not_a_token_list_is_a_record_error(bad):
     emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4))
     with pytest.raises(RecordError, match="token list 1"):
-        emb.featurize([["ok"], bad], 4)
+        emb.featurizer.featurize([["ok"], bad], 4)
 
 
 def test_a_token_of_the_wrong_type_is_a_record_error():
     emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4))
     with pytest.raises(RecordError, match="str or int"):
-        emb.featurize([["ok", 1.5]], 4)
+        emb.featurizer.featurize([["ok", 1.5]], 4)
 
 
 def test_max_len_below_one_is_a_config_error():
     emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4))
     with pytest.raises(ConfigError, match="max_len"):
-        emb.featurize([["a"]], 0)
+        emb.featurizer.featurize([["a"]], 0)
 
 
 # ---------------------------------------------------------------------------- hash embeddings
@@ -179,7 +179,7 @@ def test_hash_sparse_gradient_rows_equal_rows_touched():
     emb = HashEmbedding(HashEmbeddingConfig(K=500, B=40, d=3, k=2))
     feats, out = run(emb, BATCH, max_len=4)
     out.pow(2).sum().backward()
-    touched = emb.rows_touched(feats)
+    touched = emb.featurizer.rows_touched(feats)
     assert sorted(touched) == sorted(emb.row_tables()) == ["E", "P"]
     for name, param in emb.row_tables().items():
         assert touched[name].dtype == np.int64
@@ -216,7 +216,7 @@ def test_hash_config_errors_name_the_key(bad):
 
 def test_hash_featurize_matches_token_hasher():
     emb = HashEmbedding(HashEmbeddingConfig(K=1000, B=50, d=2, k=2, seed=9))
-    feats = emb.featurize([["x", "y"], ["z"]], 4)
+    feats = emb.featurizer.featurize([["x", "y"], ["z"]], 4)
     d1, buckets = TokenHasher(K=1000, B=50, k=2, seed=9)(["x", "y", "z"])
     assert np.array_equal(feats["d1"][feats["mask"]], d1)
     assert np.array_equal(feats["buckets"][feats["mask"]], buckets)
@@ -229,17 +229,17 @@ def test_hashing_trick_parameter_count_and_rows():
     assert n_params(emb) == 64 * 6
     feats, out = run(emb, BATCH)
     out.sum().backward()
-    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist()
+    assert sparse_rows(emb.E) == emb.featurizer.rows_touched(feats)["E"].tolist()
 
 
 # ---------------------------------------------------------------------------- build_embedding
 
 def test_build_embedding_maps_the_flat_config():
     cfg = EmbeddingConfig(scheme="hash", d=6, K=300, B=30, k=3, append_p=True, combine="concat", init="mean")
-    emb = build_embedding(cfg, seed=4)
+    _, emb = build_embedding(cfg, seed=4)
     assert emb.cfg == HashEmbeddingConfig(K=300, B=30, d=6, k=3, append_p=True, combine="concat",
                                           init="mean", seed=4)
-    trick = build_embedding(EmbeddingConfig(scheme="hashing-trick", d=6, B=30), seed=4)
+    _, trick = build_embedding(EmbeddingConfig(scheme="hashing-trick", d=6, B=30), seed=4)
     assert trick.cfg == HashingTrickConfig(B=30, d=6, seed=4)
 
 
@@ -267,9 +267,9 @@ def test_bloom_digest_is_multi_hash_and_rows_touched_match_gradients():
     emb = BloomEmbedding(BloomEmbeddingConfig(B=97, d=3, m=3, seed=2))
     feats, out = run(emb, BATCH)
     assert np.array_equal(feats["ids"][feats["mask"]], multi_hash(sum(BATCH, []), 3, 97, 2, "bloom"))
-    assert np.array_equal(emb.hash_ids(["the", "cat"]), feats["ids"][0, :2])
+    assert np.array_equal(emb.featurizer.hash_ids(["the", "cat"]), feats["ids"][0, :2])
     out.sum().backward()
-    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist()
+    assert sparse_rows(emb.E) == emb.featurizer.rows_touched(feats)["E"].tolist()
 
 
 # ---------------------------------------------------------------------------- T-Free
@@ -290,7 +290,7 @@ def _tfree_bags(feats):
 
 def test_tfree_trigrams_of_hello_world_by_hand():
     emb = TFreeEmbedding(TFreeEmbeddingConfig(v=1000, d=2, m=3, seed=4))
-    feats = emb.featurize([["Hello", "world", "!"]], max_len=8)
+    feats = emb.featurizer.featurize([["Hello", "world", "!"]], max_len=8)
     assert feats["counts"].tolist() == [[15, 15, 3]]
     expected = [sorted(multi_hash(grams, 3, 1000, 4, "tfree").reshape(-1).tolist()) for grams in HELLO_TRIGRAMS]
     assert _tfree_bags(feats) == expected
@@ -298,7 +298,7 @@ def test_tfree_trigrams_of_hello_world_by_hand():
 
 def test_tfree_uses_the_trigram_set_not_the_list():
     emb = TFreeEmbedding(TFreeEmbeddingConfig(v=1000, d=2, m=2))
-    feats = emb.featurize([["aaaa", ""]], max_len=4)  # " aaaa " has "aaa" twice; "" has none
+    feats = emb.featurizer.featurize([["aaaa", ""]], max_len=4)  # " aaaa " has "aaa" twice; "" has none
     assert feats["counts"].tolist() == [[3 * 2, 0]]
     assert _tfree_bags(feats)[0] == sorted(multi_hash([" aa", "aaa", "aa "], 2, 1000, 0, "tfree").reshape(-1).tolist())
 
@@ -311,7 +311,7 @@ def test_tfree_sums_its_rows_and_touches_exactly_them():
         assert torch.allclose(out[n, t], emb.E[bag].sum(0), atol=1e-6)
     assert torch.count_nonzero(out[1, 1:]) == 0
     out.sum().backward()
-    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist()
+    assert sparse_rows(emb.E) == emb.featurizer.rows_touched(feats)["E"].tolist()
 
 
 # ---------------------------------------------------------------------------- HashFormers
@@ -327,9 +327,9 @@ def test_hashformer_parameter_counts_are_the_papers_formulas(variant, count):
 def test_hashformer_pool_codewords_follow_the_papers_example():
     emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=4))
     tau = np.array([[1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1]], dtype=np.uint8)
-    assert emb._codewords(tau).tolist() == [[10, 4, 1]]
+    assert emb.featurizer.codewords(tau).tolist() == [[10, 4, 1]]
     short_last = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=5))
-    assert short_last._codewords(tau).tolist() == [[0b10100, 0b10000, 0b01]]
+    assert short_last.featurizer.codewords(tau).tolist() == [[0b10100, 0b10000, 0b01]]
 
 
 def test_hashformer_pool_by_hand():
@@ -363,7 +363,7 @@ def test_hashformer_proj_is_pearson_correlation():
 @pytest.mark.parametrize("method", ["md5", "xxh3"])
 def test_hashformer_codes_are_token_bits(method):
     emb = HashFormerEmbedding(HashFormerConfig(variant="add", d=2, bits=128, hash=method, seed=6))
-    feats = emb.featurize([["play", "plays"]], 4)
+    feats = emb.featurizer.featurize([["play", "plays"]], 4)
     assert feats["bits"].dtype == np.uint8
     assert np.array_equal(feats["bits"][0], token_bits(["play", "plays"], 6, method, 128))
 
@@ -390,7 +390,7 @@ def test_lsh_bit_flips_follow_the_angle_between_ngram_vectors():
         flips = []
         for seed in range(8):
             codes = HashFormerEmbedding(HashFormerConfig(variant="proj", d=2, hash=method, seed=seed)
-                                        ).token_code(["playing", "played"])
+                                        ).featurizer.token_code(["playing", "played"])
             flips.append(int((codes[0] != codes[1]).sum()))
         return np.mean(flips)
 
@@ -402,7 +402,7 @@ def test_hashformers_are_dense():
     emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=4, bits=16, pool_bits=4))
     feats, out = run(emb, BATCH)
     out.sum().backward()
-    assert emb.row_tables() == {} and emb.rows_touched(feats) == {}
+    assert emb.row_tables() == {} and emb.featurizer.rows_touched(feats) == {}
     assert all(p.grad is not None and not p.grad.is_sparse for p in emb.parameters())
 
 
@@ -420,17 +420,16 @@ def test_hashformer_config_errors(bad, key):
 def test_plain_is_first_come_first_served_with_one_oov_row():
     emb = PlainEmbedding(PlainEmbeddingConfig(vocab=3, d=2))
     assert n_params(emb) == (3 + 1) * 2
-    assert emb.featurize([["b", "a"], ["b"]], 4)["ids"].tolist() == [[0, 1], [0, 0]]
-    assert emb.featurize([["c", "d", "a", 7, "7"]], 8)["ids"].tolist() == [[2, 3, 1, 3, 3]]
-    assert len(emb) == 3
+    assert emb.featurizer.featurize([["b", "a"], ["b"]], 4)["ids"].tolist() == [[0, 1], [0, 0]]
+    assert emb.featurizer.featurize([["c", "d", "a", 7, "7"]], 8)["ids"].tolist() == [[2, 3, 1, 3, 3]]
+    assert len(emb.featurizer) == 3
 
 
 def test_plain_grow_false_only_looks_up():
     emb = PlainEmbedding(PlainEmbeddingConfig(vocab=10, d=2))
-    emb.featurize([["seen"]], 4)
-    emb.grow = False
-    assert emb.featurize([["new", "seen"]], 4)["ids"].tolist() == [[10, 0]]
-    assert len(emb) == 1
+    emb.featurizer.featurize([["seen"]], 4)
+    assert emb.featurizer.featurize([["new", "seen"]], 4, grow=False)["ids"].tolist() == [[10, 0]]
+    assert len(emb.featurizer) == 1
 
 
 def test_plain_dictionary_matches_a_python_dict_on_a_zipf_stream():
@@ -438,7 +437,7 @@ def test_plain_dictionary_matches_a_python_dict_on_a_zipf_stream():
     batches = [[[str(x) for x in rng.zipf(1.3, 40)] for _ in range(8)] for _ in range(20)]
     emb, ref = PlainEmbedding(PlainEmbeddingConfig(vocab=150, d=2)), {}
     for batch in batches:
-        feats = emb.featurize(batch, 64)
+        feats = emb.featurizer.featurize(batch, 64)
         for tokens in batch:
             for t in tokens:
                 if t not in ref and len(ref) < 150:
@@ -449,7 +448,7 @@ def test_plain_dictionary_matches_a_python_dict_on_a_zipf_stream():
 
 def test_plain_state_from_a_bigger_dictionary_is_refused():
     big = PlainEmbedding(PlainEmbeddingConfig(vocab=5, d=2))
-    big.featurize([["a", "b", "c"]], 4)
+    big.featurizer.featurize([["a", "b", "c"]], 4)
     small = PlainEmbedding(PlainEmbeddingConfig(vocab=2, d=2))
     with pytest.raises(StreamlearnError, match="plain_vocab=2"):
         small.load_state_dict(big.state_dict(), strict=False)
@@ -459,7 +458,7 @@ def test_plain_rows_touched_match_gradients():
     emb = PlainEmbedding(PlainEmbeddingConfig(vocab=4, d=2))
     feats, out = run(emb, BATCH)
     out.sum().backward()
-    assert sparse_rows(emb.E) == emb.rows_touched(feats)["E"].tolist() == [0, 1, 2, 3, 4]
+    assert sparse_rows(emb.E) == emb.featurizer.rows_touched(feats)["E"].tolist() == [0, 1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------------------- build_embedding, all schemes
@@ -477,10 +476,14 @@ def test_plain_rows_touched_match_gradients():
 def test_build_embedding_builds_every_scheme(scheme, cls, count):
     cfg = EmbeddingConfig(scheme=scheme, d=8, K=1000, B=100, k=2, m=2, hashformer_bits=32,
                           hashformer_pool_bits=4, tfree_rows=64, plain_vocab=20)
-    emb = build_embedding(cfg, seed=0)
-    assert type(emb) is cls and n_params(emb) == count
+    featurizer, emb = build_embedding(cfg, seed=0)
+    assert type(emb) is cls and n_params(emb) == count and featurizer is emb.featurizer
     _, out = run(emb, BATCH)
     assert out.shape == (3, 6, 8) == (3, 6, emb.out_dim)
+    # The torch-free builder gives a featurizer with the same arrays.
+    alone = build_featurizer(cfg, seed=0).featurize(BATCH, 16)
+    ours = featurizer.featurize(BATCH, 16, grow=False)
+    assert sorted(alone) == sorted(ours) and all(np.array_equal(alone[k], ours[k]) for k in ours)
 
 
 def test_weighted_lookup_matches_embedding_bag_gradients():

@@ -10,6 +10,7 @@ from river import evaluate, metrics
 
 from streamlearn import learner_state
 from streamlearn.config import Config, StoreConfig
+from streamlearn.embeddings import to_tensors
 from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import Batch, LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record
@@ -142,8 +143,7 @@ def test_next_item_histories_advance_in_record_order_in_prepare():
     # prepare alone advanced the histories, record by record, before any learning
     assert lrn.histories.get("u") == ("b", "c") and lrn.histories.get("7") == ("1",)
     assert batch.examples == 2  # "a" and key 7's first item have no history yet
-    space = lrn.model.space
-    np.testing.assert_array_equal(batch.targets["hashes"], space.hasher(["b", "c"]))
+    np.testing.assert_array_equal(batch.targets["hashes"], lrn.task.code.targets(["b", "c"])["hashes"])
     report = lrn.learn_batch(batch)
     assert report.examples == 2 and report.records == 4
     assert sorted(lrn.index.tokens) == ["1", "a", "b", "c"]
@@ -189,7 +189,7 @@ def test_step_reports_exactly_the_rows_it_changed():
     reported = {}
     for batch_records in stream[1:]:
         batch = lrn.prepare(batch_records)
-        touched = lrn.model.embedding.rows_touched(batch.feats)
+        touched = lrn.featurizer.rows_touched(batch.feats)
         report = lrn.learn_batch(batch)
         for name in ("E", "P"):
             np.testing.assert_array_equal(report.rows[name], touched[name])
@@ -310,7 +310,10 @@ def test_checkpoint_restore_round_trip(task, store):
         for r, t in zip(restored.topk_many(queries, k=5), reference.topk_many(queries, k=5)):
             assert r.tokens == t.tokens and np.array_equal(r.scores, t.scores)
     assert restored.labels == reference.labels
-    assert dict(restored.histories.items()) == dict(reference.histories.items())
+    if task == "next-item":
+        assert dict(restored.histories.items()) == dict(reference.histories.items())
+    else:
+        assert restored.histories is None and reference.histories is None
     for batch in stream[6:]:  # and it keeps learning exactly as if never interrupted
         assert restored.learn_many(batch).loss == reference.learn_many(batch).loss
     assert_same(params(reference), params(restored))
@@ -404,7 +407,7 @@ def test_mark_dirty_rows_reach_take_dirty():
 # ---------------------------------------------------------------------------- label rows
 
 def _head_rows(L: Learner) -> dict:
-    return {label: L.model.label_head.weight[i].detach().clone() for i, label in enumerate(L.labels)}
+    return {label: L.model.head.weight[i].detach().clone() for i, label in enumerate(L.labels)}
 
 
 def test_label_rows_start_from_the_seed_and_the_label():
@@ -419,24 +422,24 @@ def test_label_rows_start_from_the_seed_and_the_label():
     again = learner()
     again.prepare([{"text": "y", "label": "sport"}])
     again.start_label_rows([0])
-    assert torch.equal(again.model.label_head.weight[0].detach(), rows["sport"])  # id 0 there, id 1 here
+    assert torch.equal(again.model.head.weight[0].detach(), rows["sport"])  # id 0 there, id 1 here
     other_seed = learner("learner.seed=1")
     other_seed.prepare([{"text": "x", "label": "tech"}])
     other_seed.start_label_rows([0])
-    assert not torch.equal(other_seed.model.label_head.weight[0].detach(), rows["tech"])
+    assert not torch.equal(other_seed.model.head.weight[0].detach(), rows["tech"])
     deep = learner("model.layers=1")  # behind the encoder's LayerNorm: the same row, a tenth
     deep.prepare([{"text": "x", "label": "tech"}])
     deep.start_label_rows([0])
-    torch.testing.assert_close(deep.model.label_head.weight[0].detach(), 0.1 * rows["tech"])
+    torch.testing.assert_close(deep.model.head.weight[0].detach(), 0.1 * rows["tech"])
 
 
 def test_learn_batch_starts_new_label_rows_and_leaves_unused_rows_zero():
     L = learner()
     batch = L.prepare([{"text": "goal match", "label": "sport"}, {"text": "chip code", "label": "tech"}])
     assert (batch.label_start, batch.n_labels) == (0, 2)
-    assert float(L.model.label_head.weight.detach().abs().sum()) == 0.0  # prepare touches no weight
+    assert float(L.model.head.weight.detach().abs().sum()) == 0.0  # prepare touches no weight
     L.learn_batch(batch)
-    W = L.model.label_head.weight.detach()
+    W = L.model.head.weight.detach()
     assert bool((W[:2].abs().sum(1) > 0).all()) and float(W[2:].abs().sum()) == 0.0
     later = L.prepare([{"text": "soup", "label": "food"}, {"text": "goal", "label": "sport"}])
     assert (later.label_start, later.n_labels) == (2, 3)
@@ -448,10 +451,10 @@ def test_learn_batch_starts_new_label_rows_and_leaves_unused_rows_zero():
     L.learn_batch(later)
     # the new row started from the label's own vector, then took one step (AdamW moves
     # each coordinate by at most about dense_lr)
-    moved = (L.model.label_head.weight[2] - expected.model.label_head.weight[0]).detach().abs().max()
+    moved = (L.model.head.weight[2] - expected.model.head.weight[0]).detach().abs().max()
     assert float(moved) <= 2 * L.cfg.optim.dense_lr
-    assert not torch.equal(L.model.label_head.weight[:2], before)  # old rows trained, not restarted
-    assert float(L.model.label_head.weight[3:].detach().abs().sum()) == 0.0
+    assert not torch.equal(L.model.head.weight[:2], before)  # old rows trained, not restarted
+    assert float(L.model.head.weight[3:].detach().abs().sum()) == 0.0
 
 
 def test_replicas_meeting_labels_in_other_orders_agree_after_a_permutation():
@@ -515,11 +518,11 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
         mask = batch.feats["mask"]
         np.testing.assert_array_equal(batch.nb_tokens >= 0, mask)
         if ids == "d1":
-            np.testing.assert_array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask] % lrn.nb.span)
+            np.testing.assert_array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask] % lrn.task.nb.span)
         else:
             assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask])
         if seen:  # the step's loss and a prequential prediction see the counts before the batch
-            got = lrn.nb.scores(batch.nb_tokens, batch.n_labels)
+            got = lrn.task.nb.scores(batch.nb_tokens, batch.n_labels)
             for row, r in zip(got, records):
                 want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5)
                 np.testing.assert_allclose(row, want, rtol=1e-5)
@@ -528,9 +531,10 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     # the label logits are the model's plus nb_weight times those scores
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
-        model_logits = lrn.model.classify(lrn._tensors(q.feats), q.n_labels).float()
-    nb = torch.from_numpy(lrn.nb.scores(q.nb_tokens, q.n_labels))
-    np.testing.assert_allclose(lrn._infer(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
+        feats = to_tensors(q.feats)
+        model_logits = lrn.model.head(lrn.model.pool(lrn.model.encode(feats), feats["mask"]), q.n_labels).float()
+    nb = torch.from_numpy(lrn.task.nb.scores(q.nb_tokens, q.n_labels))
+    np.testing.assert_allclose(lrn.outputs(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_naive_bayes_part_alone_learns_from_one_batch():
@@ -544,20 +548,20 @@ def test_naive_bayes_reports_and_checkpoints_the_count_rows_it_changed(store):
     lrn, reference = learner(*NB), learner(*NB)
     stream = batches(topic_stream(16 * 6), 16)
     for i, records in enumerate(stream[:4]):
-        before = lrn.nb.counts.clone()
+        before = lrn.task.nb.counts.clone()
         report = lrn.learn_many(records)
         reference.learn_many(records)
-        changed = (lrn.nb.counts != before).any(1).nonzero()[:, 0].numpy()
+        changed = (lrn.task.nb.counts != before).any(1).nonzero()[:, 0].numpy()
         np.testing.assert_array_equal(report.rows["nb.counts"], changed)
         if i in (1, 3):
             commit(lrn, store)  # incremental: only the changed count rows
     restored = Learner.restore(store)
-    assert torch.equal(restored.nb.counts, reference.nb.counts)
+    assert torch.equal(restored.task.nb.counts, reference.task.nb.counts)
     query = [{"text": "goal chip soup"}]
     assert restored.predict_proba_many(query) == reference.predict_proba_many(query)
     for records in stream[4:]:
         assert restored.learn_many(records).loss == reference.learn_many(records).loss
-    assert torch.equal(restored.nb.counts, reference.nb.counts)
+    assert torch.equal(restored.task.nb.counts, reference.task.nb.counts)
 
 
 def test_naive_bayes_counts_of_an_older_checkpoint_format_are_refused(store):
@@ -580,9 +584,9 @@ def test_a_state_without_naive_bayes_counts_restores_with_the_part_on(store):
     meta = msgpack.unpackb(store.read_blob("learner.meta"))
     learner_state.check_format(learner(*NB), {**meta, "format": 1}, store)  # no counts stored: nothing to misread
     restored = Learner.restore(store, Config().override(*SMALL, *NB))
-    assert restored.nb is not None and not restored.nb.counts.any()
+    assert restored.task.nb is not None and not restored.task.nb.counts.any()
     restored.learn_many(topic_stream(16, seed=1))
-    assert restored.nb.counts.any()
+    assert restored.task.nb.counts.any()
 
 
 @pytest.mark.parametrize("bad", ["learner.nb_cells=1000", "learner.nb_cells=64", "learner.nb_alpha=0",
@@ -593,8 +597,8 @@ def test_naive_bayes_config_errors_say_what_to_change(bad):
 
 
 def test_naive_bayes_part_only_for_classify_and_only_when_weighted():
-    assert learner("learner.nb_weight=0").nb is None
-    assert learner("learner.task=mlm", "learner.nb_weight=0.5").nb is None
+    assert learner("learner.nb_weight=0").task.nb is None
+    assert not learner("learner.task=mlm", "learner.nb_weight=0.5").task.count_tables()
     assert "nb.counts" not in learner("learner.nb_weight=0").checkpoint_parts(full=True)[1]
 
 
@@ -610,10 +614,10 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
     with torch.no_grad():  # ... then forget the rows, and read back only those the query needs
         for t in reader.model.row_tables().values():
             t.zero_()
-        reader.nb.counts.zero_()
+        reader.task.nb.counts.zero_()
     query = [{"text": "goal chip chip soup"}, {"text": "never seen words"}]
     batch = reader.prepare(query, train=False)
-    tables = {**reader.model.row_tables(), "nb.counts": reader.nb.counts}
+    tables = {**reader.model.row_tables(), "nb.counts": reader.task.nb.counts}
     rows = reader.rows_read(batch)
     assert set(rows) == {"E", "P", "nb.counts"}
     with torch.no_grad():

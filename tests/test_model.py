@@ -5,20 +5,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from streamlearn.batching import Batch
 from streamlearn.config import Config, OptimConfig
-from streamlearn.embeddings import to_tensors
+from streamlearn.device import Device
+from streamlearn.embeddings import build_embedding, to_tensors
 from streamlearn.exceptions import ConfigError, RecordError
-from streamlearn.heads import HashedHead, LabelHead, TFreeHead, multi_hot, untied_space
-from streamlearn.hashing import tfree_hashes
+from streamlearn.heads import HashedHead, LabelHead, TFreeHead, multi_hot
+from streamlearn.hashing import multi_hash, tfree_hashes
 from streamlearn.model import HashedTransformer
 from streamlearn.objectives import (
     INTACT, MASK_TOKEN, RANDOM, SHUFFLED, Histories, LabelCapacityError, LabelTable, mlm_mask,
     shuffle_random,
 )
 from streamlearn.optim import RowOptimizer
+from streamlearn.outputs import HashedCode, PatternCode, output_code
+from streamlearn.featurize import PatternSpace
+from streamlearn.tasks import build_task
 
 SMALL = ("embedding.K=500", "embedding.B=64", "embedding.d=16", "embedding.tfree_rows=256",
          "model.d_model=16", "model.heads=2", "model.ffn=32", "model.out_B=64", "model.max_labels=8")
+CPU = Device.pick("cpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -28,13 +34,28 @@ def small(*overrides: str) -> Config:
     return Config().override(*SMALL, *overrides)
 
 
-def build(*overrides: str) -> HashedTransformer:
+def build(*overrides: str) -> tuple[HashedTransformer, object]:
+    """A model and its task, as a Learner builds them (the task makes the head)."""
     torch.manual_seed(0)
-    return HashedTransformer(small(*overrides))
+    cfg = small(*overrides)
+    featurizer, embedding = build_embedding(cfg.embedding, cfg.hashing.seed)
+    task = build_task(cfg, featurizer)
+    return HashedTransformer(cfg, embedding, lambda: task.make_head(cfg.model.d_model, embedding)), task
 
 
 def feats_of(model, token_lists):
-    return to_tensors(model.embedding.featurize(token_lists, max_len=16))
+    return to_tensors(model.embedding.featurizer.featurize(token_lists, max_len=16))
+
+
+def classify(model, feats, n_labels):
+    """Label logits of the classify head over the pooled states."""
+    return model.head(model.pool(model.encode(feats), feats["mask"]), n_labels)
+
+
+def read_slots(model, task, feats, slots, rows, cols):
+    """The mlm task's readout at (rows[i], cols[i]) with ``slots`` masked."""
+    batch = Batch(False, -1, int(feats["mask"].shape[0]), slots=slots.numpy(), rows=rows.numpy(), cols=cols.numpy())
+    return task.readout(model, batch, feats, CPU)
 
 
 # ---------------------------------------------------------------------------- shapes
@@ -42,46 +63,46 @@ def feats_of(model, token_lists):
 @pytest.mark.parametrize("layers", [0, 1, 3])
 @pytest.mark.parametrize("positions", [False, True])
 def test_encode_and_classify_shapes(layers, positions):
-    model = build(f"model.layers={layers}", f"model.positions={str(positions).lower()}")
+    model, _ = build(f"model.layers={layers}", f"model.positions={str(positions).lower()}")
     feats = feats_of(model, [["a", "b", "c"], ["d"], ["e", "f"]])
     assert model.encode(feats).shape == (3, 3, 16)
-    assert model.classify(feats, n_labels=5).shape == (3, 5)
-    n_layers = 0 if model.encoder.layers is None else len(model.encoder.layers.layers)
-    assert n_layers == layers
+    assert classify(model, feats, n_labels=5).shape == (3, 5)
+    assert model.depth == layers
 
 
 @pytest.mark.parametrize("layers", [0, 2])
 def test_padding_does_not_change_a_sequence_output(layers):
-    model = build(f"model.layers={layers}").eval()
-    alone = model.classify(feats_of(model, [["a", "b"]]), 4)
-    padded = model.classify(feats_of(model, [["a", "b"], ["c", "d", "e", "f", "g"]]), 4)[:1]
+    model = build(f"model.layers={layers}")[0].eval()
+    alone = classify(model, feats_of(model, [["a", "b"]]), 4)
+    padded = classify(model, feats_of(model, [["a", "b"], ["c", "d", "e", "f", "g"]]), 4)[:1]
     torch.testing.assert_close(alone, padded, rtol=1e-5, atol=1e-6)
 
 
 def test_depth_zero_is_a_bag_of_embeddings():
-    model = build("model.layers=0")  # embedding width == d_model: no projection, no encoder
+    model, _ = build("model.layers=0")  # embedding width == d_model: no projection, no encoder
     feats = feats_of(model, [["x", "y", "y"]])
     bag = model.embedding(feats).sum(1) / 3 ** 0.5  # (1, d): sum over sqrt(n), n = 3
-    expected = bag @ model.label_head.weight[:3].t() + model.label_head.bias[:3]
-    torch.testing.assert_close(model.classify(feats, 3), expected)
+    expected = bag @ model.head.weight[:3].t() + model.head.bias[:3]
+    torch.testing.assert_close(classify(model, feats, 3), expected)
 
 
 def test_depth_zero_mlm_reads_the_pooled_context_outside_the_slots():
-    model = build("model.layers=0", "learner.task=mlm")
+    model, task = build("model.layers=0", "learner.task=mlm")
     feats = feats_of(model, [["a", "b", "c"], ["d", "e", "f"]])
     slots = torch.tensor([[False, True, False], [True, False, True]])
     rows, cols = torch.tensor([0, 1, 1]), torch.tensor([1, 0, 2])
     e = model.embedding(feats)  # (2, 3, 16)
     expected = torch.stack([(e[0, 0] + e[0, 2]) / 2 ** 0.5, e[1, 1], e[1, 1]])
-    torch.testing.assert_close(model.read_slots(feats, slots, rows, cols), expected)
+    torch.testing.assert_close(read_slots(model, task, feats, slots, rows, cols), expected)
 
 
 def test_with_layers_mlm_reads_the_final_state_at_the_slot():
-    model = build("model.layers=1", "learner.task=mlm").eval()
+    model, task = build("model.layers=1", "learner.task=mlm")
+    model.eval()
     feats = feats_of(model, [["a", "b", "c"]])
     slots = torch.tensor([[False, True, False]])
     h = model.encode(feats, slots)
-    out = model.read_slots(feats, slots, torch.tensor([0]), torch.tensor([1]))
+    out = read_slots(model, task, feats, slots, torch.tensor([0]), torch.tensor([1]))
     torch.testing.assert_close(out, h[0, 1:2])
 
 
@@ -90,14 +111,14 @@ def test_query_readout_equals_the_training_readout_on_padded_batches(layers):
     # Queries run in eval + inference mode, where torch may take its fused encoder fast
     # path; its padding handling must give the slot the state training computes, or
     # prequential recall (bench/depth.py) measures a different model than the one learned.
-    model = build(f"model.layers={layers}", "learner.task=mlm", "embedding.scheme=bloom")
+    model, task = build(f"model.layers={layers}", "learner.task=mlm", "embedding.scheme=bloom")
     feats = feats_of(model, [["a", "b", "c", "d", "e"], ["f", "g"], ["h"]])
     slots = torch.zeros_like(feats["mask"])
     rows, cols = torch.tensor([0, 1, 2]), torch.tensor([4, 0, 0])
     slots[rows, cols] = True
-    trained = model.train().read_slots(feats, slots, rows, cols)
+    trained = read_slots(model.train(), task, feats, slots, rows, cols)
     with torch.inference_mode():
-        queried = model.eval().read_slots(feats, slots, rows, cols)
+        queried = read_slots(model.eval(), task, feats, slots, rows, cols)
     torch.testing.assert_close(queried, trained, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(trained[0], trained[1])  # the slots read their own context
 
@@ -105,16 +126,16 @@ def test_query_readout_equals_the_training_readout_on_padded_batches(layers):
 def test_positions_make_order_matter_and_sets_do_not():
     torch.manual_seed(0)
     for positions, differs in ((False, False), (True, True)):
-        model = build("model.layers=1", f"model.positions={str(positions).lower()}").eval()
-        model.label_head.weight.data.normal_()
-        ab = model.classify(feats_of(model, [["a", "b"]]), 4)
-        ba = model.classify(feats_of(model, [["b", "a"]]), 4)
+        model = build("model.layers=1", f"model.positions={str(positions).lower()}")[0].eval()
+        model.head.weight.data.normal_()
+        ab = classify(model, feats_of(model, [["a", "b"]]), 4)
+        ba = classify(model, feats_of(model, [["b", "a"]]), 4)
         assert (not torch.allclose(ab, ba, atol=1e-6)) == differs
 
 
 def test_empty_row_gives_finite_output_at_depth():
-    model = build("model.layers=2").eval()
-    out = model.classify(feats_of(model, [["a"], []]), 3)
+    model = build("model.layers=2")[0].eval()
+    out = classify(model, feats_of(model, [["a"], []]), 3)
     assert torch.isfinite(out).all()
 
 
@@ -131,9 +152,9 @@ def test_label_head_reads_only_seen_labels_and_unseen_rows_get_no_gradient():
 
 
 def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
-    space = untied_space(m=2, size=5, width=3, seed=0)
+    code = HashedCode(2, 5, None, lambda tokens: multi_hash(tokens, 2, 5, 0, "out"))
     torch.manual_seed(0)
-    head = HashedHead(4, space)
+    head = HashedHead(4, code, width=3)
     x = torch.randn(3, 4)
     logits = head(x)
     assert logits.shape == (3, 2, 5)
@@ -142,20 +163,21 @@ def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
     by_hand = sum(
         w[i] * sum(-torch.log_softmax(logits[i, j], -1)[targets[i, j]] for j in range(2)) for i in range(3)
     ) / 3
-    torch.testing.assert_close(head.loss(logits, targets, w), by_hand)
+    torch.testing.assert_close(head.loss(logits, {"hashes": targets}, w), by_hand)
 
 
 def test_untied_hasher_matches_the_decoding_index_default():
     from streamlearn.decoding import CandidateIndex
-    space = untied_space(m=2, size=64, width=8, seed=7)
+    code = output_code(small("learner.task=mlm", "model.tie_output=false", "hashing.seed=7"), featurizer=None)
     index = CandidateIndex.superbloom(m=2, size=64, seed=7)
     index.add(["a", "b", "c"])
-    np.testing.assert_array_equal(space.hasher(["a", "b", "c"]), index.hashes)
+    np.testing.assert_array_equal(code.targets(["a", "b", "c"])["hashes"], index.hashes)
+    np.testing.assert_array_equal(code.new_index().ids([]), index.ids([]))
 
 
 def test_tfree_head_is_multilabel_bce_against_the_trigram_pattern():
     torch.manual_seed(0)
-    head = TFreeHead(4, v=32, width=3, own_table=True)
+    head = TFreeHead(4, PatternCode(PatternSpace(2, 32, 0), None), width=3)
     x = torch.randn(2, 4)
     logits = head(x)
     ids, offsets = tfree_hashes(["cat", "house"], m=2, v=32, seed=0)
@@ -166,31 +188,37 @@ def test_tfree_head_is_multilabel_bce_against_the_trigram_pattern():
     by_hand = sum(
         -(target[i] * F.logsigmoid(logits[i]) + (1 - target[i]) * F.logsigmoid(-logits[i])).sum() for i in range(2)
     ) / 2
-    torch.testing.assert_close(head.loss(logits, target, w), by_hand)
+    targets = {"ids": torch.from_numpy(ids), "offsets": torch.from_numpy(offsets)}
+    torch.testing.assert_close(head.loss(logits, targets, w), by_hand)
 
 
 @pytest.mark.parametrize("scheme", ["hash", "bloom", "hashing-trick", "tfree"])
 def test_tying_shares_the_input_table(scheme):
-    tied = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=true")
-    assert tied.tied and tied.output_table() is tied.embedding.row_tables()["E"]
-    assert all(p is not tied.output_table() for p in tied.dense_parameters().values())
-    untied = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=false")
-    assert not untied.tied and untied.output_table() is not untied.embedding.row_tables()["E"]
+    tied, task = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=true")
+    table = tied.embedding.row_tables()["E"]
+    assert task.code.table == "E" and tied.head.table is None
+    assert task.whole_tables(tied) == {"E"}
+    assert all(p is not table for p in tied.dense_parameters().values())
+    untied, task = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=false")
+    assert task.code.table is None and untied.head.table is not None
+    assert task.whole_tables(untied) == set()
     # Tied, the output loss reaches the input table through the output matmul.
     x = torch.randn(2, 16)
-    tied.output(x).sum().backward()
-    assert tied.embedding.row_tables()["E"].grad is not None
+    tied.head(x, table).sum().backward()
+    assert table.grad is not None
 
 
 def test_tied_output_hashes_are_the_input_hashes():
-    model = build("learner.task=mlm", "embedding.scheme=bloom", "embedding.m=3")
-    assert model.space.m == 3 and model.space.size == 64
-    np.testing.assert_array_equal(model.space.hasher(["a", "b"]), model.embedding.hash_ids(["a", "b"]))
+    model, task = build("learner.task=mlm", "embedding.scheme=bloom", "embedding.m=3")
+    assert task.code.m == 3 and task.code.size == 64
+    np.testing.assert_array_equal(task.code.targets(["a", "b"])["hashes"],
+                                  model.embedding.featurizer.hash_ids(["a", "b"]))
 
 
 def test_untiable_scheme_gets_its_own_table():
-    model = build("learner.task=mlm", "embedding.scheme=hashformer-pool", "model.tie_output=true")
-    assert not model.tied and model.space.size == 64 and model.space.m == 2
+    model, task = build("learner.task=mlm", "embedding.scheme=hashformer-pool", "model.tie_output=true")
+    assert task.code.table is None and model.head.table is not None
+    assert task.code.size == 64 and task.code.m == 2
 
 
 def test_config_errors_say_what_to_change():

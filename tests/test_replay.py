@@ -15,7 +15,6 @@ from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import Markov, Popularity, build_baselines, parse_baselines, vw_available
-from streamlearn.replay.events import EventBuilder
 from streamlearn.replay.model import ModelContestant
 from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
 from streamlearn.state import open_store
@@ -60,6 +59,11 @@ def cfg(*extra: str, base=TINY) -> Config:
     return Config().override(*base, *extra)
 
 
+def events_of(config: Config):
+    """The task's replay event builder, ``build(position, record) -> Event``."""
+    return Learner(config).task.events(seed=0)
+
+
 # ---------------------------------------------------------------------------- metrics
 
 
@@ -77,7 +81,7 @@ def test_recall_and_mrr_by_hand_and_under_rolling_revert():
 
 
 def test_metric_set_log_loss_charges_a_missing_label():
-    ms = MetricSet("classify", k=10, window=5)
+    ms = MetricSet("labels", k=10, window=5)
     ms.update("spam", {})  # no label known yet: p(spam) = 0, clipped to 1e-15
     ms.update("ham", {"ham": 0.5, "spam": 0.5})
     overall = ms.overall()
@@ -90,9 +94,9 @@ def test_metric_set_log_loss_charges_a_missing_label():
 
 
 def test_popularity_and_markov_exclude_what_the_key_already_had():
-    builder = EventBuilder(cfg(base=TINY_ITEMS))
+    build = events_of(cfg(base=TINY_ITEMS))
     stream = [("u1", "a"), ("u2", "a"), ("u3", "a"), ("u1", "b"), ("u2", "b"), ("u3", "c"), ("u1", "c")]
-    events = [builder.build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
+    events = [build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
     pop, markov = Popularity(k=2), Markov(k=2)
     pop.learn(events[:6])
     markov.learn(events[:6])
@@ -100,7 +104,7 @@ def test_popularity_and_markov_exclude_what_the_key_already_had():
     assert last.excluded("a") and last.excluded("b") and not last.excluded("c")
     assert pop.predict([last]) == [["c"]]  # a (3) and b (2) are excluded
     assert markov.predict([last]) == [["c"]]  # after b came nothing yet: backfilled by popularity
-    fresh = builder.build(7, Record(key="u9", item="a"))
+    fresh = build(7, Record(key="u9", item="a"))
     # events[3] is u1 taking b: then u1 had only a (b, learned later, is not excluded back in time)
     assert not fresh.evaluate and pop.predict([events[3]]) == [["b", "c"]]
 
@@ -111,13 +115,13 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
     holds an item its key already had, including one learned later in the same batch."""
     learner = Learner(cfg(base=TINY_ITEMS))
     model = ModelContestant("model", learner, learning=True, k=5, fused=True)
-    builder = EventBuilder(learner.cfg, learner.histories)
+    build = learner.task.events(seed=0)
     stream = [Record(key=f"u{(i * 7) % 5}", item=str((i * 3) % 11 + (i % 4))) for i in range(160)]
     for start in range(0, len(stream), 16):
-        events = [builder.build(start + i, r) for i, r in enumerate(stream[start:start + 16])]
+        events = [build(start + i, r) for i, r in enumerate(stream[start:start + 16])]
         asked = [e for e in events if e.evaluate]
         got = model.predict(asked)
-        assert got == model._filtered_topk(asked)
+        assert got == filtered_beam_lists(learner, asked, k=5)
         for e, top in zip(asked, got):
             assert not any(e.excluded(t) for t in top)
             allowed = len(learner.index) - sum(t in learner.index for t in e.excluded_items())
@@ -126,14 +130,22 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
     assert model.steps == 10
 
 
+def filtered_beam_lists(learner: Learner, events, k: int) -> list[list[str]]:
+    """Each event's beam-search list (as wide as the hashed output, so it reaches past
+    the excluded items), the items its key already had filtered out, cut to k."""
+    extra = max(e.n_excluded for e in events)
+    tops = learner.topk_many([e.query for e in events], k=k + extra, beam=learner.index.size)
+    return [[t for t in top.tokens if not e.excluded(t)][:k] for e, top in zip(events, tops)]
+
+
 def test_markov_breaks_transition_ties_by_popularity():
-    builder = EventBuilder(cfg(base=TINY_ITEMS))
+    build = events_of(cfg(base=TINY_ITEMS))
     stream = [("u1", "a"), ("u1", "b"), ("u2", "a"), ("u2", "c"), ("u3", "c"), ("u4", "c"), ("u5", "a")]
-    events = [builder.build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
+    events = [build(i, Record(key=k, item=v)) for i, (k, v) in enumerate(stream)]
     markov = Markov(k=2)
     markov.learn(events[:6])
     # after a: b once (seen first), c once; c is the more popular (3 against 1)
-    assert markov.predict([builder.build(7, Record(key="u5", item="x"))]) == [["c", "b"]]
+    assert markov.predict([build(7, Record(key="u5", item="x"))]) == [["c", "b"]]
 
 
 def test_baseline_names_are_checked_and_inapplicable_ones_skipped_with_a_reason():

@@ -172,7 +172,7 @@ def test_a_diverged_model_answers_nulls_not_500(tmp_path):
     learner = Learner(Config().override(*SMALL))
     learner.learn_many(stream("classify", 16, random.Random(3)))
     with torch.no_grad():
-        learner.model.label_head.weight.fill_(float("nan"))  # what a NaN loss leaves behind
+        learner.model.head.weight.fill_(float("nan"))  # what a NaN loss leaves behind
     with open_store(tmp_path) as store:
         commit(store, learner, 1)
     client = TestClient(create_app(Settings(state=str(tmp_path))))

@@ -101,7 +101,7 @@ def test_embed_gives_the_input_embedding_of_each_token(tmp_path):
             answer = snap.embed([{"tokens": ["w1", 5, "unseen"]}, {"text": "W2 w3"}])
     first, second = answer.values
     assert first.tokens == ["w1", "5", "unseen"] and second.tokens == ["w2", "w3"]
-    feats = learner.model.embedding.featurize([first.tokens], 128)
+    feats = learner.featurizer.featurize([first.tokens], 128)
     with torch.no_grad():
         want = learner.model.embedding({k: torch.from_numpy(v) for k, v in feats.items()})[0].numpy()
     np.testing.assert_allclose(first.vectors, want, rtol=0, atol=1e-6)

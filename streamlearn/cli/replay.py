@@ -13,7 +13,7 @@ import sys
 
 from tqdm import tqdm
 
-from ..config import Config, KafkaConfig, WorkerConfig, load_config
+from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
 
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--config", metavar="FILE", help="TOML config for a model from scratch")
     model.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="dotted config override, repeatable (e.g. --set model.layers=0)")
-    model.add_argument("--task", choices=("classify", "mlm", "next-item"), help="learner.task of a model from scratch")
+    model.add_argument("--task", choices=TASKS, help="learner.task of a model from scratch")
 
     ev = parser.add_argument_group("evaluation")
     ev.add_argument("--baselines", default="", help="comma-separated: river-nb,river-logreg,vw,popularity,markov; or 'all'")
@@ -75,7 +75,7 @@ def _file_formats() -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..learner import intra_op_threads
+    from ..device import intra_op_threads
     from ..replay import ReplayOptions, replay
     from ..replay.baselines import parse_baselines
 

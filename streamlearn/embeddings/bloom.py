@@ -13,41 +13,20 @@ position embeddings), and a sum is the order-free pooling of a set; and a sum of
 random rows still identifies a token unless all m hashes collide (the Bloom property).
 
 >>> emb = BloomEmbedding(BloomEmbeddingConfig(B=50, d=4, m=3))
->>> feats = emb.featurize([["item:1", "item:2"]], max_len=8)
+>>> feats = emb.featurizer.featurize([["item:1", "item:2"]], max_len=8)
 >>> feats["ids"].shape
 (1, 2, 3)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hashing import multi_hash
-from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
-    gather_valid, pad, scatter_valid, unique_rows, valid_index,
-)
-from .hash import E_STD
+from ..featurize import E_STD, BloomEmbeddingConfig, featurizer_for
+from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
 
 __all__ = ["BloomEmbedding", "BloomEmbeddingConfig"]
-
-
-@dataclass(frozen=True)
-class BloomEmbeddingConfig:
-    """B rows of width d; m hash functions per id (the paper uses m = 2)."""
-
-    B: int = 100_000
-    d: int = 64
-    m: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(B=self.B, d=self.d, m=self.m)
 
 
 class BloomEmbedding(TokenEmbedding):
@@ -57,17 +36,8 @@ class BloomEmbedding(TokenEmbedding):
         super().__init__()
         self.cfg = cfg
         self.out_dim = cfg.d
+        self.featurizer = featurizer_for(cfg)
         self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
-
-    def hash_ids(self, tokens: Sequence[str]) -> np.ndarray:
-        """The Bloom digest (M, m) of each token. A hashed output layer that ties its
-        weights to E (identical input and output hashes, Superbloom section 2.3) must
-        use this same function."""
-        return guard_tokens(multi_hash, tokens, self.cfg.m, self.cfg.B, self.cfg.seed, "bloom")
-
-    def featurize(self, token_lists, max_len: int) -> Feats:
-        flat, mask = flatten_batch(token_lists, max_len)
-        return {"mask": mask, "ids": pad(self.hash_ids(flat), mask)}
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -78,6 +48,3 @@ class BloomEmbedding(TokenEmbedding):
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}
-
-    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
-        return {"E": unique_rows(feats["ids"][feats["mask"]])}

@@ -11,7 +11,7 @@ with B*d + K*k trainable parameters instead of K*d. With k = 1 and p fixed at 1 
 the hashing trick (:class:`HashingTrickEmbedding`, same hash function).
 
 >>> emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4, k=2))
->>> feats = emb.featurize([["a", "b"], ["c"]], max_len=8)
+>>> feats = emb.featurizer.featurize([["a", "b"], ["c"]], max_len=8)
 >>> sorted(feats), feats["buckets"].shape
 (['buckets', 'd1', 'mask'], (2, 2, 2))
 >>> out = emb(to_tensors(feats))
@@ -20,54 +20,16 @@ the hashing trick (:class:`HashingTrickEmbedding`, same hash function).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hashing import TokenHasher, multi_hash
-from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch,
-    gather_valid, guard_tokens, normal_table, pad, scatter_valid, to_tensors, unique_rows, valid_index,
-)
+from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
+from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, to_tensors, valid_index
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
 
-HASH_INITS = ("paper", "mean")
-E_STD = 0.1  # the reference implementation's E ~ N(0, 0.1): a standard deviation
-P_STD = 0.0005  # and P ~ N(0, 0.0005), also a standard deviation (see docs/model.md)
-
-
-@dataclass(frozen=True)
-class HashEmbeddingConfig:
-    """K importance rows (D1's range), B component vectors of width d, k hashes.
-
-    init="paper": E ~ N(0, 0.1^2), P ~ N(0, 0.0005^2): tokens start near zero and E
-    learns slowly at first (its gradient is scaled by p ~ 5e-4).
-    init="mean": E as above, P ~ N(1/k, 0.0005^2): each token starts as the mean of its
-    k components, so E gets full-size gradients from the first step.
-    """
-
-    K: int = 1_000_000
-    B: int = 100_000
-    d: int = 64
-    k: int = 2
-    append_p: bool = False
-    combine: str = "sum"
-    init: str = "paper"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(K=self.K, B=self.B, d=self.d, k=self.k)
-        check_choice("combine", self.combine, ("sum", "concat"))
-        check_choice("init", self.init, HASH_INITS)
-
-    @property
-    def out_dim(self) -> int:
-        width = self.d if self.combine == "sum" else self.k * self.d
-        return width + (self.k if self.append_p else 0)
+P_STD = 0.0005  # the reference implementation's P ~ N(0, 0.0005), a standard deviation (see docs/model.md)
 
 
 class HashEmbedding(TokenEmbedding):
@@ -77,15 +39,10 @@ class HashEmbedding(TokenEmbedding):
         super().__init__()
         self.cfg = cfg
         self.out_dim = cfg.out_dim
-        self.hasher = TokenHasher(K=cfg.K, B=cfg.B, k=cfg.k, seed=cfg.seed)
+        self.featurizer = featurizer_for(cfg)
         p_mean = 0.0 if cfg.init == "paper" else 1.0 / cfg.k
         self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
         self.P = normal_table(cfg.K, cfg.k, p_mean, P_STD, cfg.seed, "P")  # (K, k)
-
-    def featurize(self, token_lists, max_len: int) -> Feats:
-        flat, mask = flatten_batch(token_lists, max_len)
-        d1, buckets = guard_tokens(self.hasher, flat)  # (M,), (M, k): one call per batch
-        return {"mask": mask, "d1": pad(d1, mask), "buckets": pad(buckets, mask)}
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -104,10 +61,6 @@ class HashEmbedding(TokenEmbedding):
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E, "P": self.P}
-
-    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
-        mask = feats["mask"]
-        return {"E": unique_rows(feats["buckets"][mask]), "P": unique_rows(feats["d1"][mask])}
 
 
 class WeightedLookup(torch.autograd.Function):
@@ -144,21 +97,6 @@ class WeightedLookup(torch.autograd.Function):
         return grad_E, grad_P, None, None
 
 
-@dataclass(frozen=True)
-class HashingTrickConfig:
-    """One hash into B rows of width d (Weinberger et al.; the paper's k = 1, p = 1).
-
-    The hash is HashEmbedding's h_1 for the same seed, so the two agree bucket for bucket.
-    """
-
-    B: int = 100_000
-    d: int = 64
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(B=self.B, d=self.d)
-
-
 class HashingTrickEmbedding(TokenEmbedding):
     """Features: ``buckets`` int64 (N, T) in [0, B)."""
 
@@ -166,13 +104,8 @@ class HashingTrickEmbedding(TokenEmbedding):
         super().__init__()
         self.cfg = cfg
         self.out_dim = cfg.d
+        self.featurizer = featurizer_for(cfg)
         self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
-
-    def featurize(self, token_lists, max_len: int) -> Feats:
-        flat, mask = flatten_batch(token_lists, max_len)
-        # purpose "H" reproduces TokenHasher's first bucket hash exactly.
-        buckets = guard_tokens(multi_hash, flat, 1, self.cfg.B, self.cfg.seed, "H")[:, 0]  # (M,)
-        return {"mask": mask, "buckets": pad(buckets, mask)}
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -182,6 +115,3 @@ class HashingTrickEmbedding(TokenEmbedding):
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}
-
-    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
-        return {"E": unique_rows(feats["buckets"][feats["mask"]])}

@@ -22,64 +22,21 @@ parameters (``row_tables()`` is empty) updated by the dense optimizer.
 >>> emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=4, bits=12, pool_bits=4))
 >>> sum(p.numel() for p in emb.parameters()) == (3 + 2 ** 4) * 4
 True
->>> emb.featurize([["play"]], max_len=4)["codes"].shape
+>>> emb.featurizer.featurize([["play"]], max_len=4)["codes"].shape
 (1, 1, 3)
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..exceptions import ConfigError
-from ..hashing import canonical_id, derive_seed, hash64, token_bits
-from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch, generator,
-    gather_valid, guard_tokens, pad, scatter_valid, valid_index,
-)
-from .hash import E_STD
+from ..featurize import E_STD, HashFormerConfig, char_ngrams, featurizer_for, lsh_bits
+from .base import TensorFeats, TokenEmbedding, gather_valid, generator, scatter_valid, valid_index
 
-__all__ = ["HashFormerConfig", "HashFormerEmbedding", "lsh_bits"]
-
-VARIANTS = ("pool", "add", "proj")
-HASHES = ("md5", "xxh3", "lsh")
-NGRAM_ORDERS = (1, 2, 3, 4)
-
-
-@dataclass(frozen=True)
-class HashFormerConfig:
-    """``bits`` = T (at most 128); ``pool_bits`` = the Pool codeword length k."""
-
-    variant: str = "pool"
-    d: int = 64
-    bits: int = 128
-    pool_bits: int = 10
-    hash: str = "md5"
-    lsh_features: int = 1 << 16  # d_x: dimensions the character n-grams are hashed into
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(d=self.d, hashformer_bits=self.bits, hashformer_pool_bits=self.pool_bits,
-                       lsh_features=self.lsh_features)
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"HashFormer variant {self.variant!r}; choose one of {VARIANTS}"
-                              " (embedding.scheme=hashformer-<variant>)")
-        check_choice("hashformer_hash", self.hash, HASHES)
-        if self.bits > 128:
-            raise ConfigError(f"embedding.hashformer_bits={self.bits}; at most 128 (an MD5 digest)")
-        if self.pool_bits > 16:
-            raise ConfigError(f"embedding.hashformer_pool_bits={self.pool_bits} means a 2^k-row codebook;"
-                              " use at most 16 (the paper uses 10)")
-
-    @property
-    def n_codewords(self) -> int:
-        return math.ceil(self.bits / self.pool_bits)
+__all__ = ["HashFormerConfig", "HashFormerEmbedding", "char_ngrams", "lsh_bits"]
 
 
 class HashFormerEmbedding(TokenEmbedding):
@@ -101,34 +58,7 @@ class HashFormerEmbedding(TokenEmbedding):
             self.C = nn.Parameter(torch.randn(cfg.bits, 2, cfg.d, generator=g) * E_STD)  # (T, 2, d)
         else:
             self.W = nn.Parameter(torch.randn(cfg.bits, cfg.d, generator=g))  # (T, d)
-        if cfg.hash == "lsh":
-            rng = np.random.default_rng(derive_seed(cfg.seed, "lsh-eta"))
-            self._eta = rng.standard_normal(cfg.lsh_features).astype(np.float32)  # (d_x,)
-        self._powers = 1 << np.arange(cfg.pool_bits - 1, -1, -1, dtype=np.int64)  # MSB first
-
-    def token_code(self, tokens: Sequence[str]) -> np.ndarray:
-        """tau: the {0, 1} uint8 code (M, T) of each token."""
-        cfg = self.cfg
-        if cfg.hash == "lsh":
-            return guard_tokens(lsh_bits, tokens, self._eta, cfg.bits, cfg.seed)
-        return guard_tokens(token_bits, tokens, cfg.seed, cfg.hash, cfg.bits)
-
-    def featurize(self, token_lists, max_len: int) -> Feats:
-        flat, mask = flatten_batch(token_lists, max_len)
-        tau = self.token_code(flat)  # (M, T)
-        if self.cfg.variant == "pool":
-            return {"mask": mask, "codes": pad(self._codewords(tau), mask)}
-        return {"mask": mask, "bits": pad(tau, mask)}
-
-    def _codewords(self, tau: np.ndarray) -> np.ndarray:
-        """(M, T) bits -> (M, n) integers of k bits each; the last, shorter chunk is read
-        as a number of its own bits (zero-padded on the left)."""
-        k, n = self.cfg.pool_bits, self.cfg.n_codewords
-        padded = np.zeros((len(tau), n * k), dtype=np.int64)
-        padded[:, :tau.shape[1]] = tau
-        last = tau.shape[1] - (n - 1) * k  # bits in the last chunk
-        padded[:, (n - 1) * k:] = np.roll(padded[:, (n - 1) * k:], k - last, axis=1)
-        return padded.reshape(len(tau), n, k) @ self._powers  # (M, n)
+        self.featurizer = featurizer_for(cfg)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -166,38 +96,3 @@ class HashFormerEmbedding(TokenEmbedding):
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {}
-
-    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
-        return {}
-
-
-def char_ngrams(token: str) -> list[str]:
-    """Character 1..4-grams of ``token``, with repeats (x counts n-gram frequency).
-
-    >>> char_ngrams("abc")
-    ['a', 'b', 'c', 'ab', 'bc', 'abc']
-    """
-    return [token[i:i + n] for n in NGRAM_ORDERS for i in range(len(token) - n + 1)]
-
-
-def lsh_bits(tokens: Sequence[str], eta: np.ndarray, bits: int, seed: int) -> np.ndarray:
-    """HashFormers-LSH code (M, bits) uint8: bit j = [x . r_j >= 0], x the token's
-    n-gram counts hashed into len(eta) dimensions, r_j = eta cyclically shifted by j.
-
-    Each token's dot products are summed over its own n-grams only, in a fixed order,
-    so a token's bits do not depend on the rest of the batch.
-    """
-    grams = [char_ngrams(canonical_id(t)) for t in tokens]
-    counts = np.fromiter(map(len, grams), dtype=np.int64, count=len(grams))
-    flat = [g for gs in grams for g in gs]
-    slot = (hash64(flat, derive_seed(seed, "lsh-ngram")) % np.uint64(len(eta))).astype(np.int64)  # (G,)
-    # Row i of the windows is (eta[i], eta[i+1], ..., eta[i+bits-1]) cyclically, i.e.
-    # r_j[i] for j = 0..bits-1: a view, so picking rows is one contiguous copy each.
-    windows = sliding_window_view(np.concatenate([eta, eta[:bits - 1]]), bits)  # (d_x, bits)
-    proj = windows[slot]  # (G, bits): r_j[slot(g)]
-    dots = np.zeros((len(tokens), bits), dtype=np.float32)  # (M, bits); no n-grams: 0
-    has = counts > 0
-    if has.any():
-        starts = np.cumsum(counts) - counts
-        dots[has] = np.add.reduceat(proj, starts[has], axis=0)
-    return (dots >= 0).astype(np.uint8)

@@ -12,40 +12,20 @@ vector. The features are CSR-like because the number of rows per word varies:
 hashes; ``counts`` int64 (N, T) says how many (0 at padding).
 
 >>> emb = TFreeEmbedding(TFreeEmbeddingConfig(v=64, d=4, m=2))
->>> feats = emb.featurize([["Hello", "world", "!"]], max_len=8)
+>>> feats = emb.featurizer.featurize([["Hello", "world", "!"]], max_len=8)
 >>> feats["counts"].tolist()   # (5 + 5 + 1 trigrams) * m
 [[10, 10, 2]]
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hashing import canonical_id, tfree_hashes
-from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
-    gather_valid, scatter_valid, unique_rows, valid_index,
-)
-from .hash import E_STD
+from ..featurize import E_STD, TFreeEmbeddingConfig, featurizer_for
+from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
 
 __all__ = ["TFreeEmbedding", "TFreeEmbeddingConfig"]
-
-
-@dataclass(frozen=True)
-class TFreeEmbeddingConfig:
-    """v rows of width d; m hashes per trigram."""
-
-    v: int = 32_768
-    d: int = 64
-    m: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(tfree_rows=self.v, d=self.d, m=self.m)
 
 
 class TFreeEmbedding(TokenEmbedding):
@@ -55,15 +35,8 @@ class TFreeEmbedding(TokenEmbedding):
         super().__init__()
         self.cfg = cfg
         self.out_dim = cfg.d
+        self.featurizer = featurizer_for(cfg)
         self.E = normal_table(cfg.v, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (v, d)
-
-    def featurize(self, token_lists, max_len: int) -> Feats:
-        flat, mask = flatten_batch(token_lists, max_len)
-        words = guard_tokens(lambda ts: [canonical_id(t) for t in ts], flat)
-        ids, offsets = tfree_hashes(words, self.cfg.m, self.cfg.v, self.cfg.seed)  # (L,), (M + 1,)
-        counts = np.zeros(mask.shape, dtype=np.int64)
-        counts[mask] = np.diff(offsets)
-        return {"mask": mask, "ids": ids, "counts": counts}
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -75,6 +48,3 @@ class TFreeEmbedding(TokenEmbedding):
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}
-
-    def rows_touched(self, feats: Feats) -> dict[str, np.ndarray]:
-        return {"E": unique_rows(feats["ids"])}

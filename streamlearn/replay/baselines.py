@@ -4,18 +4,21 @@ Every baseline learns online, prequentially, in every replay mode (a frozen snap
 compared with baselines that learn as the stream goes), and sees exactly what the model
 sees: the same tokens, the same history, the same excluded items, the same label delay.
 
-=============  =========================  ===================================================
-name           tasks                      what it is
-=============  =========================  ===================================================
-river-nb       classify                   river MultinomialNB on the bag of words (counts)
-river-logreg   classify                   river TFIDF -> one-vs-rest LogisticRegression
-vw             classify                   Vowpal Wabbit ``--oaa`` logistic, when the
-                                          ``vowpalwabbit`` package is installed
-popularity     classify, next-item, mlm   classify: the label frequencies so far; top-k: the
-                                          most frequent items so far
-markov         next-item, mlm             first-order transitions from the previous item
-                                          (token), backfilled by popularity
-=============  =========================  ===================================================
+Which baselines serve a task follows from what the task answers with
+(``Task.answers``): labels (classify) or tokens (mlm, next-item).
+
+=============  =============  ===================================================
+name           answers        what it is
+=============  =============  ===================================================
+river-nb       labels         river MultinomialNB on the bag of words (counts)
+river-logreg   labels         river TFIDF -> one-vs-rest LogisticRegression
+vw             labels         Vowpal Wabbit ``--oaa`` logistic, when the
+                              ``vowpalwabbit`` package is installed
+popularity     labels,        labels: the label frequencies so far; tokens: the
+               tokens         most frequent items so far
+markov         tokens         first-order transitions from the previous item
+                              (token), backfilled by popularity
+=============  =============  ===================================================
 
 Top-k lists skip the event's excluded items; ties go to the item seen first.
 """
@@ -28,13 +31,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..exceptions import StreamlearnError
-from .events import Event
+from ..tasks import REGISTRY, task_class
+from ..tasks.base import Event
 
 __all__ = ["BASELINES", "Baseline", "build_baselines", "parse_baselines"]
 
 BASELINES = ("river-nb", "river-logreg", "vw", "popularity", "markov")
-_TASKS = {"river-nb": ("classify",), "river-logreg": ("classify",), "vw": ("classify",),
-          "popularity": ("classify", "next-item", "mlm"), "markov": ("next-item", "mlm")}
+_SERVES = {"river-nb": ("labels",), "river-logreg": ("labels",), "vw": ("labels",),
+           "popularity": ("labels", "tokens"), "markov": ("tokens",)}  # by Task.answers
 VW_MAX_LABELS = 64  # --oaa needs the label count up front; each label costs one weight set
 
 
@@ -60,7 +64,7 @@ def parse_baselines(spec: str | None, task: str) -> list[str]:
     if not spec:
         return []
     if spec.strip() == "all":
-        return [name for name in BASELINES if task in _TASKS[name]]
+        return [name for name in BASELINES if _applies(name, task)]
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
@@ -73,8 +77,9 @@ def build_baselines(names: Sequence[str], task: str, k: int, seed: int = 0) -> t
     """The baselines that apply, and ``{name: why it was skipped}`` for the others."""
     built, skipped = [], {}
     for name in names:
-        if task not in _TASKS[name]:
-            skipped[name] = f"{name} does not apply to task {task} (it serves {', '.join(_TASKS[name])})"
+        if not _applies(name, task):
+            served = [t for t in REGISTRY if _applies(name, t)]
+            skipped[name] = f"{name} does not apply to task {task} (it serves {', '.join(served)})"
         elif name == "vw" and not vw_available():
             skipped[name] = "the vowpalwabbit package is not installed (pip install vowpalwabbit)"
         else:
@@ -90,6 +95,10 @@ def vw_available() -> bool:
     return True
 
 
+def _applies(name: str, task: str) -> bool:
+    return task_class(task).answers in _SERVES[name]
+
+
 def _make(name: str, task: str, k: int, seed: int) -> Baseline:
     if name == "river-nb":
         return RiverNB()
@@ -98,7 +107,7 @@ def _make(name: str, task: str, k: int, seed: int) -> Baseline:
     if name == "vw":
         return VowpalWabbit(seed)
     if name == "popularity":
-        return LabelFrequency() if task == "classify" else Popularity(k)
+        return LabelFrequency() if task_class(task).answers == "labels" else Popularity(k)
     return Markov(k)
 
 

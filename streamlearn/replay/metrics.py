@@ -162,8 +162,13 @@ def topk_metrics(k: int) -> dict[str, Spec]:
     return {f"recall@{k}": (RecallAtK, {"k": k}), "mrr": (MRR, {"k": k})}
 
 
-def metric_names(task: str, k: int) -> list[str]:
-    return list((classify_metrics() if task == "classify" else topk_metrics(k)).keys())
+def _specs(answers: str, k: int) -> dict:
+    """The metrics of a task that answers with ``answers`` ("labels" or "tokens")."""
+    return classify_metrics() if answers == "labels" else topk_metrics(k)
+
+
+def metric_names(answers: str, k: int) -> list[str]:
+    return list(_specs(answers, k))
 
 
 class MetricSet:
@@ -174,8 +179,8 @@ class MetricSet:
     with no update yet reads 0.0).
     """
 
-    def __init__(self, task: str, k: int, window: int):
-        specs = classify_metrics() if task == "classify" else topk_metrics(k)
+    def __init__(self, answers: str, k: int, window: int):
+        specs = _specs(answers, k)
         self.names = list(specs)
         self.window = window
         self._overall = {name: cls(**kw) for name, (cls, kw) in specs.items()}

@@ -5,53 +5,53 @@ Prequential evaluation works per mini-batch: every record is predicted before it
 learned; within a mini-batch, all records are predicted with the model as it was before
 that batch's optimizer step (one step per mini-batch, as the worker trains).
 
-Next-item over a Superbloom head is decoded exhaustively and batched
-(``decoding.exhaustive_topk_many``): the mini-batch's log-probabilities (N, m, size)
-score every candidate in one gather and sum, each key's already-had items are set to
--inf in one scatter (their candidate ids cached per key, so each item is looked up
-once), and one partition gives the k best. The per-record alternative, beam search as
-wide as the hashed output plus a Python filter of each list, spent ~85% of a MovieLens
-replay sorting the m lists and walking buckets; frozen replay was then barely faster
-than prequential. T-Free heads and mlm keep the per-record path (``_filtered_topk``).
+Top-k answers of a mini-batch are decoded in one call (``Learner.topk_batch``). Events
+of a keyed stream (next-item) exclude the items their key already had: each key's
+candidate ids are cached here, so each item is looked up once, and a Superbloom head
+then scores every candidate of the whole batch in one gather and sum, sets the excluded
+ids to -inf in one scatter, and keeps the k best with one partition
+(``decoding.exhaustive_topk_many``; a per-record beam search as wide as the hashed output
+plus a Python filter of each list had spent ~85% of a MovieLens replay).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
-from ..decoding import CandidateIndex, exhaustive_topk_many
+from ..decoding import CandidateIndex
 from ..exceptions import StreamlearnError
 from ..learner import Learner
-from .events import Event
+from ..tasks.base import Event
 
 __all__ = ["ModelContestant"]
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class ModelContestant:
     """``learning=False`` is frozen replay: predictions only, the learner never changes.
 
-    ``fused`` (classify, prequential, no label delay): each arriving mini-batch is prepared
-    once as a training batch, scored with ``predict_proba_batch`` and then learned, instead
-    of tokenizing and hashing it twice.
+    ``fused`` (a labels task, prequential, no label delay): each arriving mini-batch is
+    prepared once as a training batch, scored with ``predict_proba_batch`` and then
+    learned, instead of tokenizing and hashing it twice.
     """
 
     def __init__(self, name: str, learner: Learner, learning: bool, k: int, fused: bool):
         self.name, self.learner, self.learning, self.k = name, learner, learning, k
-        self.task = learner.task
-        self.fused = fused and learning and self.task == "classify"
+        self.labels = learner.task.answers == "labels"
+        self.fused = fused and learning and self.labels
         self.steps = 0
         self.notes: list[str] = []
         self._prepared: tuple[tuple[int, ...], Any] | None = None
-        self._had: dict[str, _KeyItems] = {}  # next-item: per key, its items' candidate ids
+        self._had: dict[str, _KeyItems] = {}  # keyed streams: per key, its items' candidate ids
 
     # ------------------------------------------------------------------ predict
 
     def predict(self, events: Sequence[Event]) -> list:
         if not events:
             return []
-        if self.task == "classify":
+        if self.labels:
             return self._fused_proba(events) if self.fused else self._proba(events)
         return self._topk(events)
 
@@ -73,37 +73,19 @@ class ModelContestant:
         return [{} if i in rejected else dict(zip(labels, next(rows))) for i in range(len(events))]
 
     def _topk(self, events: Sequence[Event]) -> list[list[str]]:
-        if self.task == "next-item" and isinstance(self.learner.index, CandidateIndex):
-            return self._next_items(events)
-        return self._filtered_topk(events)
-
-    def _next_items(self, events: Sequence[Event]) -> list[list[str]]:
-        """The k best candidates of every event, the key's items excluded, scored
-        exhaustively for the whole mini-batch at once (exact, as ``exhaustive_topk``)."""
-        learner = self.learner
-        batch = learner.prepare([e.query for e in events], train=False)
-        # The forward pass of the learner's own topk_many; that verb cannot exclude per
-        # record (see the module docstring), so the batch is decoded here.
-        logp = torch.log_softmax(learner.outputs(batch), dim=-1).cpu().numpy()  # (N, m, size)
-        exclude = [self._had_ids(e) for e in events]
-        return [top.tokens for top in exhaustive_topk_many(logp, learner.index, self.k, exclude)]
+        """The k best candidates of every event, minus the items its key already had."""
+        batch = self.learner.prepare([e.query for e in events], train=False)
+        keyed = any(e.key is not None for e in events)
+        exclude = [self._had_ids(e) for e in events] if keyed else None
+        return [top.tokens for top in self.learner.topk_batch(batch, self.k, exclude=exclude)]
 
     def _had_ids(self, event: Event) -> np.ndarray:
-        had = self._had.get(event.record.key)
+        if event.key is None:
+            return _NONE
+        had = self._had.get(event.key)
         if had is None:
-            had = self._had[event.record.key] = _KeyItems()
+            had = self._had[event.key] = _KeyItems()
         return had.ids(event, self.learner.index)
-
-    def _filtered_topk(self, events: Sequence[Event]) -> list[list[str]]:
-        """The k best answers, minus each event's excluded items. Excluding needs the list
-        past them, so this decodes ``k + excluded`` answers exhaustively (beam = the
-        hashed output size): a beam-limited list could stop short of k after exclusion."""
-        extra = max(e.n_excluded for e in events)
-        beam = self.learner.cfg.learner.beam
-        if extra:
-            beam = max(beam, int(getattr(self.learner.index, "size", beam)))
-        tops = self.learner.topk_many([e.query for e in events], k=self.k + extra, beam=beam)
-        return [[t for t in top.tokens if not e.excluded(t)][: self.k] for e, top in zip(events, tops)]
 
     # ------------------------------------------------------------------ learn
 

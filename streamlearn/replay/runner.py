@@ -3,7 +3,7 @@
 Per mini-batch of ``learner.batch_size`` arriving records (river's progressive_val_score,
 batched):
 
-1. Build the events (``events.EventBuilder``); a record that cannot be one is counted
+1. Build the events (the task's builder, ``Task.events``); a record that cannot be one is counted
    with its reason, never dropped silently.
 2. Every contestant (the model(s), then each baseline) predicts the arriving events.
 3. Events whose label is due (``delay`` records later; at once when ``delay`` is 0) are
@@ -18,13 +18,13 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..exceptions import RecordError, StreamlearnError
 from ..learner import Learner
-from ..records import reason_code
+from ..records import Record, reason_code
 from .baselines import Baseline, build_baselines
-from .events import Event, EventBuilder
+from ..tasks.base import Event
 from .metrics import MetricSet
 from .model import ModelContestant
 from .sources import Item
@@ -118,28 +118,27 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     task, k = first.task, options.k
     learning = options.mode == "prequential"
     fused = options.delay == 0
-    contestants = [Contestant(name, ModelContestant(name, lr, learning, k, fused), _metrics(task, options))
+    contestants = [Contestant(name, ModelContestant(name, lr, learning, k, fused), _metrics(task.answers, options))
                    for name, lr in learners.items()]
-    baselines, skipped = build_baselines(options.baselines, task, k, options.seed)
-    contestants += [Contestant(b.name, b, _metrics(task, options)) for b in baselines]
-    result = ReplayResult(task, options, contestants, skipped)
+    baselines, skipped = build_baselines(options.baselines, task.name, k, options.seed)
+    contestants += [Contestant(b.name, b, _metrics(task.answers, options)) for b in baselines]
+    result = ReplayResult(task.name, options, contestants, skipped)
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
-    loop = _Loop(result, EventBuilder(first.cfg, first.histories if task == "next-item" else None, options.seed),
-                 first.cfg.learner.batch_size, progress)
+    loop = _Loop(result, task.events(options.seed), first.cfg.learner.batch_size, progress)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _metrics(task: str, options: ReplayOptions) -> MetricSet:
-    return MetricSet(task, options.k, options.window)
+def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
+    return MetricSet(answers, options.k, options.window)
 
 
 class _Loop:
-    def __init__(self, result: ReplayResult, builder: EventBuilder, batch_size: int, progress: Any):
-        self.r, self.builder, self.batch_size, self.progress = result, builder, batch_size, progress
+    def __init__(self, result: ReplayResult, build: Callable[[int, Record], Event], batch_size: int, progress: Any):
+        self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
         self.pending: deque[Event] = deque()
         self.position = 0
         self._since_sample = 0
@@ -166,7 +165,7 @@ class _Loop:
                 self._bad(item.origin, item.error)
                 continue
             try:
-                events.append(self.builder.build(self.position, item.record))
+                events.append(self.build(self.position, item.record))
             except RecordError as exc:
                 self._bad(item.origin, str(exc))
         return events

@@ -1,0 +1,87 @@
+"""Where the model runs: the torch device, host-to-device copies, autocast, seeded RNG.
+
+CUDA when available (``learner.device = "auto"``), else the CPU. On CUDA, numpy batches
+are copied through pinned memory without blocking, and forward passes run under bf16
+autocast; on the CPU arrays become tensors without a copy.
+
+>>> dev = Device.pick("cpu")
+>>> dev.tensor(np.arange(3)).tolist()
+[0, 1, 2]
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .config import Config
+from .exceptions import ConfigError
+
+__all__ = ["Device", "intra_op_threads", "pick_device"]
+
+
+class Device:
+    """One torch device and the conventions of moving batches to it."""
+
+    def __init__(self, device: torch.device):
+        self.torch = device
+        self.cuda = device.type == "cuda"
+
+    @classmethod
+    def pick(cls, name: str) -> "Device":
+        return cls(pick_device(name))
+
+    def tensor(self, a: np.ndarray) -> torch.Tensor:
+        """A numpy array on this device (no copy on the CPU; pinned, non-blocking on CUDA)."""
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if self.cuda:
+            return t.pin_memory().to(self.torch, non_blocking=True)
+        return t
+
+    def tensors(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {name: self.tensor(a) for name, a in arrays.items()}
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on CUDA; a no-op on the CPU."""
+        return torch.autocast(self.torch.type, dtype=torch.bfloat16, enabled=self.cuda)
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """This device's default generator seeded with ``seed`` inside the block, then
+        put back (so dropout draws are a function of the seed, across a restore)."""
+        # Seeds only this device's generator: torch.manual_seed would also queue a seed
+        # for every CUDA device, which records a stack trace on each call.
+        with torch.random.fork_rng(devices=[self.torch] if self.cuda else []):
+            gen = torch.cuda.default_generators[self.torch.index or 0] if self.cuda else torch.default_generator
+            gen.manual_seed(seed)
+            yield
+
+    def __repr__(self) -> str:
+        return f"Device({self.torch})"
+
+
+def pick_device(name: str) -> torch.device:
+    """"auto" -> CUDA when available, else CPU; otherwise the named device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"learner.device={name!r} is not a device: use auto, cpu or cuda[:N]") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("learner.device asks for CUDA but none is available: set learner.device=auto or cpu")
+    return device
+
+
+def intra_op_threads(cfg: Config) -> int:
+    """torch intra-op threads for a process that trains or replays a learner:
+    ``worker.torch_threads`` when > 0, else one less than the CPUs this process may use. On a busy machine, oversubscribed OpenMP threads spin and can
+    slow small steps down tens of times (measured here: a replay at 2 threads on a
+    loaded 2-core box ran 70x slower)."""
+    if cfg.worker.torch_threads > 0:
+        return cfg.worker.torch_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus - 1)

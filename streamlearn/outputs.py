@@ -1,0 +1,145 @@
+"""Output codes: how a token-output task names its answers in the head's rows. numpy only.
+
+A task that answers with tokens (mlm, next-item, next-token) predicts over a hashed
+output space and decodes against the tokens the stream has shown (a candidate index).
+The code is the numpy half of that output, shared by the ingest stage (training
+targets), the learner (the candidate index, decoding) and the head's shape:
+
+- :class:`HashedCode` (Superbloom): m hashes of each token into [0, size); a token's
+  score is the sum of its m bucket log-probabilities; decoded by beam search with an
+  exactness certificate (or exhaustively, with per-record exclusions).
+- :class:`PatternCode` (T-Free): the m hashes of each character trigram into v rows; a
+  word's score is the sum of its pattern's logits.
+
+Either is *tied* to an input row table (``table``) when the embedding's featurizer
+indexes that table by the same function (Superbloom's ``eta_j = h_j``; T-Free's own
+code), else it names its own hash functions and the head keeps a table of its own.
+
+>>> from streamlearn.config import Config
+>>> from streamlearn.featurize import build_featurizer
+>>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm")
+>>> code = output_code(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
+>>> code.table, code.m, code.size, code.targets(["a", "b"])["hashes"].shape
+('E', 2, 100, (2, 2))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .config import Config
+from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, exhaustive_topk_many, tfree_topk
+from .featurize import Featurizer, PatternSpace
+from .hashing import multi_hash
+
+__all__ = ["HashedCode", "OutputCode", "PatternCode", "output_code"]
+
+OUTPUTS = ("auto", "hashed", "tfree")
+
+
+class OutputCode:
+    """What every output code offers (see the module docstring). ``table``: the input row
+    table the head shares (None: the head owns its table); ``rows``: the head's rows."""
+
+    table: str | None
+    rows: int
+
+    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
+        """Training targets of the answer tokens, numpy (the head's loss reads them)."""
+        raise NotImplementedError
+
+    def new_index(self) -> CandidateIndex | PatternIndex:
+        """An empty candidate index decoding this code."""
+        raise NotImplementedError
+
+    def decode(self, scores: np.ndarray, index, k: int, beam: int,
+               exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
+        """The k best candidates per row of ``scores`` (the head's decodable scores),
+        minus each row's ``exclude`` candidate ids."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class HashedCode(OutputCode):
+    """m hashes of each token into [0, size); ``ids(tokens) -> (n, m)``."""
+
+    m: int
+    size: int
+    table: str | None
+    ids: Callable[[Sequence[str]], np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return self.size
+
+    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
+        return {"hashes": self.ids(tokens)}  # (n, m)
+
+    def new_index(self) -> CandidateIndex:
+        return CandidateIndex(self.m, self.size, self.ids)
+
+    def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
+        """``scores``: log-probabilities (n, m, size). With ``exclude`` given, exhaustive
+        and exact (a beam could stop short of k once excluded candidates are dropped)."""
+        if exclude is not None:
+            return exhaustive_topk_many(scores, index, k, exclude)
+        return beam_topk_many(scores, index, k, beam)
+
+
+@dataclass(frozen=True)
+class PatternCode(OutputCode):
+    """T-Free's trigram patterns over v rows."""
+
+    space: PatternSpace
+    table: str | None
+
+    @property
+    def rows(self) -> int:
+        return self.space.v
+
+    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
+        ids, offsets = self.space.patterns(tokens)
+        return {"ids": ids, "offsets": offsets}
+
+    def new_index(self) -> PatternIndex:
+        return PatternIndex(self.space.v, self.space.patterns)
+
+    def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
+        """``scores``: logits (n, v). Excluded candidates are dropped after scoring, so
+        each list asks for ``k`` plus its exclusions (every candidate is scored anyway)."""
+        out = []
+        for i, row in enumerate(scores):
+            banned = np.zeros(0, np.int64) if exclude is None else exclude[i]
+            top = tfree_topk(row, index, k + len(banned))
+            if len(banned):
+                keep = np.flatnonzero(~np.isin(index.ids(top.tokens), banned))[:k]
+                top = TopK([top.tokens[j] for j in keep], top.scores[keep], top.exact, top.visited)
+            out.append(top)
+        return out
+
+
+def output_kind(cfg: Config) -> str:
+    """"hashed" or "tfree": ``model.output``, with "auto" picking T-Free's head for the
+    tfree scheme and Superbloom's hashed head otherwise."""
+    if cfg.model.output == "auto":
+        return "tfree" if cfg.embedding.scheme == "tfree" else "hashed"
+    return cfg.model.output
+
+
+def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
+    """The output code of a token-output task: tied to the featurizer's space when
+    ``model.tie_output`` and the scheme has one, else an own code."""
+    tie = cfg.model.tie_output
+    if output_kind(cfg) == "tfree":
+        space = featurizer.pattern_space() if tie else None
+        if space is not None:
+            return PatternCode(space, "E")
+        return PatternCode(PatternSpace(cfg.embedding.m, cfg.embedding.tfree_rows, cfg.hashing.seed), None)
+    hashed = featurizer.hashed_space() if tie else None
+    if hashed is not None:
+        return HashedCode(hashed.m, hashed.size, hashed.table, hashed.ids)
+    m, size = cfg.model.out_m, cfg.model.out_B
+    return HashedCode(m, size, None, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"))

@@ -1,0 +1,235 @@
+"""What every task offers (:class:`Task`), the base of the token-answering tasks
+(:class:`TokenTask`), and the replay :class:`Event` a task builds for each record.
+
+A task has three halves, all in its one module:
+
+- ingest (numpy): its :class:`~streamlearn.batching.Preparer` subclass, ``task.prep``,
+  which validates records, builds batches and keeps the stream-ordered state;
+- model (torch): its head (:meth:`Task.make_head`), its loss, its readout of the
+  encoder's states (:meth:`Task.outputs`), what it learns by counting after a step,
+  and its answers (:meth:`Task.predict`, :meth:`Task.topk`);
+- evaluation: the :class:`Event` replay asks every contestant about
+  (:meth:`Task.events`); ``answers`` ("labels" or "tokens") tells replay which metrics
+  and baselines apply.
+
+Methods that run the model take ``(model, batch, dev)``: the learner chooses train or
+eval mode, gradients or inference mode, and autocast around them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..batching import Batch, Preparer
+from ..config import Config
+from ..decoding import CandidateIndex, PatternIndex, TopK
+from ..device import Device
+from ..exceptions import StreamlearnError
+from ..featurize import Featurizer
+from ..heads import output_head
+from ..model import HashedTransformer
+from ..outputs import OutputCode, output_code
+from ..records import Record
+
+__all__ = ["Event", "Task", "TokenPreparer", "TokenTask"]
+
+
+@dataclass(eq=False)
+class Event:
+    """One record under evaluation in a replay, built when the record arrives (in stream
+    order) so that every contestant is asked the same question.
+
+    ``target``: the right answer (label, item or token); ``evaluate``: False when nothing
+    can be asked yet (a next-item key's first event: learned, not scored); ``query``:
+    what the model is asked (a Record, or a dict of tokens); ``tokens``: the record's
+    tokens (bag-of-words baselines); ``prev``: the token or item before the answer (the
+    Markov context); ``counts``/``transitions``: what counting baselines learn from it;
+    ``key``: whose items are excluded from top-k lists (next-item), else None.
+    """
+
+    position: int
+    record: Record
+    target: Any
+    evaluate: bool
+    query: Any
+    tokens: tuple[str, ...] = ()
+    prev: str | None = None
+    counts: tuple[str, ...] = ()
+    transitions: tuple[tuple[str, str], ...] = ()
+    key: str | None = None
+    _seen: dict[str, int] | None = None  # the key's items -> their ordinal for the key
+    _before: int = 0  # the key's events before this one
+    _order: list[str] | None = None  # the key's distinct items, first seen first
+    _n_seen: int = 0  # how many of them the key had when this event arrived
+    preds: dict[str, Any] = field(default_factory=dict)
+
+    def excluded(self, item: str) -> bool:
+        """True if the answer list must skip ``item`` (the key already had it)."""
+        return self._seen is not None and self._seen.get(item, self._before) < self._before
+
+    @property
+    def n_excluded(self) -> int:
+        return self._n_seen
+
+    def excluded_items(self, start: int = 0) -> list[str]:
+        """The items :meth:`excluded` is True for, first seen first, from the ``start``-th
+        on (a caller that resolved the first ``start`` already asks only for the rest)."""
+        return self._order[start:self._n_seen] if self._order is not None else []
+
+
+class Task:
+    """One learning task (see the module docstring). Subclasses set the class
+    attributes and implement the model half; ``Preparer`` is their ingest half."""
+
+    name: ClassVar[str]
+    answers: ClassVar[str]  # "labels" or "tokens"
+    target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
+    Preparer: ClassVar[type[Preparer]]
+
+    index: CandidateIndex | PatternIndex | None = None  # tokens the stream has shown (decoding)
+
+    def __init__(self, cfg: Config, featurizer: Featurizer):
+        self.cfg = cfg
+        self.prep = self.new_preparer(featurizer)
+
+    def new_preparer(self, featurizer: Featurizer) -> Preparer:
+        return self.Preparer(self.cfg, featurizer)
+
+    # ------------------------------------------------------------------ model
+    def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module | None:
+        """The task's head (the model owns it: its weights are the model's)."""
+        raise NotImplementedError
+
+    def before_step(self, model: HashedTransformer, batch: Batch) -> None:
+        """Called for every training batch before its step (e.g. new labels' rows)."""
+
+    def loss(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
+        """The training loss of a prepared training batch with examples."""
+        raise NotImplementedError
+
+    def outputs(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
+        """Raw outputs of a prepared batch: label logits (N, n_labels), hashed logits
+        (N, m, size) or T-Free logits (N, v)."""
+        raise NotImplementedError
+
+    def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Called after every training batch's step: what the task keeps by counting
+        (the candidate index, count tables); returns the count-table rows it changed."""
+        return {}
+
+    def count_tables(self) -> dict[str, torch.Tensor]:
+        """Row tables learned by counting, not by gradient, by store name."""
+        return {}
+
+    def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Rows of :meth:`count_tables` a forward pass over ``batch`` reads."""
+        return {}
+
+    def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
+        """Row tables a query reads in full (a tied softmax output reads every row)."""
+        return frozenset()
+
+    def hits(self, model: HashedTransformer, batch: Batch, dev: Device) -> int | None:
+        """Correct answers on a training batch predicted before it is learned (the
+        worker's cheap prequential check); None where the task has no such check."""
+        return None
+
+    # ------------------------------------------------------------------ answers
+    def predict(self, model: HashedTransformer, batch: Batch, dev: Device) -> list:
+        """``predict_many``'s answer per query record."""
+        raise NotImplementedError
+
+    def predict_proba(self, model: HashedTransformer, batch: Batch, dev: Device) -> list[dict]:
+        """``{answer: probability}`` per query record."""
+        raise StreamlearnError(
+            f"predict_proba is defined for task classify, not {self.name}: use topk_many, "
+            "whose scores are log-probabilities"
+        )
+
+    def probabilities(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
+        """Answer probabilities (N, answers) of a prepared batch, as an array."""
+        raise StreamlearnError(f"predict_proba_batch is defined for task classify, not {self.name}")
+
+    def topk(self, model: HashedTransformer, batch: Batch, dev: Device, k: int, beam: int,
+             exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
+        """The k best answers per query record, best first, minus each record's
+        ``exclude`` candidate ids."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ evaluation
+    def events(self, seed: int) -> Callable[[int, Record], Event]:
+        """A replay's event builder: ``build(position, record) -> Event`` in stream
+        order; RecordError for a record this task cannot use."""
+        raise NotImplementedError
+
+
+class TokenPreparer(Preparer):
+    """The ingest half of a token task: its training targets come from the output code."""
+
+    def __init__(self, cfg: Config, featurizer: Featurizer, code: OutputCode):
+        super().__init__(cfg, featurizer)
+        self.code = code
+
+
+class TokenTask(Task):
+    """A task that answers with tokens over an output code (mlm, next-item, ...):
+    Superbloom's hashed softmax or T-Free's head, decoded against the candidate index
+    of the tokens the stream has shown."""
+
+    answers = "tokens"
+
+    def __init__(self, cfg: Config, featurizer: Featurizer):
+        self.code: OutputCode = output_code(cfg, featurizer)
+        super().__init__(cfg, featurizer)
+        self.reset_index()
+
+    def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
+        return self.Preparer(self.cfg, featurizer, self.code)
+
+    def reset_index(self) -> None:
+        """An empty candidate index (a restore replays the stored candidates into it)."""
+        self.index = self.code.new_index()
+
+    def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module:
+        width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
+        return output_head(d_model, self.code, width)
+
+    def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor],
+                dev: Device) -> torch.Tensor:
+        """The states (n, d) the head reads: one per example."""
+        raise NotImplementedError
+
+    def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
+        feats = dev.tensors(batch.feats)
+        table = model.row_tables()[self.code.table] if self.code.table else None
+        return model.head(self.readout(model, batch, feats, dev), table)
+
+    def loss(self, model, batch, dev):
+        logits = self.logits(model, batch, dev)
+        return model.head.loss(logits, dev.tensors(batch.targets), dev.tensor(batch.weight))
+
+    def outputs(self, model, batch, dev):
+        return self.logits(model, batch, dev).float()
+
+    def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        if batch.candidates:
+            self.index.add(batch.candidates)
+        return {}
+
+    def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
+        return frozenset() if self.code.table is None else frozenset({self.code.table})
+
+    def predict(self, model, batch, dev) -> list:
+        """The best candidate token (None while the candidate index is empty)."""
+        return [top.tokens[0] if top.tokens else None
+                for top in self.topk(model, batch, dev, 1, self.cfg.learner.beam)]
+
+    def topk(self, model, batch, dev, k, beam, exclude=None) -> list[TopK]:
+        if not batch.records:
+            return []
+        scores = model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
+        return self.code.decode(scores, self.index, k, beam, exclude)

@@ -1,0 +1,217 @@
+"""``classify``: tokens -> a label, over a label table that grows as labels appear.
+
+The pooled final states (:meth:`HashedTransformer.pool`) feed a
+:class:`~streamlearn.heads.LabelHead` whose first ``n_labels`` rows take part in the
+softmax. With ``learner.nb_weight > 0`` a Naive Bayes part
+(:class:`~streamlearn.heads.NaiveBayesHead`) adds its score, times ``nb_weight``, to the
+label logits: the step's loss sees that sum (the model learns what the counts get
+wrong), then the batch is counted.
+
+>>> from streamlearn.config import Config
+>>> from streamlearn.featurize import build_featurizer
+>>> cfg = Config().override("embedding.K=1000", "embedding.B=100")
+>>> task = Classify(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
+>>> batch = task.prep.train([{"text": "free prize", "label": "spam"}, {"text": "hi", "label": "ham"}])
+>>> batch.targets["labels"].tolist(), task.prep.label_table.labels
+([0, 1], ['spam', 'ham'])
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..batching import Batch, Preparer, seed_of
+from ..config import Config
+from ..decoding import TopK
+from ..device import Device
+from ..exceptions import RecordError
+from ..featurize import Featurizer, flatten_batch
+from ..hashing import multi_hash
+from ..heads import LabelHead, NaiveBayesHead
+from ..model import HashedTransformer
+from ..objectives import LabelTable
+from ..records import Record
+from .base import Event, Task
+
+__all__ = ["Classify", "ClassifyPreparer"]
+
+
+class ClassifyPreparer(Preparer):
+    """Records need tokens and a label; a new label joins the label table when its
+    record is prepared. With the Naive Bayes part on, batches carry its token ids."""
+
+    task = "classify"
+
+    def __init__(self, cfg: Config, featurizer: Featurizer):
+        super().__init__(cfg, featurizer)
+        self.label_table = LabelTable(cfg.model.max_labels)
+        lc = cfg.learner
+        self.nb_span = NaiveBayesHead.span_of(lc.nb_cells, cfg.model.max_labels) if lc.nb_weight > 0 else 0
+
+    def train(self, records: Iterable) -> Batch:
+        start = len(self.label_table)
+        batch = super().train(records)
+        batch.label_start = start
+        return batch
+
+    def validate(self, rec: Record) -> list[str]:
+        tokens = self.text_tokens(rec)
+        if rec.label is None:
+            raise RecordError("missing-field: label (task classify)")
+        self.label_table.add(rec.label)
+        return tokens
+
+    def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        if not accepted:
+            return
+        lists = [t for _, t in accepted]
+        batch.feats = self.featurize(lists)
+        batch.nb_tokens = self.nb_tokens(lists, batch.feats)
+        batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
+        batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
+        batch.n_labels = len(self.label_table)
+
+    def fill_query(self, batch: Batch, records: list) -> None:
+        batch.n_labels = len(self.label_table)
+        lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
+        batch.feats = self.featurize(lists, grow=False)
+        batch.nb_tokens = self.nb_tokens(lists, batch.feats)
+
+    def nb_tokens(self, token_lists: Sequence[Sequence[str]], feats: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The Naive Bayes part's token ids (N, T) in [0, nb_span), -1 at padding, cut
+        like the model's input; None when the part is off. Hash embeddings' D1
+        (``feats["d1"]``, already one uniform hash per token) is reused when its range K
+        is at least half the part's span (so at most twice its own collisions): hashing
+        every token again cost the fetch thread 0.04 CPU-s per 1,000 SMS records, more
+        than the rest of its work."""
+        if not self.nb_span:
+            return None
+        mask = feats["mask"]
+        if "d1" in feats and 2 * self.cfg.embedding.K >= self.nb_span:
+            return np.where(mask, feats["d1"] % self.nb_span, -1)
+        flat, mask = flatten_batch(token_lists, self.cfg.hashing.max_tokens)
+        out = np.full(mask.shape, -1, dtype=np.int64)
+        if len(flat):
+            out[mask] = multi_hash(flat, 1, self.nb_span, self.cfg.hashing.seed, "naive-bayes")[:, 0]
+        return out
+
+
+class Classify(Task):
+    """The classify task (see the module docstring)."""
+
+    name = "classify"
+    answers = "labels"
+    target_field = "label"
+    Preparer = ClassifyPreparer
+
+    def __init__(self, cfg: Config, featurizer: Featurizer):
+        super().__init__(cfg, featurizer)
+        lc = cfg.learner
+        self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
+
+    @property
+    def label_table(self) -> LabelTable:
+        return self.prep.label_table
+
+    # ------------------------------------------------------------------ model
+    def make_head(self, d_model: int, embedding) -> LabelHead:
+        return LabelHead(d_model, self.cfg.model.max_labels)
+
+    def before_step(self, model: HashedTransformer, batch: Batch) -> None:
+        if batch.n_labels > batch.label_start:
+            self.start_label_rows(model, range(batch.label_start, batch.n_labels))
+
+    def start_label_rows(self, model: HashedTransformer, ids: Iterable[int], labels: Iterable | None = None) -> None:
+        """Give label head rows ``ids`` their starting vectors, a function of
+        ``learner.seed`` and the label alone (:class:`~streamlearn.heads.LabelHead`);
+        ``labels``: the label of each id (default: the label table's). Every replica
+        that meets a label, in any order, starts its row alike."""
+        ids = list(ids)
+        labels = [self.label_table.labels[i] for i in ids] if labels is None else list(labels)
+        scale = 1.0 if model.depth == 0 else 0.1  # unit-size pooled states behind a LayerNorm
+        model.head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
+
+    def label_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
+        """Label logits (N, n_labels): the model's, plus ``learner.nb_weight`` times the
+        Naive Bayes scores when that part is on (no gradient reaches the counts)."""
+        feats = dev.tensors(batch.feats)
+        logits = model.head(model.pool(model.encode(feats), feats["mask"]), batch.n_labels).float()
+        if self.nb is None:
+            return logits
+        nb = dev.tensor(self.nb.scores(batch.nb_tokens, batch.n_labels))
+        return logits + self.cfg.learner.nb_weight * nb
+
+    def loss(self, model, batch, dev):
+        ce = F.cross_entropy(self.label_logits(model, batch, dev), dev.tensor(batch.targets["labels"]),
+                             reduction="none")
+        return (ce * dev.tensor(batch.weight)).sum() / len(ce)
+
+    def outputs(self, model, batch, dev):
+        return self.label_logits(model, batch, dev)
+
+    def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The Naive Bayes part counts the batch (after the step: the step's loss used
+        the counts from before it, as its prediction did)."""
+        if self.nb is None or not batch.examples:
+            return {}
+        return {"nb.counts": self.nb.learn(batch.nb_tokens, batch.targets["labels"], batch.weight)}
+
+    def count_tables(self) -> dict[str, torch.Tensor]:
+        return {} if self.nb is None else {"nb.counts": self.nb.counts}
+
+    def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.nb is None or batch.nb_tokens is None or not batch.n_labels:
+            return {}
+        return {"nb.counts": self.nb.rows_read(batch.nb_tokens, batch.n_labels)}
+
+    # ------------------------------------------------------------------ answers
+    def probabilities(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
+        """Label probabilities (N, n_labels) of a prepared batch (a query batch, or a
+        training batch before it is learned: prequential evaluation)."""
+        if not batch.n_labels or batch.feats is None:
+            return np.zeros((batch.examples if batch.train else batch.records, batch.n_labels), np.float32)
+        return self.label_logits(model, batch, dev).softmax(-1).cpu().numpy()
+
+    def predict_proba(self, model, batch, dev) -> list[dict]:
+        """``{label: probability}`` over the labels seen so far ({} before any)."""
+        if not batch.n_labels or not batch.records:
+            return [{} for _ in range(batch.records)]
+        labels = self.label_table.labels[:batch.n_labels]
+        return [dict(zip(labels, row.tolist())) for row in self.probabilities(model, batch, dev)]
+
+    def predict(self, model, batch, dev) -> list:
+        """The most probable label (None before any label)."""
+        return [max(p, key=p.get) if p else None for p in self.predict_proba(model, batch, dev)]
+
+    def topk(self, model, batch, dev, k, beam, exclude=None) -> list[TopK]:
+        if not batch.records:
+            return []
+        if not batch.n_labels:
+            return [TopK([], np.empty(0), True, 0) for _ in range(batch.records)]
+        logp = F.log_softmax(self.label_logits(model, batch, dev), -1).cpu()  # (N, n_labels)
+        top = logp.topk(min(k, batch.n_labels), dim=-1)
+        labels = self.label_table.labels
+        return [TopK([labels[i] for i in ids.tolist()], s.numpy().astype(np.float64), True, batch.n_labels)
+                for s, ids in zip(top.values, top.indices)]
+
+    def hits(self, model: HashedTransformer, batch: Batch, dev: Device) -> int | None:
+        """Correct label predictions on a training batch, made before learning it (None
+        when it holds no example or no label is known yet)."""
+        if not batch.examples or not batch.n_labels:
+            return None
+        predicted = self.probabilities(model, batch, dev).argmax(-1)  # (N,)
+        return int((predicted == batch.targets["labels"]).sum())
+
+    # ------------------------------------------------------------------ evaluation
+    def events(self, seed: int):
+        """The record's tokens (the model's tokenizer, so bag-of-words baselines see the
+        same words); the answer is its label."""
+        def build(position: int, rec: Record) -> Event:
+            tokens = self.prep.text_tokens(rec)
+            if rec.label is None:
+                raise RecordError("missing-field: label (task classify)")
+            return Event(position, rec, rec.label, True, rec, tokens=tuple(tokens))
+        return build

@@ -1,0 +1,116 @@
+"""``mlm``: Superbloom's masked-token objective over hashed outputs.
+
+Training corrupts each record BERT's way (:func:`~streamlearn.objectives.mlm_mask`:
+15% of the tokens chosen; a chosen token's input becomes [MASK] 80% of the time, a
+random token of the batch 10%, unchanged 10%) and predicts the original at every
+chosen position. A query fills the first ``[MASK]`` of its text or tokens (one is
+appended when there is none: "complete this set").
+
+The head reads the final state at the masked position. At depth 0 nothing carries the
+context to a [MASK] slot, whose state is the [MASK] vector alone (every answer would be
+the same): there each position reads its record's pooled tokens outside the slots, as
+word2vec's CBOW does.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xxhash
+
+from ..batching import QUERY_MASK, Batch
+from ..hashing import derive_seed
+from ..model import HashedTransformer
+from ..objectives import MASK_TOKEN, mlm_mask
+from ..records import Record
+from .base import Event, TokenPreparer, TokenTask
+
+__all__ = ["MaskedToken", "MaskedTokenPreparer"]
+
+
+class MaskedTokenPreparer(TokenPreparer):
+    """Records need tokens; training batches carry the masked inputs, the positions read
+    out and the output code's targets of the original tokens."""
+
+    task = "mlm"
+
+    def validate(self, rec: Record) -> list[str]:
+        return self.text_tokens(rec)
+
+    def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        if not accepted:
+            return
+        lists = [self.cut(t) for _, t in accepted]
+        masked = mlm_mask(lists, rng, p=self.cfg.learner.mask_prob)
+        batch.feats = self.featurize(masked.token_lists)
+        batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
+        batch.slots[masked.rows[masked.slots], masked.cols[masked.slots]] = True
+        batch.rows, batch.cols = masked.rows, masked.cols
+        batch.targets = self.code.targets(masked.targets)
+        weights = np.array([r.weight for r, _ in accepted], dtype=np.float32)
+        batch.weight = weights[masked.rows]
+        batch.candidates = [t for ts in lists for t in ts]
+
+    def fill_query(self, batch: Batch, records: list) -> None:
+        lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
+        lists, batch.rows, batch.cols = _mask_queries(lists, self.cfg.hashing.max_tokens)
+        batch.feats = self.featurize(lists, grow=False)
+        batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
+        for r, ts in enumerate(lists):
+            batch.slots[r, [c for c, t in enumerate(ts) if t == MASK_TOKEN]] = True
+
+    def query_text(self, text: str) -> list[str]:
+        """Text tokenized around each literal ``[MASK]``, which stays one token."""
+        if QUERY_MASK not in text:
+            return self.tokens(Record(text=text))
+        parts = [self.tokens(Record(text=p)) for p in text.split(QUERY_MASK)]
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + [QUERY_MASK] + p
+        return out
+
+
+class MaskedToken(TokenTask):
+    """The mlm task (see the module docstring)."""
+
+    name = "mlm"
+    target_field = None
+    Preparer = MaskedTokenPreparer
+
+    def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
+        """The states (n, d) at the positions (rows[i], cols[i]); at depth 0 the pooled
+        context outside the [MASK] slots (module docstring)."""
+        slots = dev.tensor(batch.slots)
+        h = model.encode(feats, slots)  # (N, T, d)
+        rows = dev.tensor(batch.rows)
+        if model.depth == 0:
+            return model.pool(h, feats["mask"] & ~slots)[rows]  # (n, d)
+        return h[rows, dev.tensor(batch.cols)]  # (n, d)
+
+    def events(self, seed: int):
+        """One token per record, chosen by a seeded hash of the record's position, is
+        replaced by ``[MASK]``; the answer is that token, the Markov input the token
+        before it."""
+        mask_seed = derive_seed(seed, "replay/mlm-mask")
+        max_tokens = self.cfg.hashing.max_tokens
+
+        def build(position: int, rec: Record) -> Event:
+            tokens = self.prep.text_tokens(rec)[:max_tokens]
+            pos = xxhash.xxh64_intdigest(position.to_bytes(8, "big"), mask_seed) % len(tokens)
+            query = tokens[:pos] + [QUERY_MASK] + tokens[pos + 1:]
+            return Event(position, rec, tokens[pos], True, {"tokens": query}, tokens=tuple(tokens),
+                         prev=tokens[pos - 1] if pos else None, counts=tuple(tokens),
+                         transitions=tuple(zip(tokens, tokens[1:])))
+        return build
+
+
+def _mask_queries(lists: list[list[str]], max_len: int) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
+    """Each query's [MASK]s become the model's mask slot; a query without one gets one
+    appended. Returns the lists and the (row, col) read out: each query's first mask."""
+    out, cols = [], []
+    for tokens in lists:
+        if QUERY_MASK not in tokens:
+            tokens = tokens[: max_len - 1] + [QUERY_MASK]
+        tokens = [MASK_TOKEN if t == QUERY_MASK else t for t in tokens]
+        out.append(tokens)
+        cols.append(tokens.index(MASK_TOKEN))
+    return out, np.arange(len(out), dtype=np.int64), np.array(cols, dtype=np.int64)

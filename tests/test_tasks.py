@@ -1,0 +1,69 @@
+"""Tasks are classes chosen once (streamlearn.tasks): every task module is registered,
+the ingest half is pure numpy and picklable, and each task answers through one interface."""
+import pickle
+import pkgutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import streamlearn.tasks as tasks
+from streamlearn.config import TASKS, Config
+from streamlearn.learner import Learner
+from streamlearn.tasks.base import Task
+
+SMALL = ("embedding.K=1000", "embedding.B=100", "embedding.d=16", "model.d_model=16", "model.out_B=128",
+         "model.max_labels=8")
+RECORDS = {
+    "classify": [{"text": f"word{i % 5} other{i % 3}", "label": f"l{i % 3}"} for i in range(20)],
+    "mlm": [{"text": f"word{i % 5} other{i % 3} third{i % 7}"} for i in range(20)],
+    "next-item": [{"key": f"u{i % 4}", "item": f"i{i % 9}"} for i in range(20)],
+}
+
+
+def test_every_task_module_is_registered_and_nothing_else():
+    """Adding a task is one module in streamlearn/tasks and one registry line."""
+    modules = {m.name for m in pkgutil.iter_modules(tasks.__path__)} - {"base"}
+    registered = {entry.partition(":")[0] for entry in tasks.REGISTRY.values()}
+    assert modules == registered
+    assert TASKS == tuple(tasks.REGISTRY)
+    for name in tasks.REGISTRY:
+        cls = tasks.task_class(name)
+        assert issubclass(cls, Task) and cls.name == name and cls.answers in ("labels", "tokens")
+
+
+def test_ingest_modules_import_no_torch():
+    """Featurising and batching are numpy only, so ingest can run where torch is not loaded."""
+    code = ("import sys; import streamlearn.batching, streamlearn.featurize, streamlearn.outputs; "
+            "print(sorted(m for m in ('torch', 'river') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("task", sorted(RECORDS))
+def test_the_preparer_pickles_and_prepares_the_same_batches(task):
+    learner = Learner(Config().override(*SMALL, f"learner.task={task}"))
+    learner.learn_many(RECORDS[task][:10])
+    clone = pickle.loads(pickle.dumps(learner.prep))
+    ours, theirs = learner.prep.train(RECORDS[task][10:]), clone.train(RECORDS[task][10:])
+    assert sorted(ours.feats) == sorted(theirs.feats)
+    assert all(np.array_equal(ours.feats[k], theirs.feats[k]) for k in ours.feats)
+    assert all(np.array_equal(ours.targets[k], theirs.targets[k]) for k in ours.targets)
+    assert ours.candidates == theirs.candidates and ours.seq == theirs.seq
+
+
+@pytest.mark.parametrize("task", sorted(RECORDS))
+def test_every_task_learns_predicts_and_refuses_what_it_cannot_answer(task):
+    learner = Learner(Config().override(*SMALL, f"learner.task={task}"))
+    report = learner.learn_many(RECORDS[task])
+    assert report.records == 20 and report.examples > 0 and np.isfinite(report.loss)
+    query = RECORDS[task][:2]
+    tops = learner.topk_many(query, k=3)
+    assert len(tops) == 2 and all(1 <= len(t.tokens) <= 3 for t in tops)
+    assert learner.predict_many(query) == [t.tokens[0] for t in learner.topk_many(query, k=1)]
+    if learner.task.answers == "labels":
+        assert all(abs(sum(p.values()) - 1) < 1e-5 for p in learner.predict_proba_many(query))
+    else:
+        with pytest.raises(Exception, match="predict_proba is defined for task classify"):
+            learner.predict_proba_many(query)
