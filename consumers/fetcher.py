@@ -40,6 +40,7 @@ _CHECKPOINT_WAIT_S = 120.0  # bound on waiting for the training loop to commit
 _DLQ_FLUSH_S = 5.0
 _PROBE_TIMEOUT_MS = 1_000
 _COMMIT_TIMEOUT_MS = 2_000
+FUTURE_TS_TOLERANCE_S = 86_400.0  # event times beyond now + this do not count for the event-time lag
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,10 @@ class Fetcher(threading.Thread):
             self.positions[partition] = last + 1
         self.consumed += len(chunk)
         self._unsaved += len(chunk)
-        times = [r.ts for r in records if r.ts is not None]
+        # A timestamp far in the future (a producer's bad clock, ts = 2^63 - 1) would pin
+        # the event-time lag at a huge negative value for the rest of the run: not counted.
+        horizon = int((time.time() + FUTURE_TS_TOLERANCE_S) * 1000)
+        times = [r.ts for r in records if r.ts is not None and r.ts <= horizon]
         self.handoff.put(Prepared(batch, spans, dead, max(times) if times else None))
         self._idle_since = time.monotonic()  # waiting for queue space is not idleness
 

@@ -12,6 +12,7 @@ Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
 ``prequential_accuracy``                        accuracy before learning, moving average
 ``prequential_evaluated_total`` / ``_correct``  evaluated and correct predictions (classify)
 ``steps_total``                                 optimizer steps
+``skipped_steps_total``                         steps not applied: loss or gradient not finite
 ``checkpoint_seconds``                          histogram of checkpoint durations
 ``checkpoint_failures_total``                   checkpoints that failed (state unchanged)
 ``last_checkpoint_timestamp_seconds``           unix time of the last checkpoint
@@ -62,7 +63,7 @@ class WorkerMetrics:
         self.registry = registry or CollectorRegistry()
         self.log_seconds = log_seconds
         self._make_metrics()
-        self.records = self.learned_records = self.dead_letters = 0
+        self.records = self.learned_records = self.dead_letters = self.skipped_steps = 0
         self.newest_event_ms: int | None = None  # latest event time learned (ms since the epoch)
         self.loss, self.accuracy = _Average(), _Average()
         self.checkpoint_s: float | None = None
@@ -83,6 +84,7 @@ class WorkerMetrics:
         self.m_evaluated = Counter(p + "prequential_evaluated", "records predicted before learning", registry=r)
         self.m_correct = Counter(p + "prequential_correct", "records predicted right before learning", registry=r)
         self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
+        self.m_skipped = Counter(p + "skipped_steps", "steps not applied: loss or gradient not finite", registry=r)
         self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,
                                 buckets=_CHECKPOINT_BUCKETS)
         self.m_ckpt_failed = Counter(p + "checkpoint_failures", "failed checkpoints", registry=r)
@@ -113,7 +115,10 @@ class WorkerMetrics:
         for code in item.dead:
             self.m_dead.labels(code).inc()
         self.dead_letters += len(item.dead)
-        if report.examples:
+        if report.skipped:
+            self.skipped_steps += 1
+            self.m_skipped.inc()
+        elif report.examples:
             self.m_steps.inc()
             self.m_loss.set(self.loss.add(report.loss))
         if item.newest_event_ms is not None:
@@ -142,7 +147,8 @@ class WorkerMetrics:
     def snapshot(self) -> dict[str, float | None]:
         """The numbers a checkpoint stores in the manifest's metrics."""
         return {"loss": _finite(self.loss.value), "prequential_accuracy": _finite(self.accuracy.value),
-                "checkpoint_seconds": self.checkpoint_s, "newest_event_ms": self.newest_event_ms}
+                "checkpoint_seconds": self.checkpoint_s, "newest_event_ms": self.newest_event_ms,
+                "skipped_steps": self.skipped_steps}
 
     # ---------------------------------------------------------------- status line
     def status(self, positions: dict[int, int], end_offsets: dict[int, int]) -> str | None:
@@ -163,7 +169,8 @@ class WorkerMetrics:
         return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, "
                 f"event-time lag {'?' if event is None else f'{event:,.1f} s'}, loss {_fmt(self.loss.value)}, "
                 f"prequential accuracy {_fmt(self.accuracy.value)}, dead letters {self.dead_letters}, "
-                f"records {self.records:,}, last checkpoint {ckpt}")
+                f"records {self.records:,}, last checkpoint {ckpt}"
+                + (f", SKIPPED STEPS {self.skipped_steps} (non-finite loss or gradient)" if self.skipped_steps else ""))
 
     def _lag(self, positions: dict[int, int], end_offsets: dict[int, int]) -> int | None:
         if not end_offsets:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
@@ -58,6 +60,12 @@ from .tasks import build_task
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
 
+log = logging.getLogger(__name__)
+
+# Gradients beyond this magnitude skip the step: squared (Adagrad's and Adam's second
+# moments) they would come near float32's limit of 3.4e38.
+MAX_GRADIENT = 1e15
+
 
 @dataclasses.dataclass(frozen=True)
 class StepReport:
@@ -72,6 +80,7 @@ class StepReport:
     rows: dict[str, np.ndarray]
     step: int
     truncated: int
+    skipped: bool = False  # the step was not applied: its loss or a gradient was not finite
 
 
 class Learner(river_base.Classifier):
@@ -102,6 +111,7 @@ class Learner(river_base.Classifier):
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
         self.steps = 0  # optimizer steps taken
+        self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
         self._dirty: dict[str, list[np.ndarray]] = {}
         self._index_mark = 0  # candidates already in a checkpoint
@@ -255,16 +265,17 @@ class Learner(river_base.Classifier):
                 f"batch {batch.seq} learned out of order (expected batch {self._applied}): "
                 "learn batches in the order prepare() made them"
             )
-        loss, changed = 0.0, {}
+        loss, changed, skipped = 0.0, {}, False
         self.task.before_step(self.model, batch)
         if batch.examples:
-            loss, changed = self._step(batch)
-        counted = self.task.learned(batch)
+            loss, changed, skipped = self._step(batch)
+        counted = {} if skipped else self.task.learned(batch)
         if counted:
             changed.update(counted)
             self.mark_dirty(counted)
         self._applied += 1
-        return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated)
+        return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated,
+                          skipped)
 
     def start_label_rows(self, ids: Iterable[int], labels: Iterable | None = None) -> None:
         """classify: give the label head rows ``ids`` their starting vectors, a function
@@ -288,23 +299,64 @@ class Learner(river_base.Classifier):
         rows.update(self.task.rows_read(batch))
         return rows
 
-    def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray]]:
+    def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray], bool]:
+        """Forward, backward and the optimizers' step; ``(loss, changed rows, skipped)``.
+
+        A step whose loss or any gradient is not finite, or so large that its square
+        would overflow the optimizers' float32 accumulators, is skipped: the gradients
+        are dropped and nothing is updated (a NaN or inf once written into the tables or
+        the Adagrad sums poisons every later prediction that reads them). Skipped steps
+        are counted (``skipped_steps``) and logged."""
         if not self.model.training:
             self.model.train()
         with self._dropout_rng(batch.seq), self.dev.autocast():
             loss = self.task.loss(self.model, batch, self.dev)
             if batch.sr_feats is not None:
                 loss = loss + self.cfg.learner.shuffle_random * self._sr_loss(batch)
+        value = float(loss.detach())
+        if not math.isfinite(value) and self.gradient_hook is None:
+            self._skip(f"training batch {batch.seq}: its loss ({value})")  # alone: no backward needed
+            return value, {}, True
         loss.backward()
         if self.gradient_hook is not None:
-            self.gradient_hook(self)
-        return float(loss.detach()), self.apply_gradients()
+            self.gradient_hook(self)  # every rank enters the exchange, even with a bad loss
+        changed = self.apply_gradients(f"training batch {batch.seq}")
+        return value, changed or {}, changed is None
 
-    def apply_gradients(self) -> dict[str, np.ndarray]:
+    def _unsafe_gradient(self) -> str | None:
+        """The name of a parameter whose gradient is not finite or beyond
+        :data:`MAX_GRADIENT` in magnitude (None: every gradient is safe). One reduction
+        per gradient and one device sync for the lot."""
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        if not named:
+            return None
+        peaks = torch.stack([(g.coalesce().values() if g.is_sparse else g).detach().abs().amax().float()
+                             if g.numel() else g.new_zeros((), dtype=torch.float32) for _, g in named])
+        safe = peaks < MAX_GRADIENT  # False for NaN too
+        if bool(safe.all()):
+            return None
+        return named[int((~safe).nonzero()[0])][0]
+
+    def _skip(self, what: str) -> None:
+        self.dense_optim.zero_grad(set_to_none=True)
+        self.row_optim.zero_grad()
+        self.skipped_steps += 1
+        log.warning("skipped the step of %s is not finite or too large; nothing was updated "
+                    "(%d steps skipped so far)", what, self.skipped_steps)
+
+    def apply_gradients(self, what: str = "the group's step") -> dict[str, np.ndarray] | None:
         """The optimizer half of a step: both optimizers apply the gradients that sit on
         the parameters (AdamW on the dense ones, the row rule on the touched rows), clear
         them, count the step and record the changed rows; returns them per table. A
-        distributed rank without a batch of its own takes the group's step with it."""
+        distributed rank without a batch of its own takes the group's step with it.
+
+        Gradients that are not finite, or beyond :data:`MAX_GRADIENT` in magnitude, are
+        dropped instead and nothing changes: returns None (see :meth:`_step`); ranks
+        that exchanged their gradients see the same values and all skip alike."""
+        bad = self._unsafe_gradient()
+        if bad is not None:
+            self._skip(f"{what}: the gradient of {bad}")
+            return None
         self.dense_optim.step()
         self.dense_optim.zero_grad(set_to_none=True)
         changed = self.row_optim.step()

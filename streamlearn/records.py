@@ -10,7 +10,9 @@ A message value is a msgpack map or a JSON object, told apart by its first byte 
   (str or int) for next-item streams;
 - ``ts`` (int, event time in ms since the epoch), optional; the worker falls back to the
   Kafka timestamp;
-- ``weight`` (finite number > 0), optional, default 1.0.
+- ``weight`` (a number in (0, :data:`MAX_WEIGHT`]), optional, default 1.0. The bound keeps
+  a weighted gradient and its square (the optimizers' accumulators) far inside float32:
+  a weight of 1e38 once turned every Adagrad accumulator it reached into inf.
 
 ``null`` counts as absent; unknown fields are ignored, so producers can carry extra data.
 Every failure raises :class:`RecordError` whose message is the *reason*:
@@ -27,7 +29,8 @@ metrics labels and dead-letter headers):
 ``invalid-utf8``          text bytes that are not UTF-8 (or a lone surrogate)
 ``missing-field``         none of text / tokens / key+item
 ``wrong-type``            a field of the wrong type
-``bad-value``             right type, unusable value (empty tokens, weight <= 0...)
+``bad-value``             right type, unusable value (empty tokens, ts out of range...)
+``bad-weight``            weight not a number in (0, MAX_WEIGHT]
 ========================  =======================================================
 
 >>> rec = decode(encode({"text": "free prize", "label": "spam"}), max_bytes=1000)
@@ -52,6 +55,7 @@ from .exceptions import RecordError
 _JSON_SPACE = b" \t\r\n"
 _MSGPACK_MAP_FIRST = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 _INT64_MAX = (1 << 63) - 1
+MAX_WEIGHT = 1e6  # record weights are in (0, MAX_WEIGHT] (see the module docstring)
 FORMATS = ("msgpack", "json")
 
 Token = str | int
@@ -273,9 +277,10 @@ def _weight(value: Any) -> float:
     try:
         weight = float(value)
     except OverflowError as exc:  # an int beyond float range
-        raise RecordError("bad-value: weight is too large for a float") from exc
-    if not (math.isfinite(weight) and weight > 0):
-        raise RecordError(f"bad-value: weight must be finite and > 0, got {weight!r}")
+        raise RecordError(f"bad-weight: weight must be in (0, {MAX_WEIGHT:g}], got an int of "
+                          f"{len(str(value))} digits") from exc
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise RecordError(f"bad-weight: weight must be in (0, {MAX_WEIGHT:g}], got {weight!r}")
     return weight
 
 

@@ -66,6 +66,7 @@ def test_jsonl_rows_take_key_and_ts_from_the_record(tmp_path):
     ("[1, 2]", "must be an object"),
     ('{"label": "x"}', "missing-field"),
     ('{"text": 5}', "wrong-type"),
+    ('{"text": "x", "weight": 1e300}', "bad-weight"),  # refused by produce, not just by the worker
 ])
 def test_jsonl_bad_line_stops_with_its_line_number(tmp_path, line, reason):
     path = write(tmp_path, "a.jsonl", f'{{"text": "ok"}}\n\n{line}\n{{"text": "after"}}\n')

@@ -626,3 +626,49 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
             tables[name][torch.from_numpy(ids[found])] = torch.from_numpy(values[found])
     np.testing.assert_allclose(reader.predict_proba_batch(batch), lrn.predict_proba_batch(lrn.prepare(query, train=False)),
                                rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------- poisoned updates
+
+@pytest.mark.parametrize("weight", [1e300, 1e38, float("inf"), -1.0])
+def test_a_record_with_a_poisonous_weight_is_rejected_and_changes_nothing(weight):
+    """A weight beyond records.MAX_WEIGHT is refused (reason bad-weight): the model ends
+    equal to one that never saw the record (1e300 is finite in float64 and inf in
+    float32; 1e38 is finite in float32 but squares past it in the optimizers)."""
+    stream = topic_stream(64)
+    poisoned = [dict(r) for r in stream]
+    poisoned[20]["weight"] = weight
+    clean, dirty = learner(*NB), learner(*NB)
+    reasons = []
+    for bad in batches(poisoned, 16):
+        clean.learn_many([r for r in bad if "weight" not in r])  # the same batches without the record
+        reasons += [str(err) for _, err in dirty.learn_many(bad).rejected]
+    assert len(reasons) == 1 and reasons[0].startswith("bad-weight")
+    assert_same(params(clean), params(dirty))
+    assert torch.equal(clean.task.nb.counts, dirty.task.nb.counts)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), 1e30])
+def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
+    """Whatever the cause (here a prepared batch's weights overwritten), a step whose loss
+    or gradients are not finite, or too large for the optimizers' accumulators, is not
+    applied: no table, accumulator or count changes, and the model ends equal to one
+    trained on the stream without that batch."""
+    stream = batches(topic_stream(16 * 5), 16)
+    clean, guarded = learner(*NB), learner(*NB)
+    for i, records in enumerate(stream):
+        batch = guarded.prepare(records)
+        if i == 2:
+            batch.weight[:] = poison
+            before = params(guarded)
+            report = guarded.learn_batch(batch)
+            assert report.skipped and report.rows == {} and guarded.skipped_steps == 1
+            assert_same(before, params(guarded))
+            continue
+        assert not guarded.learn_batch(batch).skipped
+        clean.learn_many(records)
+    assert_same(params(clean), params(guarded))
+    assert torch.equal(clean.task.nb.counts, guarded.task.nb.counts)
+    assert all(torch.isfinite(t).all() for t in params(guarded).values())
+    query = topic_stream(8, seed=5)
+    assert clean.predict_proba_many(query) == guarded.predict_proba_many(query)

@@ -4,6 +4,7 @@ keeps running, learns every valid record, and dead-letters every bad one with it
 its original bytes."""
 import json
 import random
+import time
 
 import msgpack
 import pytest
@@ -38,7 +39,9 @@ BAD = [
     (json.dumps({"text": "pasta soup"}).encode(), "missing-field"),  # no label: rejected by the learner
     (json.dumps({"text": "", "label": "food"}).encode(), "bad-value"),
     (msgpack.packb({"tokens": [], "label": "food"}), "bad-value"),
-    (json.dumps({"text": "soup", "label": "food", "weight": -1}).encode(), "bad-value"),
+    (json.dumps({"text": "soup", "label": "food", "weight": -1}).encode(), "bad-weight"),
+    (msgpack.packb({"text": "soup bread", "label": "food", "weight": 1e300}), "bad-weight"),  # inf in float32
+    (msgpack.packb({"text": "goal team", "label": "sport", "weight": 1e38}), "bad-weight"),  # its square: inf
     (b'{"text": "caf\xe9 cr\xe8me", "label": "food"}', "invalid-utf8"),
     (msgpack.packb({"text": b"\xff\xfe\xfd", "label": "food"}, use_bin_type=False), "invalid-utf8"),
     (b'{"text": "bad \\ud800 surrogate", "label": "food"}', "invalid-utf8"),
@@ -78,6 +81,8 @@ def test_bad_records_go_to_the_dlq_with_their_reason_and_valid_ones_are_learned(
     mixed = [(v, None) for v in good] + BAD
     rng.shuffle(mixed)
     mixed += [(v, None) for v in valid(40, rng)]  # valid records after all the bad ones
+    # valid, but its event time (2^63 - 1 ms) is a broken clock: learned, not counted for the lag
+    mixed.insert(150, (encode({"text": "goal match team", "label": "sport", "ts": 2**63 - 1}), None))
     topic = make_topic(2)
     placed = produce_raw(broker, topic, [v for v, _ in mixed])
     ends = {p: sum(1 for q, _ in placed if q == p) for p in (0, 1)}
@@ -96,6 +101,9 @@ def test_bad_records_go_to_the_dlq_with_their_reason_and_valid_ones_are_learned(
     assert {int(k.rpartition(":")[2]): v for k, v in m.offsets.items()} == ends
     assert (m.metrics["records_learned"], m.metrics["dead_letters"]) == (len(mixed) - n_bad, n_bad)
     assert sorted(learner.labels) == ["food", "sport", "tech"]  # "weather" never got in
+    assert all(bool(t.isfinite().all()) for t in learner.value_tables().values())
+    assert m.metrics["skipped_steps"] == 0  # the bad weights never reached a step
+    assert 0 < m.metrics["newest_event_ms"] < (time.time() + 2 * 86_400) * 1000  # event-time lag stays sane
     assert sum(r[3] for _, ranges in audit for r in ranges) == len(mixed)
 
     letters = {}
