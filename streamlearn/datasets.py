@@ -6,11 +6,16 @@ Formats (autodetected from the file name and first line; ``--input-format`` over
   ``key``/``item``/``ts``/``weight``);
 - ``csv`` / ``tsv``: a text column and an optional label column, chosen by
   ``text_column`` / ``label_column`` (a header name or a 0-based index; ``"1,2"`` joins
-  several columns with a space). A first row that names a ``text`` or ``label`` column (or
-  the columns asked for by name) is a header. Headerless files get the layouts of the two
-  classic corpora: 2 columns are ``label, text`` (SMSSpamCollection), 3 columns are
-  ``label, title, description`` with text = title + " " + description (AG News). TSV is
-  split on tabs with no quoting; CSV follows RFC 4180 quoting;
+  several columns with a space) or else by the rules of :data:`COLUMN_RULES` (the same
+  text is in ``streamlearn produce --help`` and docs/quickstart.md): a first row is a
+  header when it names a column asked for or a known column name (``text``, ``message``,
+  ``review``, ``label``, ``category``, ...), or when its cells are short names above
+  wordy data; the label column is the one short column whose values repeat, the text is
+  every other non-numeric wordy column, joined in order. When that cannot be decided the
+  read stops and asks for ``--text-column`` / ``--label-column``, listing the columns.
+  TSV is split on tabs with no quoting; CSV follows RFC 4180 quoting. :attr:`DatasetReader.layout`
+  says what was decided, :attr:`DatasetReader.notes` counts blank lines, extra columns and
+  records that span several lines (a stray quote merges lines);
 - ``movielens``: ``u.data`` (``user<TAB>item<TAB>rating<TAB>unix seconds``), and
   ``movielens-csv``: ``ratings.csv`` (header ``userId,movieId,rating,timestamp``). Both
   become next-item events ``{"key": user, "item": movie, "ts": ms}`` keyed by the user, in
@@ -29,10 +34,11 @@ the caller to report. Blank lines hold no record and are passed over.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -44,7 +50,27 @@ from .records import from_dict
 FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv")
 _MOVIELENS_LINE = re.compile(r"\d+\t\d+\t\d+(\.\d+)?\t\d+")
 _MOVIELENS_CSV_HEADER = ["userid", "movieid", "rating", "timestamp"]
-_HEADER_NAMES = {"text", "label"}
+# Column names read as a header (lowercased), and the role they give their column.
+TEXT_NAMES = ("text", "message", "msg", "sms", "sentence", "review", "content", "body", "comment", "tweet",
+              "document", "doc", "title", "description", "headline", "question", "utterance", "query")
+LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "target", "tag", "topic", "polarity",
+               "intent", "y")
+_SAMPLE_ROWS = 1000  # rows read ahead to decide a headerless or unnamed layout
+COLUMN_RULES = """CSV/TSV columns. --text-column/--label-column (names or 0-based indices; 'a,b' joins
+columns with a space) always win. Otherwise:
+1. The first row is a header when it names a column you asked for or a known column
+   (text: text, message, sms, sentence, review, content, body, comment, tweet, title,
+   description, ...; label: label, category, class, sentiment, target, topic, polarity,
+   ...), or when every cell of it is a short name (at most 3 words) over data whose
+   text has 3 or more words.
+2. A header's known names decide: the text is every text-named column, joined in order;
+   the label is the label-named one.
+3. Otherwise the first 1,000 rows decide: the label is the one short column (at most 3
+   words a cell) whose values repeat; the text is every other column of 2 or more words a
+   cell, joined in order (numbers and ids are left out). Ties or no such columns: the
+   command stops and asks for --text-column/--label-column, listing the columns.
+Blank lines, rows with extra columns and records that span several lines (quoted line
+breaks; a stray quote merges lines) are counted and reported."""
 _MAX_SECONDS = ((1 << 63) - 1) // 1000  # the ms timestamp must fit Kafka's int64
 
 
@@ -173,12 +199,26 @@ class DatasetReader:
         if self.format not in FORMATS:
             raise DatasetError(f"unknown input format {self.format!r}; choose one of {', '.join(FORMATS)}")
         self.bad_lines: list[tuple[int, str]] = []
+        self.layout = ""  # what the reader decided (csv/tsv: the header and the columns), after the first row
+        self.notes = ReadNotes()
 
     def __iter__(self) -> Iterator[Row]:
         self.bad_lines = []
+        self.notes = ReadNotes()
         readers = {"jsonl": self._jsonl, "csv": self._table, "tsv": self._table,
                    "movielens": self._movielens, "movielens-csv": self._movielens}
         return readers[self.format]()
+
+    def preview(self) -> str:
+        """What a read of this file will give, in two lines: the format and layout (csv/tsv:
+        header and columns), then the first record. Reads a fresh pass of the file's first
+        rows; the reader itself is not advanced."""
+        fresh = DatasetReader(self.path, ReadOptions(self.format, self.options.text_column,
+                                                     self.options.label_column, skip_bad_lines=True))
+        first = next(iter(fresh), None)
+        layout = f": {fresh.layout}" if fresh.layout else ""
+        shown = "none (no valid record)" if first is None else repr(first.record)
+        return f"reading {self.path} as {self.format}{layout}\nfirst record: {shown}"
 
     def estimate_rows(self) -> int:
         """Data lines in the file (one pass counting line breaks), for progress bars: exact
@@ -221,16 +261,27 @@ class DatasetReader:
     # ---- csv / tsv
     def _table(self) -> Iterator[Row]:
         rows = self._tsv_rows() if self.format == "tsv" else self._csv_rows()
-        first = next(rows, None)
-        if first is None:
+        sample = list(itertools.islice(rows, _SAMPLE_ROWS + 1))
+        if not sample:
             return
-        columns = _Columns.resolve(first[1], self.options, self.path)
-        if not columns.header:
-            rows = _chain_first(first, rows)
-        yield from self._guarded(rows, columns.row)
+        columns = _Columns.resolve([cells for _, cells in sample], self.options, self.path)
+        self.layout = columns.describe()
+        if columns.header:
+            sample = sample[1:]
+        for lineno, cells in itertools.chain(sample, rows):
+            if len(cells) > columns.width:
+                self.notes.extra_columns.append(lineno)
+            try:
+                yield columns.row(cells)
+            except (_BadLine, RecordError) as exc:
+                self._bad(lineno, str(exc))
 
     def _tsv_rows(self) -> Iterator[tuple[int, list[str]]]:
-        return ((n, line.split("\t")) for n, line in self._lines() if line.strip())
+        for n, line in self._lines():
+            if line.strip():
+                yield n, line.split("\t")
+            else:
+                self.notes.blank_lines += 1
 
     def _csv_rows(self) -> Iterator[tuple[int, list[str]]]:
         numbered = self._lines()
@@ -251,8 +302,13 @@ class DatasetReader:
             except csv.Error as exc:
                 self._bad(starts[mark] if mark < len(starts) else starts[-1], f"CSV: {exc}")
                 continue
+            first, last = starts[mark], starts[-1]
+            if last > first:
+                self.notes.multiline.append((first, last))
             if any(cell.strip() for cell in cells):
-                yield starts[mark], cells
+                yield first, cells
+            else:
+                self.notes.blank_lines += 1
 
     # ---- movielens
     def _movielens(self) -> Iterator[Row]:
@@ -319,41 +375,94 @@ def _rating_fields(line: str, sep: str) -> tuple[int, int, int]:
 
 # ---------------------------------------------------------------------------- csv/tsv columns
 
+@dataclass
+class ReadNotes:
+    """What a CSV/TSV read passed over or should be checked, for the caller to report:
+    ``blank_lines`` skipped, line numbers of rows with ``extra_columns`` (their extra cells
+    are ignored), and records that span several lines (``multiline``: first and last
+    line; quoted line breaks, or a stray quote that merged lines)."""
+
+    blank_lines: int = 0
+    extra_columns: list[int] = field(default_factory=list)
+    multiline: list[tuple[int, int]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One line per kind of note, empty when there is nothing to say."""
+        out = []
+        if self.blank_lines:
+            out.append(f"{self.blank_lines} blank line(s) skipped")
+        if self.extra_columns:
+            out.append(f"{len(self.extra_columns)} row(s) with more columns than the first, extra cells ignored "
+                       f"(lines {_some(self.extra_columns)})")
+        if self.multiline:
+            longest = max(self.multiline, key=lambda span: span[1] - span[0])
+            out.append(f"{len(self.multiline)} record(s) span several lines (quoted line breaks; the longest, "
+                       f"lines {longest[0]}-{longest[1]}, may be a stray quote merging lines)")
+        return out
+
+
+def _some(lines: list[int], n: int = 5) -> str:
+    shown = ", ".join(map(str, lines[:n]))
+    return shown + (", ..." if len(lines) > n else "")
+
+
 @dataclass(frozen=True)
 class _Columns:
     header: bool
     text: tuple[int, ...]
     label: int | None
+    names: tuple[str, ...]  # the header's names, or "column N"
+    width: int  # cells of the first row
+    why: str  # how the layout was decided
 
     @classmethod
-    def resolve(cls, first: list[str], options: ReadOptions, path: Path) -> "_Columns":
+    def resolve(cls, sample: list[list[str]], options: ReadOptions, path: Path) -> "_Columns":
+        """The layout of a table from its first rows (see :data:`COLUMN_RULES`)."""
+        first = sample[0]
         names = [cell.strip().lower() for cell in first]
         asked = [spec for spec in (options.text_column, options.label_column) if spec]
         by_name = any(not part.strip().isdigit() for spec in asked for part in spec.split(","))
-        header = by_name or bool(_HEADER_NAMES & set(names))
-        if header:
-            label_default = "label" if "label" in names else None
-            text = _indices(options.text_column or "text", names, path)
-            label_spec = options.label_column or label_default
-        else:
-            text, label_spec = cls._headerless(len(first), options, path)
-        label = _indices(label_spec, names if header else [], path) if label_spec else None
-        if label is not None and len(label) != 1:
-            raise DatasetError(f"--label-column names one column, got {label_spec!r}")
-        return cls(header, text, label[0] if label else None)
-
-    @staticmethod
-    def _headerless(width: int, options: ReadOptions, path: Path) -> tuple[tuple[int, ...], str | None]:
+        known = [n for n in names if n in TEXT_NAMES or n in LABEL_NAMES]
+        header = by_name or bool(known) or _looks_like_header(first, sample[1:])
+        data = sample[1:] if header else sample
+        shown = tuple(first) if header else tuple(f"column {i}" for i in range(len(first)))
         if options.text_column:
-            return _indices(options.text_column, [], path), options.label_column
-        layouts = {2: ("1", "0"), 3: ("1,2", "0")}  # SMSSpamCollection; AG News
-        if width not in layouts:
-            raise DatasetError(
-                f"{path} has {width} columns and no header naming a text column: pass --text-column "
-                "(and --label-column), as names or 0-based indices"
-            )
-        text, label = layouts[width]
-        return _indices(text, [], path), options.label_column or label
+            text = _indices(options.text_column, names if header else [], path)
+            label_spec = options.label_column or (_first_named(names, LABEL_NAMES) if header else None)
+            label = _indices(label_spec, names if header else [], path) if label_spec else None
+            return cls._checked(header, text, label, shown, len(first), "--text-column", path)
+        if header and known:
+            return cls._named(names, shown, options, path)
+        text, label, why = _by_content(data, shown, path)
+        if options.label_column:
+            label = _indices(options.label_column, names if header else [], path)
+        return cls._checked(header, text, label, shown, len(first), why, path)
+
+    @classmethod
+    def _named(cls, names: list[str], shown: tuple[str, ...], options: ReadOptions, path: Path) -> "_Columns":
+        text = tuple(i for i, n in enumerate(names) if n in TEXT_NAMES)
+        if not text:
+            raise DatasetError(f"{path}: the header ({', '.join(shown)}) names no text column: pass --text-column "
+                               "(a name or a 0-based index)")
+        label_spec = options.label_column or _first_named(names, LABEL_NAMES)
+        label = _indices(label_spec, names, path) if label_spec else None
+        return cls._checked(True, text, label, shown, len(names), "the header's column names", path)
+
+    @classmethod
+    def _checked(cls, header: bool, text: tuple[int, ...], label: tuple[int, ...] | None, shown: tuple[str, ...],
+                 width: int, why: str, path: Path) -> "_Columns":
+        if label is not None and len(label) != 1:
+            raise DatasetError(f"--label-column names one column, got {len(label)}")
+        return cls(header, text, label[0] if label else None, shown, width, why)
+
+    def describe(self) -> str:
+        """One line saying what was decided, e.g. for ``produce``'s preview."""
+        def name(i: int) -> str:
+            return repr(self.names[i]) if i < len(self.names) else f"column {i}"
+        text = " + ".join(name(i) for i in self.text)
+        label = name(self.label) if self.label is not None else "none"
+        return (f"{'a header row' if self.header else 'no header row'}; text: {text}; label: {label} "
+                f"(decided by {self.why})")
 
     def row(self, cells: list[str]) -> Row:
         needed = max(self.text + ((self.label,) if self.label is not None else ()))
@@ -366,6 +475,69 @@ class _Columns:
                 raise _BadLine("empty label")
             record["label"] = label
         return Row(None, from_dict(record).to_dict(), None)
+
+
+def _first_named(names: list[str], known: tuple[str, ...]) -> str | None:
+    return next((n for n in names if n in known), None)
+
+
+def _words(cell: str) -> int:
+    return len(cell.split())
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _looks_like_header(first: list[str], data: list[list[str]]) -> bool:
+    """Rule 1's last case: every cell of the first row is a short name (at most 3 words,
+    not a number) and the data under it is wordy (some column averages >= 3 words)."""
+    if not data or any(_words(c) > 3 or _is_number(c.strip()) or not c.strip() for c in first):
+        return False
+    width = len(first)
+    mean_words = [sum(_words(r[i]) for r in data if i < len(r)) / len(data) for i in range(width)]
+    return max(mean_words) >= 3 and all(_words(c) < max(mean_words) / 2 for c in first)
+
+
+def _by_content(data: list[list[str]], shown: tuple[str, ...], path: Path) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+    """Rule 3: the label is the one short column whose values repeat, the text every other
+    wordy non-numeric column. DatasetError (asking for the columns) when undecidable."""
+    width = max((len(r) for r in data), default=0)
+    rows = [r for r in data if len(r) >= width] or data
+    n = max(len(rows), 1)
+    cols = [[r[i].strip() for r in rows if i < len(r)] for i in range(width)]
+    numeric = [bool(c) and sum(map(_is_number, c)) >= 0.9 * len(c) for c in cols]
+    words = [sum(map(_words, c)) / max(len(c), 1) for c in cols]
+    distinct = [len(set(c)) for c in cols]
+    short = [i for i in range(width) if words[i] <= 3 and max(map(len, cols[i]), default=0) <= 40]
+    repeats = [i for i in short if distinct[i] < n or n <= 3]  # a label's values repeat (tiny samples: cannot tell)
+    ids = {i for i in range(width) if numeric[i] and distinct[i] == n and n > 3}  # a row number, not a label
+    labels = sorted((i for i in repeats if i not in ids), key=lambda i: (distinct[i], words[i]))
+    text = [i for i in range(width) if words[i] >= 2 and not numeric[i]]
+    label = None
+    if labels:
+        best = labels[0]
+        rival = next((i for i in labels[1:] if i not in text), None)
+        if rival is not None and distinct[rival] < 2 * distinct[best]:
+            raise _ask(path, shown, rows, f"columns {shown[best]!r} and {shown[rival]!r} both look like labels")
+        label = best
+    text = [i for i in text if i != label]
+    if not text:
+        raise _ask(path, shown, rows, "no column holds text of 2 or more words a cell")
+    if label is None:
+        raise _ask(path, shown, rows, "no short column repeats its values as labels do")
+    return tuple(text), (label,), "the content of the first rows"
+
+
+def _ask(path: Path, shown: tuple[str, ...], rows: list[list[str]], why: str) -> DatasetError:
+    preview = " | ".join(c[:30] for c in rows[0]) if rows else ""
+    return DatasetError(f"{path}: cannot tell the text and label columns ({why}). Columns: {', '.join(shown)}; "
+                        f"first row: {preview!r}. Pass --text-column and --label-column (names or 0-based "
+                        "indices; see streamlearn produce --help)")
 
 
 def _indices(spec: str, names: list[str], path: Path) -> tuple[int, ...]:

@@ -122,25 +122,69 @@ def test_columns_by_name_join_and_index(tmp_path):
 
 def test_unknown_column_lists_the_header(tmp_path):
     path = write(tmp_path, "a.csv", "id,body,label\n1,hello,a\n")
-    with pytest.raises(DatasetError, match=r"no column 'text' \(columns: id, body, label\)"):
-        rows(path)
-    with pytest.raises(DatasetError, match="no column 'review'"):
+    with pytest.raises(DatasetError, match=r"no column 'review' \(columns: id, body, label\)"):
         rows(path, text_column="review")
-    assert rows(path, text_column="body")[0].record == {"text": "hello", "label": "a"}
+    assert rows(path)[0].record == {"text": "hello", "label": "a"}  # body and label are known names
 
 
-def test_a_header_naming_neither_text_nor_label_is_read_as_data(tmp_path):
-    # The documented limit of header detection: name the columns to say there is a header.
+def test_a_header_of_known_names_is_a_header_whatever_their_order(tmp_path):
     path = write(tmp_path, "a.csv", "sentiment,review\npos,loved it\n")
-    assert [r.record["label"] for r in rows(path)] == ["sentiment", "pos"]
-    assert [r.record for r in rows(path, text_column="review", label_column="sentiment")] == [
-        {"text": "loved it", "label": "pos"}]
+    assert [r.record for r in rows(path)] == [{"text": "loved it", "label": "pos"}]
 
 
-def test_headerless_file_of_unknown_layout_asks_for_text_column(tmp_path):
-    path = write(tmp_path, "a.tsv", "1\t2\t3\t4\n")
-    with pytest.raises(DatasetError, match="has 4 columns and no header .* --text-column"):
+def test_the_issue_file_is_read_with_its_header_not_swapped(tmp_path):
+    """message,category: a header of names other than text/label, quoted commas inside."""
+    path = write(tmp_path, "my.csv", 'message,category\n"free prize, call now",spam\nsee you later,ham\n')
+    reader = DatasetReader(path)
+    assert [r.record for r in reader] == [{"text": "free prize, call now", "label": "spam"},
+                                          {"text": "see you later", "label": "ham"}]
+    assert reader.layout == ("a header row; text: 'message'; label: 'category' "
+                             "(decided by the header's column names)")
+
+
+def test_headerless_text_then_label_is_told_from_label_then_text(tmp_path):
+    """Which column is the label is decided by the content: short, repeated values."""
+    lines = ["Wow... Loved this place.\t1", "Crust is not good.\t0", "Not tasty and the texture was nasty.\t0",
+             "Stopped by during the late May bank holiday.\t1", "The selection on the menu was great.\t1"]
+    text_first = write(tmp_path, "yelp.txt", "\n".join(lines) + "\n")
+    label_first = write(tmp_path, "b.tsv", "\n".join("\t".join(reversed(l.split("\t"))) for l in lines) + "\n")
+    for path in (text_first, label_first):
+        got = [r.record for r in rows(path, format="tsv")]
+        assert got[1] == {"text": "Crust is not good.", "label": "0"}
+
+
+def test_an_unnamed_header_over_wordy_data_is_a_header(tmp_path):
+    path = write(tmp_path, "a.csv", "words,verdict\nthe cat sat on the mat,yes\na dog ran in the park,no\n"
+                                    "birds sing at the dawn,yes\nfish swim in the deep sea,no\n")
+    reader = DatasetReader(path)
+    assert [r.record for r in reader][0] == {"text": "the cat sat on the mat", "label": "yes"}
+    assert reader.layout.startswith("a header row; text: 'words'; label: 'verdict'")
+
+
+@pytest.mark.parametrize("text,why", [
+    ("1\t2\t3\t4\n", "columns 'column 0' and 'column 1' both look like labels"),
+    ("ham\tok\nham\tlater\n", "no column holds text"),  # one-word texts: cannot tell label from text
+])
+def test_an_undecidable_layout_stops_and_lists_the_columns(tmp_path, text, why):
+    path = write(tmp_path, "a.tsv", text)
+    with pytest.raises(DatasetError, match=rf"cannot tell the text and label columns \({why}.*Columns: column 0, "
+                                           r"column 1.*--text-column and --label-column"):
         rows(path)
+
+
+def test_blank_lines_extra_columns_and_multiline_records_are_counted(tmp_path):
+    path = write(tmp_path, "a.csv", 'text,label\n\nhello there,a\n"a stray quote,b\nswallows,c\nlines,d\n'
+                                    'good bye now,b,extra\n')
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    got = [r.record for r in reader]
+    assert got[0] == {"text": "hello there", "label": "a"}
+    assert reader.notes.blank_lines == 1 and reader.notes.extra_columns == []
+    assert reader.notes.multiline == [(4, 7)]  # the stray quote merged lines 4-7 into one field
+    lines = reader.notes.lines()
+    assert any("1 blank line" in line for line in lines) and any("lines 4-7" in line for line in lines)
+    extra = write(tmp_path, "b.csv", "text,label\nhello there,a\ngood bye now,b,extra\n")
+    reader = DatasetReader(extra)
+    assert [r.record for r in reader][1] == {"text": "good bye now", "label": "b"} and reader.notes.extra_columns == [3]
 
 
 @pytest.mark.parametrize("line,reason", [
@@ -149,7 +193,7 @@ def test_headerless_file_of_unknown_layout_asks_for_text_column(tmp_path):
     ("\thello", "empty label"),
 ])
 def test_table_bad_line_stops_with_its_line_number(tmp_path, line, reason):
-    path = write(tmp_path, "SMSSpamCollection", f"ham\tok\n{line}\nham\tafter\n")
+    path = write(tmp_path, "SMSSpamCollection", f"ham\tsee you at noon\n{line}\nham\tafter the game then\n")
     with pytest.raises(DatasetError, match=rf"SMSSpamCollection:2: .*{reason}"):
         rows(path)
 

@@ -53,6 +53,19 @@ def test_tsv_sms_layout_spreads_over_partitions(broker, topic, consume, tmp_path
     assert all(m.partition == partition_for(m.key, 4) for m in got)
 
 
+def test_own_csv_with_a_header_is_read_as_the_header_says_with_a_preview(broker, topic, consume, tmp_path, capsys):
+    """The file of issue 19: a header that names neither text nor label, a quoted comma."""
+    path = tmp_path / "my.csv"
+    path.write_text('message,category\n"free prize, call now",spam\nsee you later,ham\n')
+    assert produce(broker, path, topic) == 0
+    captured = capsys.readouterr()
+    assert "produced 2 records" in captured.out
+    assert "a header row; text: 'message'; label: 'category'" in captured.err
+    assert "first record: {'text': 'free prize, call now', 'label': 'spam'}" in captured.err
+    got = sorted(msgpack.unpackb(m.value)["text"] for m in consume(topic, 2))
+    assert got == ["free prize, call now", "see you later"]
+
+
 def test_movielens_events_keep_each_user_on_one_partition_in_time_order(broker, topic, consume, tmp_path):
     path = tmp_path / "u.data"
     path.write_text("1\t10\t5\t300\n2\t20\t4\t100\n1\t11\t3\t200\n3\t30\t1\t50\n2\t21\t2\t400\n1\t12\t4\t250\n")
@@ -88,7 +101,7 @@ def test_existing_topic_keeps_its_partitions(broker, topic, consume, tmp_path, c
 
 def test_bad_line_stops_with_line_number(broker, topic, tmp_path, capsys):
     path = tmp_path / "SMSSpamCollection"
-    path.write_text("ham\tfine\nspam\n")
+    path.write_text("ham\tfine thanks see you\nspam\n")
     assert produce(broker, path, topic) == 2
     assert "SMSSpamCollection:2: 1 field(s)" in capsys.readouterr().err
 

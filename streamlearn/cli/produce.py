@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from ..broker import create_topic, produce_rows
 from ..config import WorkerConfig, load_config
-from ..datasets import FORMATS, DatasetReader, ReadOptions
+from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
 from ..records import FORMATS as RECORD_FORMATS
 
@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read FILE as stream records and write them to --topic (created with "
         "--partitions if missing). Message keys: the user for MovieLens, a record's `key` for "
         "JSON lines, else the record's ordinal; the partition is xxhash(key) mod partitions. "
-        "Records with a time (MovieLens, a JSON `ts`) carry it as the Kafka timestamp.",
+        "Records with a time (MovieLens, a JSON `ts`) carry it as the Kafka timestamp. "
+        "The first record as read is shown before anything is written.\n\n" + COLUMN_RULES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("file", metavar="FILE", help="dataset file")
     parser.add_argument("--topic", required=True, help="topic to write to")
@@ -61,12 +63,15 @@ def run(args: argparse.Namespace) -> int:
     if partitions != args.partitions:
         print(f"topic {args.topic!r} already exists with {partitions} partitions; keeping them", file=sys.stderr)
     total = reader.estimate_rows() if args.limit is None else min(args.limit, reader.estimate_rows())
+    print(reader.preview(), file=sys.stderr)
     rows = itertools.islice(reader, args.limit)
     with tqdm(total=total, unit="rec", desc=f"produce {args.topic}", disable=None) as bar:
         summary = produce_rows(args.bootstrap, args.topic, rows, fmt=args.format, progress=bar,
                                timeout_s=max(args.timeout, 30.0), security=security)
     print(f"{summary} [{reader.format} {args.file} -> {args.format}]")
     _report_bad_lines(reader)
+    for line in reader.notes.lines():
+        print(f"note: {line}", file=sys.stderr)
     return 0
 
 

@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
     source = _source(args, config.kafka)
+    if args.file is not None:
+        print(source.preview(), file=sys.stderr)
     torch.set_num_threads(intra_op_threads(config))
     options = _options(args, parse_baselines(args.baselines, _task(args, config)))
     with tqdm(total=source.estimate() if args.limit is None else args.limit, unit="rec", desc="replay",
@@ -90,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
                         config=config, overrides=args.set, save=args.save, progress=bar)
     _write(args, report)
     print(summary(report))
+    for line in report["source"].get("notes", []):
+        print(f"note: {line}", file=sys.stderr)
     return 0
 
 

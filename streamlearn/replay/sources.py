@@ -80,7 +80,18 @@ class FileSource:
             self.format = self._reader.format
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path), "format": self.format}
+        out: dict[str, Any] = {"kind": self.kind, "path": str(self.path), "format": self.format}
+        if self._reader is not None and self._reader.layout:
+            out["layout"] = self._reader.layout
+        if self._reader is not None and self._reader.notes.lines():
+            out["notes"] = self._reader.notes.lines()
+        return out
+
+    def preview(self) -> str:
+        """The format, layout and first record, as ``produce`` shows them."""
+        if self._reader is None:
+            return f"reading {self.path} as msgpack"
+        return self._reader.preview()
 
     def estimate(self) -> int | None:
         return self._reader.estimate_rows() if self._reader is not None else None
