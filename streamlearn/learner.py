@@ -86,7 +86,6 @@ class Learner(river_base.Classifier):
     def __init__(self, cfg: Config | None = None):
         self.cfg = cfg if cfg is not None else Config()
         c = self.cfg
-        _check_learner(c)
         self.task = c.learner.task
         self.device = pick_device(c.learner.device)
         with torch.random.fork_rng(devices=[]):
@@ -487,22 +486,3 @@ def _naive_bayes(cfg: Config) -> NaiveBayesHead | None:
     if lc.task != "classify" or lc.nb_weight == 0:
         return None
     return NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha)
-
-
-def _check_learner(cfg: Config) -> None:
-    lc = cfg.learner
-    if cfg.hashing.tokenizer not in ("words", "ids"):
-        raise ConfigError(f"hashing.tokenizer={cfg.hashing.tokenizer!r}; choose 'words' or 'ids'")
-    if cfg.hashing.max_tokens < 2:
-        raise ConfigError(f"hashing.max_tokens must be >= 2, got {cfg.hashing.max_tokens}")
-    if not 0 < lc.mask_prob < 1:
-        raise ConfigError(f"learner.mask_prob must be in (0, 1), got {lc.mask_prob}")
-    if lc.nb_weight < 0 or lc.nb_alpha <= 0:
-        raise ConfigError(f"learner.nb_weight must be >= 0 and learner.nb_alpha > 0, got {lc.nb_weight} and {lc.nb_alpha}")
-    if lc.nb_weight > 0 and (lc.nb_cells % NaiveBayesHead.ROW or lc.nb_cells < 2 * cfg.model.max_labels + 1 + NaiveBayesHead.ROW):
-        raise ConfigError(
-            f"learner.nb_cells={lc.nb_cells} must be a multiple of {NaiveBayesHead.ROW} and leave room for the "
-            f"2 * model.max_labels + 1 label cells: raise it (default 1048576)"
-        )
-    if lc.history < 1 or lc.beam < 1 or lc.shuffle_random < 0:
-        raise ConfigError("learner.history and learner.beam must be >= 1, learner.shuffle_random >= 0")

@@ -87,7 +87,6 @@ class HashedTransformer(nn.Module):
 
     def __init__(self, cfg: Config):
         super().__init__()
-        _check(cfg)
         self.cfg = cfg
         self.embedding: TokenEmbedding = build_embedding(cfg.embedding, cfg.hashing.seed)
         self.encoder = Encoder(cfg.model, self.embedding.out_dim, cfg.hashing.max_tokens)
@@ -189,19 +188,3 @@ def output_kind(cfg: Config) -> str:
     if cfg.model.output == "auto":
         return "tfree" if cfg.embedding.scheme == "tfree" else "hashed"
     return cfg.model.output
-
-
-def _check(cfg: Config) -> None:
-    m = cfg.model
-    if m.output not in OUTPUTS:
-        raise ConfigError(f"model.output={m.output!r}; choose one of {OUTPUTS}")
-    if m.layers < 0:
-        raise ConfigError(f"model.layers must be >= 0 (0 = bag of embeddings), got {m.layers}")
-    if m.layers > 0 and m.d_model % m.heads:
-        raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.heads={m.heads}")
-    if min(m.d_model, m.max_labels, m.out_B, m.out_m) < 1:
-        raise ConfigError("model.d_model, max_labels, out_B and out_m must be >= 1")
-    if cfg.learner.shuffle_random > 0 and not m.positions:
-        raise ConfigError(
-            "learner.shuffle_random needs token order to detect shuffled tokens: set model.positions=true"
-        )

@@ -145,14 +145,3 @@ def normal_table(rows: int, cols: int, mean: float, std: float, seed: int, purpo
     nn.init.normal_(weight, mean=mean, std=std, generator=generator(seed, purpose))
     return nn.Parameter(weight)
 
-
-def check_positive(**sizes: int) -> None:
-    """Reject non-positive sizes with the config key to change."""
-    for name, value in sizes.items():
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"embedding.{name} must be a positive integer, got {value!r}")
-
-
-def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ConfigError(f"embedding.{name}={value!r}; choose one of {tuple(choices)}")

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..hashing import multi_hash
 from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
+    Feats, TensorFeats, TokenEmbedding, flatten_batch, guard_tokens, normal_table,
     gather_valid, pad, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
@@ -45,9 +45,6 @@ class BloomEmbeddingConfig:
     d: int = 64
     m: int = 2
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(B=self.B, d=self.d, m=self.m)
 
 
 class BloomEmbedding(TokenEmbedding):

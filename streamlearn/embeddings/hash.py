@@ -29,13 +29,12 @@ from torch import nn
 
 from ..hashing import TokenHasher, multi_hash
 from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch,
+    Feats, TensorFeats, TokenEmbedding, flatten_batch,
     gather_valid, guard_tokens, normal_table, pad, scatter_valid, to_tensors, unique_rows, valid_index,
 )
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
 
-HASH_INITS = ("paper", "mean")
 E_STD = 0.1  # the reference implementation's E ~ N(0, 0.1): a standard deviation
 P_STD = 0.0005  # and P ~ N(0, 0.0005), also a standard deviation (see docs/model.md)
 
@@ -58,11 +57,6 @@ class HashEmbeddingConfig:
     combine: str = "sum"
     init: str = "paper"
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(K=self.K, B=self.B, d=self.d, k=self.k)
-        check_choice("combine", self.combine, ("sum", "concat"))
-        check_choice("init", self.init, HASH_INITS)
 
     @property
     def out_dim(self) -> int:
@@ -154,9 +148,6 @@ class HashingTrickConfig:
     B: int = 100_000
     d: int = 64
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(B=self.B, d=self.d)
 
 
 class HashingTrickEmbedding(TokenEmbedding):

@@ -40,7 +40,7 @@ from torch import nn
 from ..exceptions import ConfigError
 from ..hashing import canonical_id, derive_seed, hash64, token_bits
 from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_choice, check_positive, flatten_batch, generator,
+    Feats, TensorFeats, TokenEmbedding, flatten_batch, generator,
     gather_valid, guard_tokens, pad, scatter_valid, valid_index,
 )
 from .hash import E_STD
@@ -48,7 +48,6 @@ from .hash import E_STD
 __all__ = ["HashFormerConfig", "HashFormerEmbedding", "lsh_bits"]
 
 VARIANTS = ("pool", "add", "proj")
-HASHES = ("md5", "xxh3", "lsh")
 NGRAM_ORDERS = (1, 2, 3, 4)
 
 
@@ -65,17 +64,13 @@ class HashFormerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_positive(d=self.d, hashformer_bits=self.bits, hashformer_pool_bits=self.pool_bits,
-                       lsh_features=self.lsh_features)
+        # d, bits, pool_bits and hash are embedding.* keys, checked by EmbeddingConfig;
+        # the variant comes from embedding.scheme and lsh_features is this class's own.
         if self.variant not in VARIANTS:
             raise ConfigError(f"HashFormer variant {self.variant!r}; choose one of {VARIANTS}"
                               " (embedding.scheme=hashformer-<variant>)")
-        check_choice("hashformer_hash", self.hash, HASHES)
-        if self.bits > 128:
-            raise ConfigError(f"embedding.hashformer_bits={self.bits}; at most 128 (an MD5 digest)")
-        if self.pool_bits > 16:
-            raise ConfigError(f"embedding.hashformer_pool_bits={self.pool_bits} means a 2^k-row codebook;"
-                              " use at most 16 (the paper uses 10)")
+        if self.lsh_features < 1:
+            raise ConfigError(f"HashFormerConfig.lsh_features must be >= 1, got {self.lsh_features}")
 
     @property
     def n_codewords(self) -> int:

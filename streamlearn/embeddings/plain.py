@@ -32,7 +32,7 @@ from torch import nn
 from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
+    Feats, TensorFeats, TokenEmbedding, flatten_batch, guard_tokens, normal_table,
     gather_valid, pad, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
@@ -47,9 +47,6 @@ class PlainEmbeddingConfig:
     vocab: int = 100_000
     d: int = 64
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(plain_vocab=self.vocab, d=self.d)
 
 
 class PlainEmbedding(TokenEmbedding):

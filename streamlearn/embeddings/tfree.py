@@ -27,7 +27,7 @@ from torch import nn
 
 from ..hashing import canonical_id, tfree_hashes
 from .base import (
-    Feats, TensorFeats, TokenEmbedding, check_positive, flatten_batch, guard_tokens, normal_table,
+    Feats, TensorFeats, TokenEmbedding, flatten_batch, guard_tokens, normal_table,
     gather_valid, scatter_valid, unique_rows, valid_index,
 )
 from .hash import E_STD
@@ -43,9 +43,6 @@ class TFreeEmbeddingConfig:
     d: int = 64
     m: int = 2
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive(tfree_rows=self.v, d=self.d, m=self.m)
 
 
 class TFreeEmbedding(TokenEmbedding):
