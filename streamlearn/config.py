@@ -417,11 +417,13 @@ def _assign(data: dict[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
     sections = section_classes()
     for item in assignments:
         section, name, raw = _split_assignment(item)
+        dotted = f"{section}.{name}"
         if section not in sections:
-            raise ConfigError(f"unknown config section {section!r} in {_unvalued(item)!r}; valid: {sorted(sections)}")
+            raise ConfigError(f"unknown config section {section!r} in {_unvalued(item)!r}; "
+                              f"valid: {sorted(sections)}", dotted)
         defaults = {f.name: f.default for f in fields(sections[section])}
         if name not in defaults:
-            raise ConfigError(f"unknown key {section}.{name} in {_unvalued(item)!r}; valid: {sorted(defaults)}")
+            raise ConfigError(f"unknown key {dotted} in {_unvalued(item)!r}; valid: {sorted(defaults)}", dotted)
         table = data.get(section, {})
         if isinstance(table, Mapping):  # else from_dict says the section must be a table
             data[section] = {**table, name: _coerce(raw, defaults[name], f"{section}.{name}")}
@@ -454,7 +456,7 @@ def _coerce(raw: str, default: Any, where: str) -> Any:
             return float(raw)
     except (ValueError, OverflowError) as exc:
         shown = REDACTED if where in SECRET_KEYS else repr(raw)
-        raise ConfigError(f"{where}={shown} is not a valid {type(default).__name__}") from exc
+        raise ConfigError(f"{where}={shown} is not a valid {type(default).__name__}", where) from exc
     return raw
 
 
@@ -475,7 +477,11 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
 
     This is the only place the library reads the environment for settings.
     """
-    environ = os.environ if environ is None else environ
+    return [assignment for _, assignment in _env_items(os.environ if environ is None else environ)]
+
+
+def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(variable, ``section.key=value``) for each ``STREAMLEARN__SECTION__KEY``, sorted."""
     # Variable names are upper case by convention, keys mostly lower case; the paper's
     # K and B are both, and K differs from k, so an exact key match wins over lowering.
     known = Config().to_dict()
@@ -486,20 +492,33 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
             section = section.lower()
             if name not in known.get(section, {}):
                 name = name.lower()
-            out.append(f"{section}.{name}={value}")
+            out.append((variable, f"{section}.{name}={value}"))
     return out
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), use_env: bool = True) -> Config:
     """Defaults, then the TOML file at ``path``, then environment, then ``overrides``;
-    the result is built and checked once, so a later source may mend an earlier one."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    env = env_overrides() if use_env else []
-    return Config.from_dict(_assign(data, [*env, *overrides]))
+    the result is built and checked once, so a later source may mend an earlier one. A
+    refused value from the file or the environment says where it came from."""
+    data = {} if path is None else _read_toml(path)
+    env = _env_items(os.environ) if use_env else []
+    origins = {f"{section}.{name}": f"config file {path}" for section, table in data.items()
+               if isinstance(table, Mapping) for name in table}
+    origins.update({assignment.partition("=")[0]: f"environment variable {variable}" for variable, assignment in env})
+    for assignment in overrides:
+        origins.pop(assignment.partition("=")[0].strip(), None)  # the user just typed it
+    try:
+        return Config.from_dict(_assign(data, [*(assignment for _, assignment in env), *overrides]))
+    except ConfigError as exc:
+        if exc.key not in origins:
+            raise
+        raise ConfigError(f"{exc} (from {origins[exc.key]})", exc.key) from exc
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc

@@ -61,18 +61,18 @@ def check_keys(section: Any, secrets: frozenset[str] = frozenset()) -> None:
         rule = rule_of(f)
         if not rule.allows(value):
             hint = f" ({rule.hint})" if rule.hint else ""
-            raise ConfigError(f"{where} must be {rule.text}, got {_show(value, where in secrets)}{hint}")
+            raise ConfigError(f"{where} must be {rule.text}, got {_show(value, where in secrets)}{hint}", where)
 
 
 def _typed(value: Any, default: Any, where: str, secret: bool) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {_show(value, secret)}")
+            raise ConfigError(f"{where} must be true or false, got {_show(value, secret)}", where)
         return value
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not type(default):
-        raise ConfigError(f"{where} must be {type(default).__name__}, got {_show(value, secret)}")
+        raise ConfigError(f"{where} must be {type(default).__name__}, got {_show(value, secret)}", where)
     return value
 
 

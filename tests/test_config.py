@@ -301,3 +301,65 @@ def test_choices_match_the_modules_that_implement_them():
 
     assert sorted(SPARSE_RULES) == sorted(SPARSE_OPTIMIZERS)
     assert NaiveBayesHead.ROW == NB_ROW
+
+
+def test_a_refused_value_says_which_file_or_variable_set_it(tmp_path, monkeypatch):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nsparse_lr = -0.5\n")
+    with pytest.raises(ConfigError, match=re.escape(f"got -0.5 (from config file {path})")):
+        load_config(path, use_env=False)
+    monkeypatch.setenv("STREAMLEARN__OPTIM__DENSE_LR", "-1")
+    from_env = "got -1.0 (from environment variable STREAMLEARN__OPTIM__DENSE_LR)"
+    with pytest.raises(ConfigError, match=re.escape(from_env)):
+        load_config(path, ["optim.sparse_lr=0.1"])
+    with pytest.raises(ConfigError) as typed:  # given on the command line: said as given, nothing added
+        load_config(path, ["optim.dense_lr=-2", "optim.sparse_lr=0.1"])
+    assert str(typed.value) == "optim.dense_lr must be > 0, got -2.0"
+
+
+# ---------------------------------------------------------------------------- the commands
+
+COMMANDS = {
+    "worker": ["worker", "--topic", "t", "--state", "{tmp}/state"],
+    "replay": ["replay", "--file", "{tmp}/d.csv", "--no-progress"],
+    "serve": ["serve", "--state", "{tmp}/state"],
+}
+BAD = {
+    "optim.sparse_lr=-0.5": "optim.sparse_lr must be > 0, got -0.5",
+    "learner.batch_size=0": "learner.batch_size must be >= 1, got 0",
+    "optim.dense_lr=-1": "optim.dense_lr must be > 0, got -1.0",
+}
+
+
+def _command(name: str, tmp_path) -> list[str]:
+    (tmp_path / "d.csv").write_text("free prize now,spam\nsee you,ham\n")
+    return [arg.format(tmp=tmp_path) for arg in COMMANDS[name]]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_commands_refuse_bad_values_in_one_line(name, tmp_path, capsys, monkeypatch):
+    from streamlearn.cli import main
+
+    command = _command(name, tmp_path)
+    for assignment, message in BAD.items():
+        assert main([*command, "--set", assignment]) == 2
+        assert capsys.readouterr().err == f"streamlearn {name}: error: {message}\n"
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[learner]\nbatch_size = 0\n")
+    assert main([*command, "--config", str(toml)]) == 2
+    assert capsys.readouterr().err.endswith(f"got 0 (from config file {toml})\n")
+    monkeypatch.setenv("STREAMLEARN__OPTIM__SPARSE_LR", "-0.5")
+    assert main(command) == 2
+    assert capsys.readouterr().err.endswith("(from environment variable STREAMLEARN__OPTIM__SPARSE_LR)\n")
+    assert not (tmp_path / "state").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_installed_command_exits_2_without_a_traceback(name, tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "streamlearn.cli", *_command(name, tmp_path), "--set", "optim.dense_lr=-1"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"streamlearn {name}: error: optim.dense_lr must be > 0, got -1.0\n"
