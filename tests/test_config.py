@@ -363,3 +363,12 @@ def test_the_installed_command_exits_2_without_a_traceback(name, tmp_path):
     out = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == f"streamlearn {name}: error: optim.dense_lr must be > 0, got -1.0\n"
+
+
+def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys):
+    from streamlearn.demo import main
+
+    assert main(["--state", str(tmp_path / "state"), "--set", "optim.dense_lr=-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "streamlearn demo: error: optim.dense_lr must be > 0, got -1.0\n"
+    assert "broker" not in captured.out
