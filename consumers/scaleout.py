@@ -56,12 +56,11 @@ from .distributed import (DistributedError, DistSettings, Group, average_replica
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Item, Prepared
 from .metrics import WorkerMetrics
-from .worker import RunOptions, RunSummary, Worker, WorkerError, check_worker_config
+from .worker import RunOptions, RunSummary, Worker, WorkerError
 
 log = logging.getLogger(__name__)
 
 _WANT = "sync.want"
-SYNC_MODES = ("average", "allreduce")
 
 
 class SyncClock:
@@ -140,12 +139,9 @@ class GroupWorker(Worker):
     """
 
     def __init__(self, cfg: Config, options: RunOptions, settings: DistSettings):
-        check_worker_config(cfg, options)
         if cfg.learner.task != "classify":
             raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
                               "per-key histories and candidates are not merged between workers; run one worker")
-        if cfg.worker.sync not in SYNC_MODES:
-            raise ConfigError(f"worker.sync={cfg.worker.sync!r}; choose one of {SYNC_MODES} (docs/operations.md)")
         self.cfg, self.options, self.settings = cfg, options, settings
         self.rank, self.live_world = settings.rank, settings.world_size
         self.group = Group(settings)

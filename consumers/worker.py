@@ -46,6 +46,19 @@ class RunOptions:
     until_idle_s: float | None = None  # stop after this long without a new record
     metrics_port: int = 0  # Prometheus metrics on this port; 0: off
 
+    def __post_init__(self) -> None:
+        rules = [
+            (bool(self.topic), "--topic must not be empty"),
+            (bool(self.state), "--state must not be empty"),
+            (self.max_records is None or self.max_records >= 1, f"--max-records must be >= 1, got {self.max_records}"),
+            (self.until_idle_s is None or self.until_idle_s > 0,
+             f"--until-idle must be > 0 seconds, got {self.until_idle_s}"),
+            (0 <= self.metrics_port <= 65535, f"--metrics-port must be in [0, 65535], got {self.metrics_port}"),
+        ]
+        for ok, message in rules:
+            if not ok:
+                raise ConfigError(message)
+
 
 @dataclass
 class RunSummary:
@@ -74,7 +87,6 @@ class Worker:
     """
 
     def __init__(self, cfg: Config, options: RunOptions):
-        check_worker_config(cfg, options)
         self.cfg, self.options = cfg, options
         self.store = open_store(options.state, cfg.store)
         try:
@@ -166,31 +178,3 @@ class Worker:
                               "checkpoint") from finished.error
         log.info("worker stopped (%s): %s", finished.reason, s)
         return s
-
-
-def check_worker_config(cfg: Config, options: RunOptions) -> None:
-    """Reject settings that cannot work, saying which one to change."""
-    w = cfg.worker
-    rules = [
-        (w.checkpoint_every >= 1, f"worker.checkpoint_every must be >= 1 record, got {w.checkpoint_every}"),
-        (w.checkpoint_seconds > 0, f"worker.checkpoint_seconds must be > 0, got {w.checkpoint_seconds}"),
-        (w.queue_batches >= 1, f"worker.queue_batches must be >= 1, got {w.queue_batches}"),
-        (w.torch_threads >= 0, f"worker.torch_threads must be >= 0 (0: CPUs - 1), got {w.torch_threads}"),
-        (w.eval_every >= 0, f"worker.eval_every must be >= 0 (0: off), got {w.eval_every}"),
-        (w.log_seconds > 0, f"worker.log_seconds must be > 0, got {w.log_seconds}"),
-        (w.retry_max_s > 0, f"worker.retry_max_s must be > 0, got {w.retry_max_s}"),
-        (w.poll_timeout_ms > 0, f"worker.poll_timeout_ms must be > 0, got {w.poll_timeout_ms}"),
-        (w.max_record_bytes > 0, f"worker.max_record_bytes must be > 0, got {w.max_record_bytes}"),
-        (w.dlq_max_bytes >= 1024, f"worker.dlq_max_bytes must be >= 1024, got {w.dlq_max_bytes}"),
-        (bool(w.dlq_suffix), "worker.dlq_suffix must not be empty (the dead letters would go back to the topic)"),
-        (cfg.learner.batch_size >= 1, f"learner.batch_size must be >= 1, got {cfg.learner.batch_size}"),
-        (options.max_records is None or options.max_records >= 1,
-         f"--max-records must be >= 1, got {options.max_records}"),
-        (options.until_idle_s is None or options.until_idle_s > 0,
-         f"--until-idle must be > 0 seconds, got {options.until_idle_s}"),
-        (0 <= options.metrics_port <= 65535, f"--metrics-port must be in [0, 65535], got {options.metrics_port}"),
-        (bool(options.topic), "--topic must not be empty"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ConfigError(message)

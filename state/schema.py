@@ -19,7 +19,6 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 SHARD_FN = "splitmix64-mod"  # recorded in the store; readers check it
-MAX_SHARDS = 256
 MAX_DBS = 2048  # LMDB named databases per environment: 3 + shards * tables must fit
 KEY_LIMIT = 511  # LMDB's default maximum key size, bytes
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8")

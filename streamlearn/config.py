@@ -4,6 +4,12 @@ A config is loaded from a TOML file whose tables are the sections below, then
 overridden with dotted keys (``model.layers=2``). Unknown sections or keys are rejected
 with the list of valid names, so a typo never silently falls back to a default.
 
+Every key is declared with what it allows (:func:`~streamlearn.config_rules.key`) and
+checked when its section is built, rules across sections when :class:`Config` is: a
+config that exists is valid, and the code that uses it trusts it. A refusal is one
+:class:`~streamlearn.exceptions.ConfigError` line naming the key, the value and what is
+allowed, e.g. ``optim.sparse_lr must be > 0, got -0.5``.
+
 >>> cfg = load_config(overrides=["model.layers=2", "embedding.scheme=bloom"])
 >>> cfg.model.layers, cfg.embedding.scheme
 (2, 'bloom')
@@ -18,8 +24,9 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
+from .config_rules import REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of
 from .exceptions import ConfigError
 from .tasks import REGISTRY as TASK_REGISTRY
 
@@ -28,21 +35,48 @@ SCHEMES = (
     "tfree", "hashing-trick", "plain",
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
+OUTPUTS = ("auto", "hashed", "tfree")
+SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
+HASH_INITS = ("mean", "paper")
+HASHFORMER_HASHES = ("md5", "xxh3", "lsh")
+SYNC_MODES = ("average", "allreduce")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 SECRET_KEYS = frozenset({"kafka.ssl_password", "kafka.sasl_plain_password"})
-REDACTED = "<redacted>"
+
+HASH_RANGE = 1 << 32  # hashing projects into [0, size) with size <= 2^32 (hashing._project)
+SEED_RANGE = 1 << 64  # seeds are 64-bit: a larger or negative one would alias another
+MAX_SHARDS = 256  # LMDB named databases: 3 + shards * tables must fit MAX_DBS (state/schema.py)
+NB_ROW = 64  # cells per stored row of the Naive Bayes counts (heads.NaiveBayesHead.ROW)
+KAFKA_BYTES = 1 << 30  # fetch and request sizes are Kafka int32s; record + framing must fit
+
+_HOST_PORT = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?:[0-9]{1,5}"
+_BOOTSTRAP = rf"\s*{_HOST_PORT}\s*(,\s*{_HOST_PORT}\s*)*"
+_NO_NUL = r"[^\x00]*"  # paths (the OS refuses only NUL) and SASL PLAIN fields (NUL separates them)
+_TEXT = r"[^\x00-\x1f\x7f]*"  # no control characters: shown in broker logs and group listings
+_NAME = r"[A-Za-z0-9._-]+"  # Kafka's topic-name characters
+_FILE = matches(_NO_NUL, "'' or a file path")  # whether the file exists is checked when a client is built
+_SASL_TEXT = matches(_NO_NUL, "text without NUL (SASL PLAIN's separator)")
+
+
+def _ports_ok(bootstrap: str) -> bool:
+    return all(1 <= int(item.rpartition(":")[2]) <= 65535 for item in bootstrap.split(","))
 
 
 @dataclass(frozen=True)
 class HashingConfig:
     """Tokenization and the seeds of every hash function (all derived from ``seed``)."""
 
-    seed: int = 0
-    tokenizer: str = "words"  # "words": regex words of `text`; "ids": tokens as given
-    lowercase: bool = True
-    ngrams: int = 1  # word n-grams up to this n are added as extra tokens
-    max_tokens: int = 128  # longer token lists are truncated (counted, not an error)
+    section: ClassVar[str] = "hashing"
+
+    seed: int = key(0, between(0, SEED_RANGE, high_open=True))
+    tokenizer: str = key("words", one_of("words", "ids"))  # "words": regex words of `text`; "ids": tokens as given
+    lowercase: bool = key(True, flag())
+    ngrams: int = key(1, at_least(1))  # word n-grams up to this n are added as extra tokens
+    max_tokens: int = key(128, at_least(2))  # longer token lists are truncated (counted, not an error)
+
+    def __post_init__(self) -> None:
+        check_keys(self)
 
 
 @dataclass(frozen=True)
@@ -52,93 +86,142 @@ class EmbeddingConfig:
     T-Free), d the component width.
     """
 
-    scheme: str = "hash"
-    d: int = 64
-    K: int = 1_000_000
-    B: int = 100_000
-    k: int = 2
-    m: int = 2
-    append_p: bool = False  # concatenate the importance vector p (width d + k)
-    combine: str = "sum"  # "sum" or "concat" of the k weighted components
-    init: str = "mean"  # "mean": P ~ N(1/k, 0.0005) (measured better); "paper": P ~ N(0, 0.0005); docs/model.md
-    hashformer_hash: str = "md5"  # "md5" (random) or "lsh" (character n-grams)
-    hashformer_bits: int = 128  # T
-    hashformer_pool_bits: int = 10  # k of HashFormers' Pool codewords
-    tfree_rows: int = 32_768  # v
-    plain_vocab: int = 100_000  # bounded dictionary size of the `plain` reference
+    section: ClassVar[str] = "embedding"
+
+    scheme: str = key("hash", one_of(*SCHEMES))
+    d: int = key(64, at_least(1))
+    K: int = key(1_000_000, between(1, HASH_RANGE))
+    B: int = key(100_000, between(1, HASH_RANGE))
+    k: int = key(2, at_least(1))
+    m: int = key(2, at_least(1))
+    append_p: bool = key(False, flag())  # concatenate the importance vector p (width d + k)
+    combine: str = key("sum", one_of("sum", "concat"))  # "sum" or "concat" of the k weighted components
+    # "mean": P ~ N(1/k, 0.0005) (measured better); "paper": P ~ N(0, 0.0005); docs/model.md
+    init: str = key("mean", one_of(*HASH_INITS))
+    hashformer_hash: str = key("md5", one_of(*HASHFORMER_HASHES))  # "md5", "xxh3" (random) or "lsh" (character n-grams)
+    hashformer_bits: int = key(128, between(1, 128))  # T: at most an MD5 digest
+    hashformer_pool_bits: int = key(10, between(1, 16))  # k of HashFormers' Pool codewords: a 2^k-row codebook
+    tfree_rows: int = key(32_768, between(1, HASH_RANGE))  # v
+    plain_vocab: int = key(100_000, at_least(1))  # bounded dictionary size of the `plain` reference
+
+    def __post_init__(self) -> None:
+        check_keys(self)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The hashed transformer. ``layers=0`` is a bag of embeddings (fastText-like)."""
 
-    layers: int = 0  # 0: a bag (fastText); best online on text and next-item, see docs/choosing-a-configuration.md
-    d_model: int = 64
-    heads: int = 4
-    ffn: int = 256
-    dropout: float = 0.0
-    positions: bool = False  # Superbloom treats its input as a set
-    max_labels: int = 1024  # classification label table capacity
-    out_B: int = 50_000  # hashed output space per hash (Superbloom / next-item)
-    out_m: int = 2
-    tie_output: bool = True  # tie hashed output weights to the input table when spaces coincide
-    output: str = "auto"  # mlm/next-item head: "hashed" (Superbloom), "tfree", "auto" (tfree for scheme tfree)
+    section: ClassVar[str] = "model"
+
+    # 0: a bag (fastText); best online on text and next-item, see docs/choosing-a-configuration.md
+    layers: int = key(0, at_least(0))
+    d_model: int = key(64, at_least(1))
+    heads: int = key(4, at_least(1))
+    ffn: int = key(256, at_least(1))
+    dropout: float = key(0.0, between(0, 1, high_open=True))
+    positions: bool = key(False, flag())  # Superbloom treats its input as a set
+    max_labels: int = key(1024, at_least(1))  # classification label table capacity
+    out_B: int = key(50_000, between(1, HASH_RANGE))  # hashed output space per hash (Superbloom / next-item)
+    out_m: int = key(2, at_least(1))
+    tie_output: bool = key(True, flag())  # tie hashed output weights to the input table when spaces coincide
+    # mlm/next-item head: "hashed" (Superbloom), "tfree", "auto" (tfree for scheme tfree)
+    output: str = key("auto", one_of(*OUTPUTS))
+
+    def __post_init__(self) -> None:
+        check_keys(self)
+        if self.layers > 0 and self.d_model % self.heads:
+            raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.heads={self.heads} "
+                              "when model.layers > 0: change one of them")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    sparse: str = "adagrad"  # row-wise optimizer for embedding tables: "adagrad" or "lazy-adam"
-    sparse_lr: float = 0.2  # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
-    dense_lr: float = 2e-3  # also right for layers >= 1 (0.01 suits depth 0 only)
-    weight_decay: float = 0.0
+    section: ClassVar[str] = "optim"
+
+    sparse: str = key("adagrad", one_of(*SPARSE_OPTIMIZERS))  # row-wise optimizer for embedding tables
+    # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
+    sparse_lr: float = key(0.2, above(0))
+    dense_lr: float = key(2e-3, above(0))  # also right for layers >= 1 (0.01 suits depth 0 only)
+    weight_decay: float = key(0.0, at_least(0))
+
+    def __post_init__(self) -> None:
+        check_keys(self)
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    task: str = "classify"
-    batch_size: int = 16  # 32: ~1.5x the records/s, slightly lower online accuracy on text
-    device: str = "auto"  # "auto" picks CUDA when available, else CPU
-    mask_prob: float = 0.15  # mlm
-    history: int = 10  # next-item: a key's last n items
-    beam: int = 50  # top-k decoding beam width
-    shuffle_random: float = 0.0  # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
-    nb_weight: float = 0.2  # classify: weight of the hashed Naive Bayes score added to the label logits (0 = off; 0.2: AG News >= NB)
-    nb_alpha: float = 0.3  # classify: Naive Bayes additive smoothing of the (token, label) counts
-    nb_cells: int = 1_048_576  # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
-    seed: int = 0
+    section: ClassVar[str] = "learner"
+
+    task: str = key("classify", one_of(*TASKS))
+    batch_size: int = key(16, at_least(1))  # 32: ~1.5x the records/s, slightly lower online accuracy on text
+    # "auto" picks CUDA when available, else CPU
+    device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
+    mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
+    history: int = key(10, at_least(1))  # next-item: a key's last n items
+    beam: int = key(50, at_least(1))  # top-k decoding beam width
+    # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
+    shuffle_random: float = key(0.0, at_least(0))
+    # classify: weight of the hashed Naive Bayes score added to the label logits (0 = off; 0.2: AG News >= NB)
+    nb_weight: float = key(0.2, at_least(0))
+    nb_alpha: float = key(0.3, above(0))  # classify: Naive Bayes additive smoothing of the (token, label) counts
+    # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
+    nb_cells: int = key(1_048_576, multiple_of(NB_ROW, NB_ROW, HASH_RANGE))
+    seed: int = key(0, between(0, SEED_RANGE, high_open=True))
+
+    def __post_init__(self) -> None:
+        check_keys(self)
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    backend: str = "lmdb"  # "lmdb" or "memory"
-    shards: int = 8
-    map_size_gb: float = 4.0
-    grow_map: bool = True  # a full map grows (doubling) instead of failing
-    sync: bool = True  # sync=False: a crash can lose the last commit (never mix two)
+    section: ClassVar[str] = "store"
+
+    backend: str = key("lmdb", one_of("lmdb", "memory"))
+    shards: int = key(8, between(1, MAX_SHARDS))
+    map_size_gb: float = key(4.0, above(0))
+    grow_map: bool = key(True, flag())  # a full map grows (doubling) instead of failing
+    sync: bool = key(True, flag())  # sync=False: a crash can lose the last commit (never mix two)
+
+    def __post_init__(self) -> None:
+        check_keys(self)
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """The Kafka consumer worker (see docs/operations.md)."""
 
-    bootstrap: str = "127.0.0.1:9092"
-    group: str = "streamlearn"
-    checkpoint_every: int = 20_000  # records (a crash re-reads at most this many; ~2-3 s of a depth-0 worker here)
-    checkpoint_seconds: float = 30.0
-    max_record_bytes: int = 1_000_000
-    dlq_suffix: str = ".dlq"
-    dlq_max_bytes: int = 16_777_216  # larger bad messages are dead-lettered cut to this size
-    poll_timeout_ms: int = 200
-    queue_batches: int = 16  # prepared batches buffered between the fetch thread and training
-    torch_threads: int = 0  # intra-op threads of the training loop; 0: CPUs - 1 (the fetch thread needs one)
-    eval_every: int = 10  # prequential accuracy on every n-th batch (0: off); one extra forward each
-    log_seconds: float = 5.0  # status line interval
-    retry_max_s: float = 5.0  # cap of the exponential backoff while the broker is unreachable
-    session_timeout_ms: int = 10_000  # group membership: a killed worker's partitions move after this
-    heartbeat_interval_ms: int = 3_000
-    max_poll_interval_ms: int = 300_000
-    audit: bool = False  # store the offset ranges each checkpoint applied (kv "audit"; tests)
-    sync: str = "average"  # several workers: "average" replicas at each checkpoint, or "allreduce" gradients per step
+    section: ClassVar[str] = "worker"
+
+    bootstrap: str = key("127.0.0.1:9092", matches(_BOOTSTRAP, "host:port[,host:port...] with ports in [1, 65535]",
+                                                   _ports_ok))
+    group: str = key("streamlearn", matches(_TEXT.replace("*", "+"), "a non-empty name without control characters"))
+    # records (a crash re-reads at most this many; ~2-3 s of a depth-0 worker here)
+    checkpoint_every: int = key(20_000, at_least(1))
+    checkpoint_seconds: float = key(30.0, above(0))
+    max_record_bytes: int = key(1_000_000, between(1, KAFKA_BYTES))
+    dlq_suffix: str = key(".dlq", matches(_NAME, "1+ of A-Z a-z 0-9 . _ - (it ends a topic name)"))
+    # larger bad messages are dead-lettered cut to this size
+    dlq_max_bytes: int = key(16_777_216, between(1024, KAFKA_BYTES))
+    poll_timeout_ms: int = key(200, at_least(1))
+    queue_batches: int = key(16, at_least(1))  # prepared batches buffered between the fetch thread and training
+    # intra-op threads of the training loop; 0: CPUs - 1 (the fetch thread needs one)
+    torch_threads: int = key(0, at_least(0))
+    eval_every: int = key(10, at_least(0))  # prequential accuracy on every n-th batch (0: off); one extra forward each
+    log_seconds: float = key(5.0, above(0))  # status line interval
+    retry_max_s: float = key(5.0, above(0))  # cap of the exponential backoff while the broker is unreachable
+    session_timeout_ms: int = key(10_000, at_least(1))  # group membership: a killed worker's partitions move after this
+    heartbeat_interval_ms: int = key(3_000, at_least(1))
+    max_poll_interval_ms: int = key(300_000, at_least(1))
+    audit: bool = key(False, flag())  # store the offset ranges each checkpoint applied (kv "audit"; tests)
+    # several workers: "average" replicas at each checkpoint, or "allreduce" gradients per step
+    sync: str = key("average", one_of(*SYNC_MODES))
+
+    def __post_init__(self) -> None:
+        check_keys(self)
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(f"worker.heartbeat_interval_ms={self.heartbeat_interval_ms} must be below "
+                              f"worker.session_timeout_ms={self.session_timeout_ms} (a third of it is usual)")
 
 
 @dataclass(frozen=True)
@@ -152,25 +235,25 @@ class KafkaConfig:
     a report, a checkpoint or a log: :meth:`Config.to_dict` redacts them.
     """
 
-    security_protocol: str = "PLAINTEXT"  # one of SECURITY_PROTOCOLS
-    ssl_cafile: str = ""  # PEM CA bundle that signed the brokers' certificates ("": system CAs)
-    ssl_certfile: str = ""  # PEM client certificate (mutual TLS)
-    ssl_keyfile: str = ""  # PEM client key (mutual TLS)
-    ssl_password: str = field(default="", repr=False)  # secret: the client key's passphrase
-    ssl_check_hostname: bool = True
-    ssl_crlfile: str = ""  # PEM certificate revocation list
-    sasl_mechanism: str = ""  # one of SASL_MECHANISMS; needed by SASL_* protocols
-    sasl_plain_username: str = ""  # PLAIN and SCRAM-*
-    sasl_plain_password: str = field(default="", repr=False)  # secret: PLAIN and SCRAM-*
-    sasl_kerberos_service_name: str = "kafka"  # GSSAPI
-    client_id: str = ""  # "": kafka-python's default
+    section: ClassVar[str] = "kafka"
+
+    security_protocol: str = key("PLAINTEXT", one_of(*SECURITY_PROTOCOLS))
+    # PEM CA bundle that signed the brokers' certificates ("": system CAs)
+    ssl_cafile: str = key("", _FILE)
+    ssl_certfile: str = key("", _FILE)  # PEM client certificate (mutual TLS)
+    ssl_keyfile: str = key("", _FILE)  # PEM client key (mutual TLS)
+    ssl_password: str = key("", matches(_NO_NUL, "text without NUL"), repr=False)  # secret: the client key's passphrase
+    ssl_check_hostname: bool = key(True, flag())
+    ssl_crlfile: str = key("", _FILE)  # PEM certificate revocation list
+    sasl_mechanism: str = key("", one_of("", *SASL_MECHANISMS, hint="OAUTHBEARER needs a token provider object and "
+                                         "cannot be configured here"))  # needed by SASL_* protocols
+    sasl_plain_username: str = key("", _SASL_TEXT)  # PLAIN and SCRAM-*
+    sasl_plain_password: str = key("", _SASL_TEXT, repr=False)  # secret: PLAIN and SCRAM-*
+    sasl_kerberos_service_name: str = key("kafka", matches(_NAME, "1+ of A-Z a-z 0-9 . _ -"))  # GSSAPI
+    client_id: str = key("", matches(_TEXT, "text without control characters"))  # "": kafka-python's default
 
     def __post_init__(self) -> None:
-        if self.security_protocol not in SECURITY_PROTOCOLS:
-            raise ConfigError(f"kafka.security_protocol={self.security_protocol!r}; choose one of {SECURITY_PROTOCOLS}")
-        if self.sasl_mechanism and self.sasl_mechanism not in SASL_MECHANISMS:
-            raise ConfigError(f"kafka.sasl_mechanism={self.sasl_mechanism!r}; choose one of {SASL_MECHANISMS} "
-                              "(OAUTHBEARER needs a token provider object and cannot be configured here)")
+        check_keys(self, SECRET_KEYS)
 
     @property
     def uses_ssl(self) -> bool:
@@ -232,20 +315,31 @@ class KafkaConfig:
                               "best from the environment: STREAMLEARN__KAFKA__SASL_PLAIN_PASSWORD)")
 
     def _check_files(self) -> None:
-        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile"):
-            path = getattr(self, key)
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile"):
+            path = getattr(self, name)
             if path and not Path(path).is_file():
-                raise ConfigError(f"kafka.{key}={path!r} is not a file: give the path of the PEM file")
+                raise ConfigError(f"kafka.{name}={path!r} is not a file: give the path of the PEM file")
         if self.ssl_keyfile and not self.ssl_certfile:
             raise ConfigError("kafka.ssl_keyfile is set without kafka.ssl_certfile: mutual TLS needs both")
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_tokens: int = 512
-    max_batch: int = 256
+    section: ClassVar[str] = "service"
+
+    host: str = key("127.0.0.1", matches(r"[A-Za-z0-9._:%-]+", "a host name or an IP address"))
+    port: int = key(8000, between(0, 65535))  # 0: any free port
+    max_tokens: int = key(512, at_least(1))
+    max_batch: int = key(256, at_least(1))
+
+    def __post_init__(self) -> None:
+        check_keys(self)
+
+
+def _nb_cells_needed(max_labels: int) -> int:
+    """Naive Bayes cells for the 2 * max_labels + 1 label cells and at least one row of
+    (token, label) cells, in whole rows (heads.NaiveBayesHead lays them out)."""
+    return -(-(2 * max_labels + 1 + NB_ROW) // NB_ROW) * NB_ROW
 
 
 @dataclass(frozen=True)
@@ -261,19 +355,25 @@ class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
 
     def __post_init__(self) -> None:
-        if self.embedding.scheme not in SCHEMES:
-            raise ConfigError(f"embedding.scheme={self.embedding.scheme!r}; choose one of {SCHEMES}")
-        if self.learner.task not in TASKS:
-            raise ConfigError(f"learner.task={self.learner.task!r}; choose one of {TASKS}")
+        """Rules that involve two sections (each section checks its own keys)."""
+        lc, m = self.learner, self.model
+        if lc.shuffle_random > 0 and not m.positions:
+            raise ConfigError(f"learner.shuffle_random={lc.shuffle_random:g} needs token order to detect shuffled "
+                              "tokens: set model.positions=true (or learner.shuffle_random=0)")
+        least = _nb_cells_needed(m.max_labels)
+        if lc.nb_weight > 0 and lc.nb_cells < least:
+            raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
+                              f"the 2 * model.max_labels + 1 label cells: raise it to at least {least} "
+                              f"(default {LearnerConfig.nb_cells}), or set learner.nb_weight=0")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Every section as a dict, secrets (:data:`SECRET_KEYS`) replaced by
         :data:`REDACTED`: this is what reports, checkpoints and snapshots store."""
         data = dataclasses.asdict(self)
         for dotted in SECRET_KEYS:
-            section, key = dotted.split(".")
-            if data[section][key]:
-                data[section][key] = REDACTED
+            section, name = dotted.split(".")
+            if data[section][name]:
+                data[section][name] = REDACTED
         return data
 
     def to_json(self) -> str:
@@ -281,64 +381,62 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "Config":
-        sections = {f.name: f.type for f in fields(cls)}
+        """Build from sections of key -> value (missing keys keep their defaults); every
+        key is checked once, when its section is built, then the rules across sections."""
+        sections = section_classes()
         unknown = set(data) - set(sections)
         if unknown:
             raise ConfigError(f"unknown config section(s) {sorted(unknown)}; valid: {sorted(sections)}")
-        built = {}
-        for f in fields(cls):
-            section_cls = f.default_factory  # type: ignore[misc]
-            built[f.name] = _build_section(f.name, section_cls, data.get(f.name, {}))
-        return cls(**built)
+        return cls(**{name: _build_section(name, section_cls, data.get(name, {}))
+                      for name, section_cls in sections.items()})
 
     def override(self, *assignments: str) -> "Config":
         """Return a copy with dotted ``section.key=value`` assignments applied."""
         data = dataclasses.asdict(self)  # not to_dict(): the secrets must survive
-        for item in assignments:
-            section, key, raw = _split_assignment(item)
-            if section not in data:
-                raise ConfigError(f"unknown config section {section!r} in {_unvalued(item)!r}; valid: {sorted(data)}")
-            if key not in data[section]:
-                raise ConfigError(
-                    f"unknown key {section}.{key} in {_unvalued(item)!r}; valid: {sorted(data[section])}"
-                )
-            data[section][key] = _coerce(raw, data[section][key], f"{section}.{key}")
-        return Config.from_dict(data)
+        return Config.from_dict(_assign(data, assignments))
+
+
+def section_classes() -> dict[str, type]:
+    """Section name -> its dataclass, in :class:`Config`'s order."""
+    return {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
 
 
 def _build_section(name: str, section_cls: type, values: Mapping[str, Any]) -> Any:
     if not isinstance(values, Mapping):
         raise ConfigError(f"config section [{name}] must be a table, got {type(values).__name__}")
-    valid = {f.name: f for f in fields(section_cls)}
-    unknown = set(values) - set(valid)
+    valid = {f.name for f in fields(section_cls)}
+    unknown = set(values) - valid
     if unknown:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{name}]; valid: {sorted(valid)}")
-    defaults = section_cls()
-    checked = {
-        key: _check_type(value, getattr(defaults, key), f"{name}.{key}") for key, value in values.items()
-    }
-    return section_cls(**checked)
+    return section_cls(**values)
 
 
-def _check_type(value: Any, default: Any, where: str) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if type(value) is not type(default):
-        shown = REDACTED if where in SECRET_KEYS else repr(value)
-        raise ConfigError(f"{where} must be {type(default).__name__}, got {shown}")
-    return value
+def _assign(data: dict[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
+    """``data`` (sections of raw values) with each ``section.key=value`` applied, the
+    value read as the type of the key's default. Nothing is built or checked beyond the
+    names, so values given together are checked together, once."""
+    sections = section_classes()
+    for item in assignments:
+        section, name, raw = _split_assignment(item)
+        dotted = f"{section}.{name}"
+        if section not in sections:
+            raise ConfigError(f"unknown config section {section!r} in {_unvalued(item)!r}; "
+                              f"valid: {sorted(sections)}", dotted)
+        defaults = {f.name: f.default for f in fields(sections[section])}
+        if name not in defaults:
+            raise ConfigError(f"unknown key {dotted} in {_unvalued(item)!r}; valid: {sorted(defaults)}", dotted)
+        table = data.get(section, {})
+        if isinstance(table, Mapping):  # else from_dict says the section must be a table
+            data[section] = {**table, name: _coerce(raw, defaults[name], f"{section}.{name}")}
+    return data
 
 
 def _split_assignment(item: str) -> tuple[str, str, str]:
     path, sep, raw = item.partition("=")
-    section, dot, key = path.strip().partition(".")
-    if not sep or not dot or not key:
+    section, dot, name = path.strip().partition(".")
+    if not sep or not dot or not name:
         raise ConfigError(f"override {_unvalued(item)!r} must look like section.key=value (e.g. model.layers=2)")
-    return section, key, raw.strip()
+    return section, name, raw.strip()
 
 
 def _unvalued(item: str) -> str:
@@ -354,15 +452,25 @@ def _coerce(raw: str, default: Any, where: str) -> Any:
                 raise ValueError(raw)
             return raw.lower() in ("true", "1")
         if isinstance(default, int):
-            number = float(raw)  # accepts 1e6 and 1_000_000
-            if not number.is_integer():
-                raise ValueError(raw)
-            return int(number)
+            return _integer(raw)
         if isinstance(default, float):
             return float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{where}={raw!r} is not a valid {type(default).__name__}") from exc
+    except (ValueError, OverflowError) as exc:
+        shown = REDACTED if where in SECRET_KEYS else repr(raw)
+        raise ConfigError(f"{where}={shown} is not a valid {type(default).__name__}", where) from exc
     return raw
+
+
+def _integer(raw: str) -> int:
+    """``1_000_000`` and large ints exactly (no float on the way: a 64-bit seed would
+    lose its low bits), and ``1e6`` as a float that is a whole number."""
+    try:
+        return int(raw)
+    except ValueError:
+        number = float(raw)
+        if not number.is_integer():
+            raise
+        return int(number)
 
 
 def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -370,31 +478,48 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
 
     This is the only place the library reads the environment for settings.
     """
-    environ = os.environ if environ is None else environ
+    return [assignment for _, assignment in _env_items(os.environ if environ is None else environ)]
+
+
+def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(variable, ``section.key=value``) for each ``STREAMLEARN__SECTION__KEY``, sorted."""
     # Variable names are upper case by convention, keys mostly lower case; the paper's
     # K and B are both, and K differs from k, so an exact key match wins over lowering.
     known = Config().to_dict()
     out = []
-    for name, value in sorted(environ.items()):
-        if name.startswith("STREAMLEARN__") and name.count("__") == 2:
-            _, section, key = name.split("__")
+    for variable, value in sorted(environ.items()):
+        if variable.startswith("STREAMLEARN__") and variable.count("__") == 2:
+            _, section, name = variable.split("__")
             section = section.lower()
-            if key not in known.get(section, {}):
-                key = key.lower()
-            out.append(f"{section}.{key}={value}")
+            if name not in known.get(section, {}):
+                name = name.lower()
+            out.append((variable, f"{section}.{name}={value}"))
     return out
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), use_env: bool = True) -> Config:
-    """Defaults, then the TOML file at ``path``, then environment, then ``overrides``."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    cfg = Config.from_dict(data)
-    env = env_overrides() if use_env else []
-    return cfg.override(*env, *overrides)
+    """Defaults, then the TOML file at ``path``, then environment, then ``overrides``;
+    the result is built and checked once, so a later source may mend an earlier one. A
+    refused value from the file or the environment says where it came from."""
+    data = {} if path is None else _read_toml(path)
+    env = _env_items(os.environ) if use_env else []
+    origins = {f"{section}.{name}": f"config file {path}" for section, table in data.items()
+               if isinstance(table, Mapping) for name in table}
+    origins.update({assignment.partition("=")[0]: f"environment variable {variable}" for variable, assignment in env})
+    for assignment in overrides:
+        origins.pop(assignment.partition("=")[0].strip(), None)  # the user just typed it
+    try:
+        return Config.from_dict(_assign(data, [*(assignment for _, assignment in env), *overrides]))
+    except ConfigError as exc:
+        if exc.key not in origins:
+            raise
+        raise ConfigError(f"{exc} (from {origins[exc.key]})", exc.key) from exc
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc

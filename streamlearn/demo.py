@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)  # its offsets belong to a broker that is gone
     try:
+        load_config(overrides=args.set)  # a bad value stops the demo here, before the broker starts
         with EmbeddedBroker() as broker:
             print(f"== embedded broker at {broker.bootstrap}", flush=True)
             records = produce(broker.bootstrap, args.partitions)

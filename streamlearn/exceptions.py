@@ -9,7 +9,12 @@ class StreamlearnError(Exception):
 
 
 class ConfigError(StreamlearnError, ValueError):
-    """A configuration value or override is unknown or invalid."""
+    """A configuration value or override is unknown or invalid. ``key``: the dotted key
+    whose value was refused, when the error is about one key's value."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 class RecordError(StreamlearnError, ValueError):

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import NB_ROW
 from .hashing import derive_seed
 from .outputs import HashedCode, OutputCode, PatternCode
 
@@ -212,7 +213,7 @@ class NaiveBayesHead:
     Counts are learned by counting (weighted by the record weight), never by gradient.
     """
 
-    ROW = 64
+    ROW = NB_ROW  # learner.nb_cells is checked in whole rows of this many cells
     STRIDE = 1_000_003  # a prime: label c's cells are token u's cells shifted by c * STRIDE
 
     def __init__(self, cells: int, max_labels: int, alpha: float):

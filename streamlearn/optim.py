@@ -43,8 +43,6 @@ class RowOptimizer:
     """
 
     def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None):
-        if cfg.sparse not in SPARSE_RULES:
-            raise ConfigError(f"optim.sparse={cfg.sparse!r}; choose one of {sorted(SPARSE_RULES)}")
         self.rule = cfg.sparse
         self.lr = cfg.sparse_lr
         self.eps = eps if eps is not None else (1e-10 if self.rule == "adagrad" else 1e-8)

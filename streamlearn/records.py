@@ -56,6 +56,9 @@ _JSON_SPACE = b" \t\r\n"
 _MSGPACK_MAP_FIRST = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 _INT64_MAX = (1 << 63) - 1
 MAX_WEIGHT = 1e6  # record weights are in (0, MAX_WEIGHT] (see the module docstring)
+# Every reason code a decode or validation failure starts with (the docstring's table).
+REASONS = ("empty-value", "too-large", "not-msgpack-or-json", "truncated-msgpack", "invalid-msgpack",
+           "invalid-json", "invalid-utf8", "missing-field", "wrong-type", "bad-value", "bad-weight")
 FORMATS = ("msgpack", "json")
 
 Token = str | int

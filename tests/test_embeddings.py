@@ -210,8 +210,8 @@ def test_hash_inits(init, p_mean):
 @pytest.mark.parametrize("bad", [{"combine": "max"}, {"init": "xavier"}, {"k": 0}, {"B": -1}])
 def test_hash_config_errors_name_the_key(bad):
     key = next(iter(bad))
-    with pytest.raises(ConfigError, match=f"embedding.{key}"):
-        HashEmbeddingConfig(**bad)
+    with pytest.raises(ConfigError, match=f"embedding.{key}"):  # checked where the key is declared
+        EmbeddingConfig(scheme="hash", **bad)
 
 
 def test_hash_featurize_matches_token_hasher():
@@ -407,12 +407,14 @@ def test_hashformers_are_dense():
 
 
 @pytest.mark.parametrize("bad,key", [
-    ({"variant": "emb"}, "hashformer-<variant>"), ({"hash": "sha1"}, "hashformer_hash"),
-    ({"bits": 129}, "hashformer_bits"), ({"pool_bits": 30}, "hashformer_pool_bits"),
+    ({"hashformer_hash": "sha1"}, "hashformer_hash"), ({"hashformer_bits": 129}, "hashformer_bits"),
+    ({"hashformer_pool_bits": 30}, "hashformer_pool_bits"),
 ])
 def test_hashformer_config_errors(bad, key):
     with pytest.raises(ConfigError, match=key):
-        HashFormerConfig(**bad)
+        EmbeddingConfig(scheme="hashformer-pool", **bad)
+    with pytest.raises(ConfigError, match="hashformer-<variant>"):  # derived from the scheme: checked here
+        HashFormerConfig(variant="emb")
 
 
 # ---------------------------------------------------------------------------- plain dictionary

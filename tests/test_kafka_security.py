@@ -312,7 +312,7 @@ def test_admin_client_configuration_log_is_redacted(sasl_broker, caplog, monkeyp
 # ---------------------------------------------------------------------------- bad config, redaction
 
 @pytest.mark.parametrize("overrides, message", [
-    (["kafka.security_protocol=TLS"], "choose one of"),
+    (["kafka.security_protocol=TLS"], "must be one of"),
     (["kafka.security_protocol=SASL_SSL", "kafka.sasl_mechanism=OAUTHBEARER"], "token provider"),
     (["kafka.security_protocol=SASL_SSL"], "needs kafka.sasl_mechanism"),
     (["kafka.security_protocol=SASL_SSL", "kafka.sasl_mechanism=SCRAM-SHA-512", "kafka.sasl_plain_username=u"],

@@ -219,7 +219,7 @@ def test_bad_training_records_are_rejected_with_a_reason_not_dropped():
     ]
     report = lrn.learn_many(records)
     reasons = {i: str(e).split(":")[0] for i, e in report.rejected}
-    assert reasons == {1: "missing-field", 3: "label-capacity", 4: "bad-value", 6: "wrong-type", 7: "wrong-type"}
+    assert reasons == {1: "missing-field", 3: "label-capacity", 4: "bad-weight", 6: "wrong-type", 7: "wrong-type"}
     assert isinstance(dict(report.rejected)[3], LabelCapacityError)
     assert report.records == 3 and report.examples == 3 and lrn.labels == ["sport", "food"]
     with pytest.raises(LabelCapacityError):

@@ -17,6 +17,7 @@ import pytest
 
 from streamlearn.cli import main as cli_main
 from streamlearn.config import StoreConfig
+from streamlearn.exceptions import ConfigError
 from streamlearn.state import (
     Checkpoint, Manifest, NotAStoreError, StateError, StoreBusyError, TableSpec, open_store,
     shard_of,
@@ -410,9 +411,9 @@ def test_open_errors_are_clear(tmp_path):
         open_store(tmp_path, readonly=True)
     with pytest.raises(NotAStoreError):
         open_store(tmp_path / "missing", readonly=True, backend="memory")
-    with pytest.raises(StateError, match="store.backend"):
+    with pytest.raises(ConfigError, match="store.backend"):
         open_store(tmp_path, backend="rocksdb")
-    with pytest.raises(StateError, match="store.shards"):
+    with pytest.raises(ConfigError, match="store.shards"):
         open_store(tmp_path, StoreConfig(shards=0))
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotAStoreError, match="not a directory"):

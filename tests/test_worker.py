@@ -332,7 +332,7 @@ def test_a_state_trained_with_another_model_config_is_refused_clearly(tmp_path):
 
 @pytest.mark.parametrize("overrides, options, message", [
     (["worker.checkpoint_every=0"], {}, "worker.checkpoint_every must be >= 1"),
-    (["worker.dlq_suffix="], {}, "worker.dlq_suffix must not be empty"),
+    (["worker.dlq_suffix="], {}, "worker.dlq_suffix must be 1\\+ of A-Z"),
     (["worker.queue_batches=0"], {}, "worker.queue_batches"),
     ([], {"max_records": 0}, "--max-records must be >= 1"),
     ([], {"until_idle_s": -1.0}, "--until-idle must be > 0"),

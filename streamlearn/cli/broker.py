@@ -6,8 +6,6 @@ import signal
 import sys
 import threading
 
-from ..broker import BrokerError, EmbeddedBroker
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..broker import BrokerError, EmbeddedBroker
+
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

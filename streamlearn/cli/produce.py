@@ -5,9 +5,6 @@ import argparse
 import itertools
 import sys
 
-from tqdm import tqdm
-
-from ..broker import create_topic, produce_rows
 from ..config import WorkerConfig, load_config
 from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
@@ -53,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ..broker import create_topic, produce_rows
+
     if args.limit is not None and args.limit < 0:
         raise StreamlearnError(f"--limit must be >= 0, got {args.limit}")
     security = load_config(args.config, args.set).kafka

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tqdm import tqdm
-
 from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
@@ -74,9 +72,10 @@ def _file_formats() -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+    from tqdm import tqdm
 
     from ..device import intra_op_threads
-    from ..replay import ReplayOptions, replay
+    from ..replay import replay
     from ..replay.baselines import parse_baselines
 
     _check_args(args)

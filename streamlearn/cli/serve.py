@@ -69,12 +69,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
 
     service = load_config(args.config, args.overrides).service
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    service = dataclasses.replace(service, **changes)
-    if not 0 <= service.port <= 65535:
-        raise StreamlearnError(f"port {service.port} is not in [0, 65535]: pass --port")
-    if service.max_tokens < 1 or service.max_batch < 1:
-        raise StreamlearnError("service.max_tokens and service.max_batch must be >= 1")
-    return service
+    return dataclasses.replace(service, **changes)  # --host and --port are checked as service.host and .port
 
 
 class _Factory:

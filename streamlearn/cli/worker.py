@@ -5,13 +5,12 @@ import argparse
 import contextlib
 import logging
 import signal
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from ..consumers import Worker
 
 from ..config import TASKS, Config, WorkerConfig, load_config
-from ..consumers import RunOptions, Worker
-from ..consumers.distributed import dist_settings
-from ..consumers.scaleout import GroupWorker
-from ..exceptions import ConfigError
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -67,6 +66,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
+    from ..consumers.distributed import dist_settings
+    from ..consumers.scaleout import GroupWorker
+
     cfg = load_config(args.config, overrides(args))
     _check_kafka(cfg)
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port)

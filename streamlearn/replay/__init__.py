@@ -12,19 +12,17 @@ Nothing is written to a state unless ``save`` names a new directory. See docs/ev
 """
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..exceptions import StreamlearnError
-from ..learner import Learner
-from .baselines import BASELINES
-from .metrics import MRR, RecallAtK
-from .plot import plot_report
-from .report import build_report, write_report
-from .runner import MODES, ReplayOptions, ReplayResult, run_replay
-from .snapshots import check_new_dir, load_learner, save_learner
-from .sources import FILE_FORMATS, FileSource, KafkaRange, KafkaSource, ReplaySourceError
+
+if TYPE_CHECKING:
+    from ..learner import Learner
+    from .runner import ReplayOptions
+    from .sources import FileSource, KafkaSource
 
 __all__ = [
     "BASELINES", "FILE_FORMATS", "MODES", "MRR", "FileSource", "KafkaRange", "KafkaSource", "RecallAtK",
@@ -32,8 +30,30 @@ __all__ = [
     "replay", "run_replay", "save_learner", "write_report",
 ]
 
+# Imported on first use (PEP 562): the command line reads FILE_FORMATS to build its
+# parser, which should not load torch, river and matplotlib.
+_LAZY = {
+    "BASELINES": ".baselines", "MRR": ".metrics", "RecallAtK": ".metrics", "plot_report": ".plot",
+    "build_report": ".report", "write_report": ".report", "MODES": ".runner", "ReplayOptions": ".runner",
+    "ReplayResult": ".runner", "run_replay": ".runner", "load_learner": ".snapshots", "save_learner": ".snapshots",
+    "FILE_FORMATS": ".sources", "FileSource": ".sources", "KafkaRange": ".sources", "KafkaSource": ".sources",
+    "ReplaySourceError": ".sources",
+}
 
-def replay(source: FileSource | KafkaSource, options: ReplayOptions = ReplayOptions(), *,
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def replay(source: FileSource | KafkaSource, options: ReplayOptions | None = None, *,
            state: str | os.PathLike | None = None, compare: tuple[str, str] | None = None,
            config: Config | None = None, overrides: list[str] = (), save: str | os.PathLike | None = None,
            progress: Any = None) -> dict[str, Any]:
@@ -43,8 +63,14 @@ def replay(source: FileSource | KafkaSource, options: ReplayOptions = ReplayOpti
     side by side (report keys ``models.a``/``models.b`` and ``compare``), or a new learner
     from ``config`` (prequential from scratch). ``overrides`` (dotted keys) apply to the
     stored or given config; ``learner.seed`` is set to ``options.seed``. ``save``: a new
-    state directory to write the learner to after a prequential replay.
+    state directory to write the learner to after a prequential replay. ``options``:
+    :class:`ReplayOptions` (None: its defaults).
     """
+    from .report import build_report
+    from .runner import ReplayOptions, run_replay
+    from .snapshots import save_learner
+
+    options = ReplayOptions() if options is None else options
     learners, where = _learners(options, state, compare, config, list(overrides))
     if save is not None:
         _check_save(options, compare, save, state)
@@ -63,6 +89,9 @@ def replay(source: FileSource | KafkaSource, options: ReplayOptions = ReplayOpti
 
 
 def _learners(options: ReplayOptions, state, compare, config, overrides: list[str]) -> tuple[dict[str, Learner], Any]:
+    from ..learner import Learner
+    from .snapshots import load_learner
+
     seeded = [*overrides, f"learner.seed={options.seed}"]
     if compare is not None:
         if state is not None:
@@ -78,6 +107,8 @@ def _learners(options: ReplayOptions, state, compare, config, overrides: list[st
 
 
 def _check_save(options: ReplayOptions, compare, save, state) -> None:
+    from .snapshots import check_new_dir
+
     if options.mode != "prequential":
         raise StreamlearnError("--save writes what a prequential replay learned; frozen replay learns nothing")
     if compare is not None:
