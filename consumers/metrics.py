@@ -168,7 +168,8 @@ class WorkerMetrics:
             self.m_event_lag.set(event)
         return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, "
                 f"event-time lag {'?' if event is None else f'{event:,.1f} s'}, loss {_fmt(self.loss.value)}, "
-                f"prequential accuracy {_fmt(self.accuracy.value)}, dead letters {self.dead_letters}, "
+                f"recent accuracy {_fmt(self.accuracy.value)} (prequential, moving average), "
+                f"dead letters {self.dead_letters}, "
                 f"records {self.records:,}, last checkpoint {ckpt}"
                 + (f", SKIPPED STEPS {self.skipped_steps} (non-finite loss or gradient)" if self.skipped_steps else ""))
 

@@ -67,8 +67,8 @@ def query(state: Path) -> None:
     metrics = snapshot.manifest().metrics or {}
     evaluated, correct = metrics.get("prequential_evaluated"), metrics.get("prequential_correct")
     if evaluated:
-        print(f"   final prequential accuracy: {correct / evaluated:.4f} over {evaluated:,} messages "
-              "(each predicted before it was learned)", flush=True)
+        print(f"   prequential accuracy, cumulative: {correct / evaluated:.4f} over all {evaluated:,} messages "
+              "(each predicted before it was learned, in the order the worker consumed them)", flush=True)
     print(f"\n== queries on snapshot step {snapshot.step}", flush=True)
     probs = snapshot.predict_proba([{"text": text} for text in EXAMPLES])
     for text, dist in zip(EXAMPLES, probs.values):

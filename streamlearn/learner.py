@@ -56,6 +56,7 @@ from . import learner_state as persist
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
+from .records import from_features
 from .tasks import build_task
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
@@ -156,10 +157,11 @@ class Learner(river_base.Classifier):
         return True
 
     def learn_one(self, x: Mapping, y: Any = None, w: float | None = None) -> None:
-        """river: one step on a batch of one. ``y`` is the record's answer field (the
-        label for classify, the item for next-item); ``w`` the sample weight. A rejected
-        record raises its RecordError."""
-        record = dict(x)
+        """river: one step on a batch of one. ``x`` is a record (``{"text": ...}``,
+        ``{"tokens": [...]}``, ...) or river's bag of words ``{token: count}``; ``y`` is the
+        record's answer field (the label for classify, the item for next-item); ``w`` the
+        sample weight. A rejected record raises its RecordError."""
+        record = from_features(x)
         if y is not None:
             if self.task.target_field is None:
                 raise StreamlearnError(f"task {self.task.name} learns from the record's tokens: pass y=None")
@@ -171,10 +173,10 @@ class Learner(river_base.Classifier):
             raise report.rejected[0][1]
 
     def predict_proba_one(self, x: Mapping, **kwargs: Any) -> dict:
-        return self.predict_proba_many([x])[0]
+        return self.predict_proba_many([from_features(x)])[0]
 
     def predict_one(self, x: Mapping, **kwargs: Any) -> Any:
-        return self.predict_many([x])[0]
+        return self.predict_many([from_features(x)])[0]
 
     # ------------------------------------------------------------------ batch verbs
 

@@ -287,6 +287,40 @@ def _weight(value: Any) -> float:
     return weight
 
 
+# ---------------------------------------------------------------------------- river inputs
+
+RECORD_FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
+
+
+def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
+    """A river-style ``x`` as a record dict: a record (a dict with any of
+    :data:`RECORD_FIELDS`) as it is, or a feature dict ``{token: count}`` (river's
+    bag-of-words, e.g. ``{"free": 1, "prize": 2}``) as its tokens, each repeated ``count``
+    times, in the dict's order. Counts must be whole numbers >= 0; anything else (TF-IDF
+    floats, strings) is refused with a message that says what to pass.
+
+    >>> from_features({"free": 1, "prize": 2})
+    {'tokens': ['free', 'prize', 'prize']}
+    >>> from_features({"text": "free prize"})
+    {'text': 'free prize'}
+    """
+    if not isinstance(x, Mapping):
+        raise RecordError(f"wrong-type: x must be a dict (a record or a feature dict), got {type(x).__name__}")
+    if any(name in x for name in RECORD_FIELDS):
+        return dict(x)
+    tokens: list[Any] = []
+    for token, count in x.items():
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 0 or count != int(count):
+            raise RecordError(
+                f"wrong-type: a feature dict maps tokens to counts (whole numbers >= 0), got {token!r}: {count!r}; "
+                "streamlearn learns from tokens: pass {'text': '...'}, {'tokens': [...]} or {token: count}")
+        tokens.extend([token] * int(count))
+    if not tokens:
+        raise RecordError("missing-field: an empty feature dict: pass {'text': '...'}, {'tokens': [...]} "
+                          "or {token: count}")
+    return {"tokens": tokens}
+
+
 # ---------------------------------------------------------------------------- encoding
 
 def encode(record: Mapping[str, Any] | Record, fmt: str = "msgpack") -> bytes:

@@ -108,6 +108,32 @@ def test_river_progressive_val_score():
     assert lrn.labels and lrn.steps == 400  # learn_one: one step per record
 
 
+def test_river_bag_of_words_feature_dicts_are_token_counts():
+    """river's own bag of words ({token: count}, e.g. feature_extraction.BagOfWords) is
+    read as tokens repeated count times: the same model as the tokens themselves."""
+    from river import feature_extraction
+
+    bow = feature_extraction.BagOfWords()
+    as_counts, as_tokens = learner("model.layers=0"), learner("model.layers=0")
+    for r in topic_stream(64, seed=2):
+        counts = bow.transform_one(r["text"])
+        as_counts.learn_one(counts, r["label"])
+        as_tokens.learn_one({"tokens": [t for t, n in counts.items() for _ in range(n)]}, r["label"])
+    assert_same(params(as_counts), params(as_tokens))
+    query = bow.transform_one("goal match chip")
+    assert as_counts.predict_proba_one(query) == as_tokens.predict_proba_one({"tokens": list(query)})
+
+
+@pytest.mark.parametrize("x,message", [
+    ({"free": 0.37, "prize": 1.2}, "counts \\(whole numbers >= 0\\)"),  # TF-IDF weights are not counts
+    ({"free": "yes"}, "counts"),
+    ({}, "empty feature dict"),
+])
+def test_a_feature_dict_that_is_not_counts_is_refused_saying_what_to_pass(x, message):
+    with pytest.raises(RecordError, match=message + ".*pass \\{'text'"):
+        learner().learn_one(x, "spam")
+
+
 def test_mlm_recovers_masked_ids_in_set_completion():
     lrn = learner("learner.task=mlm", "model.layers=1")
     for batch in batches(set_stream(32 * 80), 32):

@@ -68,7 +68,22 @@ def format_report(r: dict) -> str:
     lines.append("kv       " + (", ".join(f"{k} {v} keys" for k, v in sorted(r["kv"].items())) or "-"))
     lines.append(f"config   {json.dumps(r['config'], sort_keys=True)}")
     lines.append(f"metrics  {json.dumps(r['metrics'], sort_keys=True)}")
+    accuracy = _accuracy(r["metrics"] or {}, r["config"])
+    if accuracy:
+        lines.append(f"accuracy {accuracy}")
     return "\n".join(lines)
+
+
+def _accuracy(metrics: dict, config: dict) -> str:
+    """The worker's accuracy figures, each named for what it is (docs/quickstart.md)."""
+    evaluated, correct = metrics.get("prequential_evaluated"), metrics.get("prequential_correct")
+    if not evaluated:
+        return ""
+    every = (config.get("worker") or {}).get("eval_every", "?")
+    recent = metrics.get("prequential_accuracy")
+    tail = "" if recent is None else f"; recent (moving average of the last ~20 evaluated batches) {recent:.4f}"
+    return (f"prequential, cumulative {correct / evaluated:.4f} over {evaluated:,} records (every "
+            f"{every}th batch predicted before it was learned){tail}")
 
 
 def _size(n: int) -> str:
