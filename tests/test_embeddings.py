@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamlearn.config import EmbeddingConfig
+from streamlearn.config import SCHEMES, EmbeddingConfig
 from streamlearn.embeddings import (
     BloomEmbedding, BloomEmbeddingConfig, HashEmbedding, HashEmbeddingConfig, HashFormerConfig,
     HashFormerEmbedding, HashingTrickConfig, HashingTrickEmbedding, PlainEmbedding, PlainEmbeddingConfig,
@@ -327,9 +327,9 @@ def test_hashformer_parameter_counts_are_the_papers_formulas(variant, count):
 def test_hashformer_pool_codewords_follow_the_papers_example():
     emb = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=4))
     tau = np.array([[1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1]], dtype=np.uint8)
-    assert emb._codewords(tau).tolist() == [[10, 4, 1]]
+    assert emb.codewords(tau).tolist() == [[10, 4, 1]]
     short_last = HashFormerEmbedding(HashFormerConfig(variant="pool", d=2, bits=12, pool_bits=5))
-    assert short_last._codewords(tau).tolist() == [[0b10100, 0b10000, 0b01]]
+    assert short_last.codewords(tau).tolist() == [[0b10100, 0b10000, 0b01]]
 
 
 def test_hashformer_pool_by_hand():
@@ -464,17 +464,22 @@ def test_plain_rows_touched_match_gradients():
 
 # ---------------------------------------------------------------------------- build_embedding, all schemes
 
-@pytest.mark.parametrize("scheme,cls,count", [
-    ("hash", HashEmbedding, 100 * 8 + 1000 * 2),
-    ("bloom", BloomEmbedding, 100 * 8),
-    ("hashformer-pool", HashFormerEmbedding, (math.ceil(32 / 4) + 2 ** 4) * 8),
-    ("hashformer-add", HashFormerEmbedding, 2 * 32 * 8),
-    ("hashformer-proj", HashFormerEmbedding, 32 * 8),
-    ("tfree", TFreeEmbedding, 64 * 8),
-    ("hashing-trick", HashingTrickEmbedding, 100 * 8),
-    ("plain", PlainEmbedding, (20 + 1) * 8),
-])
-def test_build_embedding_builds_every_scheme(scheme, cls, count):
+BUILT = {  # scheme: (class, parameter count) for the config below
+    "hash": (HashEmbedding, 100 * 8 + 1000 * 2),
+    "bloom": (BloomEmbedding, 100 * 8),
+    "hashformer-pool": (HashFormerEmbedding, (math.ceil(32 / 4) + 2 ** 4) * 8),
+    "hashformer-add": (HashFormerEmbedding, 2 * 32 * 8),
+    "hashformer-proj": (HashFormerEmbedding, 32 * 8),
+    "tfree": (TFreeEmbedding, 64 * 8),
+    "hashing-trick": (HashingTrickEmbedding, 100 * 8),
+    "plain": (PlainEmbedding, (20 + 1) * 8),
+}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_build_embedding_builds_every_scheme(scheme):
+    assert scheme in BUILT, f"give scheme {scheme} its class and parameter count in BUILT"
+    cls, count = BUILT[scheme]
     cfg = EmbeddingConfig(scheme=scheme, d=8, K=1000, B=100, k=2, m=2, hashformer_bits=32,
                           hashformer_pool_bits=4, tfree_rows=64, plain_vocab=20)
     emb = build_embedding(cfg, seed=0)

@@ -117,12 +117,13 @@ class HashFormerEmbedding(TokenEmbedding):
         flat, mask = flatten_batch(token_lists, max_len)
         tau = self.token_code(flat)  # (M, T)
         if self.cfg.variant == "pool":
-            return {"mask": mask, "codes": pad(self._codewords(tau), mask)}
+            return {"mask": mask, "codes": pad(self.codewords(tau), mask)}
         return {"mask": mask, "bits": pad(tau, mask)}
 
-    def _codewords(self, tau: np.ndarray) -> np.ndarray:
-        """(M, T) bits -> (M, n) integers of k bits each; the last, shorter chunk is read
-        as a number of its own bits (zero-padded on the left)."""
+    def codewords(self, tau: np.ndarray) -> np.ndarray:
+        """Pool's codewords (eq. 1): (M, T) bits ``tau`` -> (M, n) integers of k bits each,
+        most significant bit first; the last, shorter chunk is read as a number of its own
+        bits (zero-padded on the left). ``featurize`` applies it to :meth:`token_code`."""
         k, n = self.cfg.pool_bits, self.cfg.n_codewords
         padded = np.zeros((len(tau), n * k), dtype=np.int64)
         padded[:, :tau.shape[1]] = tau
