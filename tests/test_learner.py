@@ -283,7 +283,7 @@ def commit(lrn: Learner, store, full: bool = False) -> None:
     store.commit(Checkpoint(step=lrn.steps, rows=rows, blobs=blobs, kv=kv))
 
 
-TASKS = {
+ROUND_TRIPS = {  # task: (overrides, stream, queries)
     "classify": (("model.layers=1", "model.dropout=0.1"), topic_stream, [{"text": "goal chip soup"}]),
     "mlm": (("learner.task=mlm", "model.layers=1", "model.dropout=0.1"), set_stream,
             [{"tokens": ["id1_0", "id1_1", "[MASK]"]}]),
@@ -292,9 +292,10 @@ TASKS = {
 }
 
 
-@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("task", TASKS)
 def test_checkpoint_restore_round_trip(task, store):
-    overrides, make, queries = TASKS[task]
+    assert task in ROUND_TRIPS, f"give task {task} its case in ROUND_TRIPS"
+    overrides, make, queries = ROUND_TRIPS[task]
     stream = batches(make(16 * 9), 16)
     live, reference = learner(*overrides), learner(*overrides)
     for i, batch in enumerate(stream[:6]):
@@ -382,7 +383,7 @@ def test_gradient_hook_sees_gradients_before_the_step_and_can_change_them():
     before = {n: p.detach().clone() for n, p in params.items()}
     seen = []
 
-    def drop_all(l):
+    def drop_all(_learner):
         seen.append(sorted(n for n, p in params.items() if p.grad is not None))
         for p in params.values():
             p.grad = None

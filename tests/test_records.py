@@ -195,12 +195,13 @@ def _decode_or_reason(value: bytes):
     try:
         return decode(value, 10_000)
     except RecordError as exc:
-        assert reason_code(str(exc)) in {
-            "empty-value", "too-large", "not-msgpack-or-json", "truncated-msgpack",
-            "invalid-msgpack", "invalid-json", "invalid-utf8", "missing-field",
-            "wrong-type", "bad-value",
-        }, str(exc)
-        return None
+        error = exc
+    assert reason_code(str(error)) in {
+        "empty-value", "too-large", "not-msgpack-or-json", "truncated-msgpack",
+        "invalid-msgpack", "invalid-json", "invalid-utf8", "missing-field",
+        "wrong-type", "bad-value",
+    }, str(error)
+    return None
 
 
 @settings(max_examples=500, deadline=None)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..learner import intra_op_threads
-    from ..replay import ReplayOptions, replay
+    from ..replay import replay
     from ..replay.baselines import parse_baselines
 
     _check_args(args)

@@ -11,7 +11,6 @@ from ..config import TASKS, Config, WorkerConfig, load_config
 from ..consumers import RunOptions, Worker
 from ..consumers.distributed import dist_settings
 from ..consumers.scaleout import GroupWorker
-from ..exceptions import ConfigError
 
 log = logging.getLogger("streamlearn.worker")
 
