@@ -13,13 +13,12 @@ HOMES = {
     "Snapshot": "streamlearn.snapshot",
     "StreamlearnError": "streamlearn.exceptions",
     "TokenHasher": "streamlearn.hashing",
-    "__version__": "streamlearn._version",
     "load_config": "streamlearn.config",
 }
 
 
 def test_public_api_is_exactly_this():
-    assert sorted(streamlearn.__all__) == sorted(HOMES)
+    assert sorted(streamlearn.__all__) == sorted([*HOMES, "__version__"])
     for name, home in HOMES.items():
         assert getattr(streamlearn, name) is getattr(importlib.import_module(home), name), name
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", streamlearn.__version__)
