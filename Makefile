@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run bench clean
+.PHONY: test lint run bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ $(STAMP): $(PY) setup.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The rule set and why each group is in it: ruff.toml. The whole tree, bench/ included.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache .
 
 run: $(STAMP)
 	$(PY) -m streamlearn.demo

@@ -53,7 +53,13 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6.100", "httpx>=0.27", "pyinstrument>=4.6", "schemathesis>=4"],
+        "dev": [
+            "pytest>=8", "hypothesis>=6.100", "pyinstrument>=4.6", "schemathesis>=4",
+            # starlette's TestClient deprecates plain httpx (a warning in every test run)
+            "httpx2>=2.16",
+            # `make lint`; pinned to a minor release so ruff.toml's rule groups keep their meaning
+            "ruff>=0.17,<0.18",
+        ],
         # Vowpal Wabbit as a replay baseline (`--baselines vw`); replay skips it, saying so, without.
         "vw": ["vowpalwabbit>=9"],
     },

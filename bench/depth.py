@@ -54,10 +54,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality_streams import SetStream, cluster_sets, partner_sets  # noqa: E402
+from quality_streams import SetStream, cluster_sets, partner_sets
 
-from streamlearn.config import load_config  # noqa: E402
-from streamlearn.learner import Learner  # noqa: E402
+from streamlearn.config import load_config
+from streamlearn.learner import Learner
 
 M = 2
 IDS_PER_ROW = 20

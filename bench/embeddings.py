@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from streamlearn.config import EmbeddingConfig
+from streamlearn.config import SCHEMES, EmbeddingConfig
 from streamlearn.embeddings import HashEmbedding, HashEmbeddingConfig, build_embedding, to_tensors
 from streamlearn.hashing import tokenize
 
@@ -126,8 +126,7 @@ def time_section(batch: list[list[str]], repeats: int) -> None:
 def others(batch: list[list[str]], weight: torch.Tensor, repeats: int, t_ref: float) -> None:
     """Every other scheme at its defaults with d=64, for reference (not a target)."""
     print(f"\n{'scheme (defaults, d=64), medians':<34}{'params':>12}{'featurize ms':>14}{'fwd+bwd ms':>12}{'ratio':>8}")
-    for scheme in ("hash", "hashing-trick", "bloom", "tfree", "hashformer-pool", "hashformer-add",
-                   "hashformer-proj", "plain"):
+    for scheme in SCHEMES:
         featurizer, emb = build_embedding(EmbeddingConfig(scheme=scheme, d=D), seed=0)
         featurizer.featurize(batch, T)  # the plain dictionary learns the batch's tokens first
         t_feat = statistics.median(timings(lambda: featurizer.featurize(batch, T), max(3, repeats // 4)))  # noqa: B023

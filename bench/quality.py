@@ -36,10 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streamlearn.datasets import RECOMMENDED  # noqa: E402
+from streamlearn.datasets import RECOMMENDED
 
-import quality_eval as ev  # noqa: E402
-import quality_streams as streams  # noqa: E402
+import quality_eval as ev
+import quality_streams as streams
 
 TEXT_BATCH = 16  # the default learner.batch_size
 TEXT_CONFIGS = {  # on top of the library defaults (depth 0, Naive Bayes part 0.2; docs/choosing-a-configuration.md)

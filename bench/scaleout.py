@@ -43,7 +43,7 @@ from streamlearn.learner import Learner
 from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quality_streams  # noqa: E402  (bench/quality_streams.py: the dataset readers)
+import quality_streams  # bench/quality_streams.py: the dataset readers
 
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
          "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")

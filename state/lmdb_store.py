@@ -382,6 +382,9 @@ class LmdbStore(Store):
 
     # -- operations ---------------------------------------------------------------------
     def stats(self) -> dict:
+        """The contract's sizes and counts, plus LMDB's: ``map_size``, ``used_bytes``,
+        ``file_bytes`` and ``sync`` (whether a commit flushes to disk, from ``store.sync``;
+        False: a machine crash can lose the last commits, a killed process loses nothing)."""
         env = self._env
         with self._read_txn() as txn:
             info, stat = env.info(), env.stat()
@@ -392,7 +395,7 @@ class LmdbStore(Store):
             "backend": self.backend, "path": self.path, "shards": self.shards,
             "map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
             "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")),
-            "tables": tables, "blobs": blobs, "kv": kv,
+            "sync": bool(env.flags()["sync"]), "tables": tables, "blobs": blobs, "kv": kv,
         }
 
     def _table_stats(self, txn: lmdb.Transaction, spec: TableSpec, psize: int) -> dict:

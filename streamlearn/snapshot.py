@@ -40,7 +40,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple
 
 import msgpack
 import numpy as np
@@ -48,7 +48,7 @@ import torch
 
 from .config import Config
 from .exceptions import RecordError, StreamlearnError
-from .hashing import canonical_id, tokenize
+from .hashing import canonical_id
 from .learner import Learner
 from . import learner_state
 from .objectives import LabelTable

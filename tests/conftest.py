@@ -9,6 +9,9 @@
 
 Consumer groups on Tansu: a join waits up to ``max_poll_interval_ms`` for members, so tests
 that use groups set it to about 3000 ms (``GROUP_TIMEOUTS``).
+
+Every test that requests one of these broker fixtures is marked ``broker`` by the root
+conftest.py; ``pytest -m "not broker"`` is the fast lane.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The public API is curated: a short, deliberate __all__, imported only when used."""
 import json
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,7 @@ def test_each_public_name_is_its_home_modules_object():
     for name, module in homes.items():
         assert getattr(streamlearn, name) is getattr(module, name)
     assert set(homes) | {"__version__"} == set(streamlearn.__all__)
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", streamlearn.__version__)
     assert set(streamlearn.__all__) <= set(dir(streamlearn))
     with pytest.raises(AttributeError, match="no attribute 'Lerner'"):
         streamlearn.Lerner  # noqa: B018

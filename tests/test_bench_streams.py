@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from quality_streams import cluster_sets, partner_sets  # noqa: E402
+from quality_streams import cluster_sets, partner_sets
 
 
 def test_partner_sets_hold_whole_pairs_and_answer_the_masked_id():
@@ -27,7 +27,7 @@ def test_partner_sets_are_seeded_and_checked():
     assert np.array_equal(a.partner, b.partner) and all(np.array_equal(x, y) for x, y in zip(a.sets, b.sets))
     assert not np.array_equal(a.partner, partner_sets(40, 50, (1, 2), seed=2).partner)
     for bad in ((41, (1, 2)), (40, (0, 2)), (40, (3, 2)), (40, (1, 21))):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="need an even n_ids"):
             partner_sets(bad[0], 10, bad[1])
 
 

@@ -39,6 +39,7 @@ def fake_binary(tmp_path, body: str) -> str:
 
 # ---------------------------------------------------------------------------- EmbeddedBroker
 
+@pytest.mark.broker
 def test_start_answers_kafka_then_stop_leaves_no_process():
     broker = EmbeddedBroker().start()
     pid, bootstrap = broker.pid, broker.bootstrap
@@ -52,6 +53,7 @@ def test_start_answers_kafka_then_stop_leaves_no_process():
     broker.stop()  # idempotent
 
 
+@pytest.mark.broker
 def test_context_manager_on_a_chosen_port():
     from streamlearn.broker import free_port
 
@@ -63,6 +65,7 @@ def test_context_manager_on_a_chosen_port():
     assert gone(pid)
 
 
+@pytest.mark.broker
 def test_stop_kills_a_broker_that_still_has_clients():
     # Tansu waits for connected clients on SIGTERM; stop() must still end it promptly.
     from kafka import KafkaProducer
@@ -81,7 +84,7 @@ def test_stop_kills_a_broker_that_still_has_clients():
 
 def test_bootstrap_before_start_is_an_error():
     with pytest.raises(BrokerError, match="not started"):
-        EmbeddedBroker().bootstrap
+        _ = EmbeddedBroker().bootstrap  # a property: reading it is the test
 
 
 def test_port_in_use_is_a_clear_error():
@@ -221,6 +224,7 @@ def _first_line(proc: subprocess.Popen, timeout_s: float = 30.0) -> str:
     return box[0].strip()
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_broker_command_prints_bootstrap_and_exits_0_on_signal(sig):
     proc = _start_cli()

@@ -147,7 +147,7 @@ def test_headerless_text_then_label_is_told_from_label_then_text(tmp_path):
     lines = ["Wow... Loved this place.\t1", "Crust is not good.\t0", "Not tasty and the texture was nasty.\t0",
              "Stopped by during the late May bank holiday.\t1", "The selection on the menu was great.\t1"]
     text_first = write(tmp_path, "yelp.txt", "\n".join(lines) + "\n")
-    label_first = write(tmp_path, "b.tsv", "\n".join("\t".join(reversed(l.split("\t"))) for l in lines) + "\n")
+    label_first = write(tmp_path, "b.tsv", "\n".join("\t".join(reversed(line.split("\t"))) for line in lines) + "\n")
     for path in (text_first, label_first):
         got = [r.record for r in rows(path, format="tsv")]
         assert got[1] == {"text": "Crust is not good.", "label": "0"}

@@ -47,7 +47,9 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     for at in range(0, len(mine), 16):
         lrn.learn_batch(lrn.prepare(mine[at:at + 16]))
     group = Group(settings)
-    touched = {n: np.unique(np.concatenate(p)).tolist() for n, p in lrn._dirty.items()}
+    touched = lrn.take_dirty()
+    lrn.mark_dirty(touched)  # put back: the sync adds to them
+    touched = {n: ids.tolist() for n, ids in touched.items()}
     dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
     tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from streamlearn.config import EmbeddingConfig
+from streamlearn.config import SCHEMES, EmbeddingConfig
 from streamlearn.embeddings import (
     BloomEmbedding, BloomEmbeddingConfig, HashEmbedding, HashEmbeddingConfig, HashFormerConfig,
     HashFormerEmbedding, HashingTrickConfig, HashingTrickEmbedding, PlainEmbedding, PlainEmbeddingConfig,
@@ -465,17 +465,22 @@ def test_plain_rows_touched_match_gradients():
 
 # ---------------------------------------------------------------------------- build_embedding, all schemes
 
-@pytest.mark.parametrize("scheme,cls,count", [
-    ("hash", HashEmbedding, 100 * 8 + 1000 * 2),
-    ("bloom", BloomEmbedding, 100 * 8),
-    ("hashformer-pool", HashFormerEmbedding, (math.ceil(32 / 4) + 2 ** 4) * 8),
-    ("hashformer-add", HashFormerEmbedding, 2 * 32 * 8),
-    ("hashformer-proj", HashFormerEmbedding, 32 * 8),
-    ("tfree", TFreeEmbedding, 64 * 8),
-    ("hashing-trick", HashingTrickEmbedding, 100 * 8),
-    ("plain", PlainEmbedding, (20 + 1) * 8),
-])
-def test_build_embedding_builds_every_scheme(scheme, cls, count):
+BUILT = {  # scheme: (class, parameter count) for the config below
+    "hash": (HashEmbedding, 100 * 8 + 1000 * 2),
+    "bloom": (BloomEmbedding, 100 * 8),
+    "hashformer-pool": (HashFormerEmbedding, (math.ceil(32 / 4) + 2 ** 4) * 8),
+    "hashformer-add": (HashFormerEmbedding, 2 * 32 * 8),
+    "hashformer-proj": (HashFormerEmbedding, 32 * 8),
+    "tfree": (TFreeEmbedding, 64 * 8),
+    "hashing-trick": (HashingTrickEmbedding, 100 * 8),
+    "plain": (PlainEmbedding, (20 + 1) * 8),
+}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_build_embedding_builds_every_scheme(scheme):
+    assert scheme in BUILT, f"give scheme {scheme} its class and parameter count in BUILT"
+    cls, count = BUILT[scheme]
     cfg = EmbeddingConfig(scheme=scheme, d=8, K=1000, B=100, k=2, m=2, hashformer_bits=32,
                           hashformer_pool_bits=4, tfree_rows=64, plain_vocab=20)
     featurizer, emb = build_embedding(cfg, seed=0)

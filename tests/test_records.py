@@ -199,8 +199,9 @@ def _decode_or_reason(value: bytes):
     try:
         return decode(value, 10_000)
     except RecordError as exc:
-        assert reason_code(str(exc)) in records.REASONS, str(exc)
-        return None
+        error = exc
+    assert reason_code(str(error)) in records.REASONS, str(error)
+    return None
 
 
 @settings(max_examples=500, deadline=None)

@@ -109,6 +109,14 @@ def test_popularity_and_markov_exclude_what_the_key_already_had():
     assert not fresh.evaluate and pop.predict([events[3]]) == [["b", "c"]]
 
 
+def filtered_beam_lists(learner: Learner, events: list, k: int) -> list[list[str]]:
+    """The reference: each record's beam search as wide as the hashed output (exhaustive),
+    asked for k + excluded answers, the items its key had filtered out."""
+    extra = max(e.n_excluded for e in events)
+    tops = learner.topk_many([e.query for e in events], k=k + extra, beam=learner.index.size)
+    return [[t for t in top.tokens if not e.excluded(t)][:k] for e, top in zip(events, tops)]
+
+
 def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
     """The model's next-item lists (one exhaustive pass per mini-batch, already-had items
     masked) are the per-record beam-search lists with the had items filtered out; no list
@@ -128,14 +136,6 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
             assert len(top) == min(5, allowed)
         model.learn(events)
     assert model.steps == 10
-
-
-def filtered_beam_lists(learner: Learner, events, k: int) -> list[list[str]]:
-    """Each event's beam-search list (as wide as the hashed output, so it reaches past
-    the excluded items), the items its key already had filtered out, cut to k."""
-    extra = max(e.n_excluded for e in events)
-    tops = learner.topk_many([e.query for e in events], k=k + extra, beam=learner.index.size)
-    return [[t for t in top.tokens if not e.excluded(t)][:k] for e, top in zip(events, tops)]
 
 
 def test_markov_breaks_transition_ties_by_popularity():

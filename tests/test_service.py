@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-import httpx
+import httpx2
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -140,8 +140,8 @@ def test_concurrent_requests_share_one_snapshot_call(states):
     snap.predict_proba = lambda records: calls.append(len(records)) or original(records)
 
     async def burst():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
             return await asyncio.gather(*(client.post("/v1/predict", json={"text": f"w{i} w{i + 1}"})
                                           for i in range(12)))
 
@@ -336,15 +336,15 @@ def test_cli_serves_with_two_workers_and_merges_their_metrics(states):
         deadline = time.monotonic() + 90
         while True:
             try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                if httpx2.get(f"{base}/healthz", timeout=2).status_code == 200:
                     break
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
             time.sleep(0.3)
-        with httpx.Client(base_url=base, timeout=10) as client:
+        with httpx2.Client(base_url=base, timeout=10) as client:
             for _ in range(20):  # new connections: the kernel spreads them over the workers
-                with httpx.Client(base_url=base, timeout=10) as one:
+                with httpx2.Client(base_url=base, timeout=10) as one:
                     assert one.post("/v1/predict", json={"text": "w1"}).json()["snapshot_step"] == 2
             # A request is observed after its response is sent: the last one may land a moment
             # after the client has its answer, in the other worker.

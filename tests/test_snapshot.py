@@ -1,6 +1,7 @@
 """Snapshot: answers equal a learner restored from the same checkpoint, across
 checkpoints and schemes; rows are read lazily (once per checkpoint); it follows a
-writer in another process within a second; bad directories fail with clear errors."""
+writer in another process through every checkpoint; bad directories fail with clear errors.
+(How soon it follows, the freshness target of 1 s, is bench/serve.py's to measure.)"""
 import json
 import random
 import subprocess
@@ -196,7 +197,7 @@ def test_open_waits_for_a_first_checkpoint(tmp_path):
 
 
 WRITER = r"""
-import json, random, sys, time
+import json, random, sys
 from streamlearn.config import Config
 from streamlearn.learner import Learner
 from streamlearn.state import Checkpoint, open_store
@@ -212,32 +213,30 @@ for step in range(1, 8):
     specs, rows, blobs, kv = learner.checkpoint_parts()
     store.declare_tables(specs)
     store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
-    print(json.dumps({"step": step, "at": time.time()}), flush=True)
-    time.sleep(0.25)
+    print(json.dumps({"step": step}), flush=True)
+    sys.stdin.readline()  # the next commit waits until the reader has seen this one
 """
 
 
-def test_answers_follow_a_writer_in_another_process_within_a_second(tmp_path):
+def test_answers_follow_a_writer_in_another_process_through_every_checkpoint(tmp_path):
+    """A query that starts after a commit returned answers from that checkpoint: the
+    writer (the default model, another process) commits only after the reader has
+    answered from its previous checkpoint, so the test counts events, not time."""
     state = str(tmp_path / "state")
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, state], stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, state], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
-        commits = [json.loads(writer.stdout.readline())]
-        reader = threading.Thread(target=lambda: commits.extend(json.loads(line) for line in writer.stdout))
-        reader.start()
-        seen = []  # (query start, answer step)
+        committed, answered = [], []  # steps committed; the step of the answer after each
+        line = writer.stdout.readline()
         with Snapshot.open(state) as snap:
-            while writer.poll() is None:
-                started = time.time()
-                seen.append((started, snap.predict([{"tokens": ["w1", "w2", "w3"]}]).step))
-        reader.join()
+            while line:
+                committed.append(json.loads(line)["step"])
+                answered.append(snap.predict([{"tokens": ["w1", "w2", "w3"]}]).step)
+                writer.stdin.write("next\n")
+                writer.stdin.flush()
+                line = writer.stdout.readline()
+        assert writer.wait(60) == 0
     finally:
         writer.kill()
         writer.wait()
-    assert [c["step"] for c in commits] == list(range(1, 8))
-    for c in commits:
-        # A query that starts after a commit returned answers from that checkpoint or newer,
-        # and the first such answer came at once (well within the promised second).
-        after = [(t, step) for t, step in seen if t >= c["at"]]
-        assert after and all(step >= c["step"] for _, step in after)
-        assert after[0][0] - c["at"] < 1.0
-    assert {step for _, step in seen} >= set(range(2, 8))  # it moved through every checkpoint
+    assert committed == answered == list(range(1, 8))

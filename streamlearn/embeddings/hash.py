@@ -10,6 +10,7 @@ vectors ``E[h_1(w)] .. E[h_k(w)]`` out of B shared ones; its vector is
 with B*d + K*k trainable parameters instead of K*d. With k = 1 and p fixed at 1 it is
 the hashing trick (:class:`HashingTrickEmbedding`, same hash function).
 
+>>> from streamlearn.embeddings import to_tensors
 >>> emb = HashEmbedding(HashEmbeddingConfig(K=100, B=10, d=4, k=2))
 >>> feats = emb.featurizer.featurize([["a", "b"], ["c"]], max_len=8)
 >>> sorted(feats), feats["buckets"].shape
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
-from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, to_tensors, valid_index
+from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
 

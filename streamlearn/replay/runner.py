@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..exceptions import RecordError, StreamlearnError
 from ..learner import Learner
 from ..records import Record, reason_code
-from .baselines import Baseline, build_baselines
+from .baselines import build_baselines
 from ..tasks.base import Event
 from .metrics import MetricSet
 from .model import ModelContestant

@@ -21,7 +21,6 @@ base offset), which would otherwise cut a range short.
 """
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
