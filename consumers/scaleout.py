@@ -52,7 +52,7 @@ from ..state import open_store
 from .allreduce import GradientExchange, Round
 from .checkpoint import Checkpointer, open_learner, topic_offsets
 from .distributed import (DistributedError, DistSettings, Group, average_replicas, fenced_commit,
-                          replica_digest, stored_generation)
+                          stored_generation)
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Item, Prepared
 from .metrics import WorkerMetrics
@@ -298,7 +298,7 @@ class GroupWorker(Worker):
             self.summary.checkpoints += 1
         log.info("sync %d (%s): %d bytes sent, %.3f s, rows %s, %d exchanges, step %d, offsets %s, digest %s",
                  self.clock.done, request.reason, report.payload_bytes, report.seconds, report.rows,
-                 report.exchanges, self.learner.steps, self.checkpointer.positions, replica_digest(self.learner))
+                 report.exchanges, self.learner.steps, self.checkpointer.positions, self.learner.replica.digest())
         request.answer(ok, self.checkpointer.positions, seconds)
 
     def _progress(self) -> dict:

@@ -31,9 +31,7 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from streamlearn.config import Config
     from streamlearn.learner import Learner
-    from streamlearn.learner_state import row_tables
-    from streamlearn.consumers.distributed import (DistributedError, Group, average_replicas, dist_settings,
-                                                   replica_digest)
+    from streamlearn.consumers.distributed import DistributedError, Group, average_replicas, dist_settings
 
     out = sys.argv[1]
     settings = dist_settings(timeout_s=float(sys.argv[2]))  # from RANK / WORLD_SIZE / MASTER_* like torchrun
@@ -47,16 +45,18 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     for at in range(0, len(mine), 16):
         lrn.learn_batch(lrn.prepare(mine[at:at + 16]))
     group = Group(settings)
-    touched = {n: np.unique(np.concatenate(p)).tolist() for n, p in lrn._dirty.items()}
+    touched = lrn.take_dirty()
+    lrn.mark_dirty(touched)  # read, not taken: the sync takes them
+    touched = {n: ids.tolist() for n, ids in touched.items()}
     dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
-    tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
+    tables = {n: t.detach().numpy().copy() for n, t in lrn.replica.tables().items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
              **{"t:" + n: v for n, v in tables.items()})
     report = average_replicas(lrn, group)
     np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
-             **{"t:" + n: t.detach().numpy() for n, t in row_tables(lrn).items()})
+             **{"t:" + n: t.detach().numpy() for n, t in lrn.replica.tables().items()})
     dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
-    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "bytes": report.payload_bytes,
+    result = {"digest": lrn.replica.digest(), "labels": lrn.labels, "bytes": report.payload_bytes,
               "rows": report.rows, "touched": touched, "dirty": dirty}
     if rank == 1:
         print(json.dumps(result), flush=True)
@@ -78,7 +78,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
     from streamlearn.config import Config
     from streamlearn.learner import Learner
     from streamlearn.consumers.allreduce import GradientExchange
-    from streamlearn.consumers.distributed import DistributedError, Group, dist_settings, replica_digest
+    from streamlearn.consumers.distributed import DistributedError, Group, dist_settings
 
     out = sys.argv[1]
     settings = dist_settings(timeout_s=float(sys.argv[2]))
@@ -128,7 +128,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
             break
     report = ex.settle()
     torch.save(grads, f"{out}/grads{rank}.pt")
-    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
+    result = {"digest": lrn.replica.digest(), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
               "bytes": report.payload_bytes, "exchanges": report.exchanges,
               "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()},
               "nb_records": float(lrn.task.nb.flat[:lrn.task.nb.max_labels].sum())}
