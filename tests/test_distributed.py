@@ -276,6 +276,22 @@ def test_settings_from_options_or_torchrun_env():
             dist_settings(**bad)
 
 
+def test_group_worker_rejects_settings_before_it_joins_a_group_or_opens_the_state(tmp_path):
+    """Rank 0 of 2 with nobody else coming: a check that ran after joining would time out
+    (DistributedError) instead of naming the setting."""
+    from streamlearn.consumers.scaleout import GroupWorker
+    from streamlearn.consumers.worker import RunOptions
+
+    settings = DistSettings(0, 2, f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)
+    options = RunOptions("topic", str(tmp_path / "state"))
+    for overrides, message in [(("worker.queue_batches=0",), "worker.queue_batches"),  # the worker's rules
+                               (("learner.task=mlm",), "supports learner.task=classify"),  # the group's
+                               (("worker.sync=ring",), "worker.sync='ring'")]:
+        with pytest.raises(ConfigError, match=message):
+            GroupWorker(Config().override(*SMALL, *overrides), options, settings)
+    assert not (tmp_path / "state").exists()
+
+
 def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
     lrn = Learner(Config().override(*SMALL))
     lrn.learn_batch(lrn.prepare([{"text": "goal match", "label": "sport"}]))
