@@ -171,7 +171,8 @@ class Replica:
         return None if table is None else list(table.labels)
 
     def copy_labels(self) -> LabelTable:
-        """A copy of the label table (a group's table starts as a replica's)."""
+        """A copy of the label table (a group's table starts as a replica's). This and
+        the label operations below need a task with labels (:attr:`labels` not None)."""
         table = self.learner.label_table
         return LabelTable(table.capacity, list(table.labels))
 
