@@ -18,8 +18,12 @@ Both sums are divided by the number of ranks that brought a batch (a rank with n
 contributes zeros; dividing by the world size would shrink the step whenever a rank is
 idle), so the step is the mean of the batch gradients, as one batch of their union would
 give with a per-batch mean loss. Every rank then steps the same optimizers with the same
-gradients: the replicas stay bit-equal (:func:`~.distributed.replica_digest`). A rank that
-brought nothing steps too, through :meth:`GradientExchange.idle`.
+gradients: the replicas stay bit-equal (:meth:`~streamlearn.sync.Replica.digest`). A rank
+that brought nothing steps too, through :meth:`GradientExchange.idle`.
+
+The buffers are the library's (:class:`streamlearn.sync.Replica`, ``learner.replica``:
+the gradients flattened, the touched rows, the labels, the count deltas, and how each
+goes back into the learner); this module moves them between the ranks.
 
 Labels. A batch's label ids are assigned by its rank's fetch thread, in that rank's order
 of first appearance, so two ranks can give one id to two labels. The group keeps one
@@ -48,9 +52,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..exceptions import StreamlearnError
+from ..exceptions import LabelCapacityError, StreamlearnError
 from ..learner import Batch, Learner
-from ..objectives import LabelCapacityError, LabelTable
+from ..sync import RowGradient
 from .distributed import DistributedError, Group, SyncReport, all_gather, all_reduce
 
 _FLAGS = ("batch", "sync", "finished", "new_labels")
@@ -78,9 +82,10 @@ class GradientExchange:
 
     def __init__(self, learner: Learner, group: Group):
         self.learner, self.group = learner, group
-        self.labels = LabelTable(learner.label_table.capacity, list(learner.labels))  # the group's table
+        self.replica = learner.replica  # what moves (streamlearn.sync); this class moves it
+        self.labels = self.replica.copy_labels()  # the group's table
         self._to_group = list(range(len(self.labels)))  # local label id -> group label id
-        self._tables = sorted(learner.row_optim.tables)  # the same order on every rank
+        self._tables = self.replica.gradient_tables  # the same order on every rank
         self._flags: dict[str, int] | None = None
         self._offered: list = []  # local labels this rank shares this round
         self.last: Round | None = None
@@ -88,9 +93,9 @@ class GradientExchange:
         self.bytes = 0  # handed to collectives since the last sync
         self.rounds = 0
         self.seconds = 0.0
-        # The Naive Bayes counts as of the last sync (equal on every rank): no gradient
-        # carries counts, so each sync adds up the ranks' changes since (_share_counts).
-        self._nb_base = learner.task.nb.counts.clone() if getattr(learner.task, "nb", None) is not None else None
+        # The count tables (Naive Bayes) as of the last sync (equal on every rank): no
+        # gradient carries counts, so each sync adds up the ranks' changes since (_share_counts).
+        self._count_base = self.replica.counts()
         learner.gradient_hook = self._hook
 
     # ------------------------------------------------------------------ labels
@@ -123,9 +128,8 @@ class GradientExchange:
         """Make the learner's table the group table (only while no prepared batch is
         pending: the fetch thread waits for a checkpoint)."""
         self._map(list(self.learner.labels[len(self._to_group):]))
-        table = self.learner.label_table
-        table.replace(self.labels.labels)
-        self._to_group = list(range(len(table.labels)))
+        self.replica.replace_labels(self.labels.labels)
+        self._to_group = list(range(len(self.labels)))
 
     def _map(self, labels: list) -> None:
         self._add(labels)
@@ -142,7 +146,7 @@ class GradientExchange:
         except LabelCapacityError as exc:
             raise StreamlearnError(f"the workers together saw more labels than the table holds: {exc}") from exc
         if len(self.labels) > first:
-            self.learner.start_label_rows(range(first, len(self.labels)), self.labels.labels[first:])
+            self.replica.start_label_rows(range(first, len(self.labels)), self.labels.labels[first:])
 
     # ------------------------------------------------------------------ rounds
     def offer(self, batch: bool, sync: bool = False, finished: bool = False) -> None:
@@ -186,75 +190,54 @@ class GradientExchange:
         started = time.perf_counter()
         world, rank, flags = self.group.world_size, self.group.rank, self._flags
         self._flags = None
-        dense = list(self.learner.model.dense_parameters().values())
-        rows = [_rows(self.learner.row_optim.tables[n]) for n in self._tables]  # per table (ids (n,), values (n, w))
+        rows = self.replica.row_gradients()  # per table: ids (n,), values (n, w)
         slot = len(_FLAGS) + len(self._tables)
         head = torch.zeros(world, slot)  # (W, S): each rank writes its own slot, the sum gathers them
         head[rank, :len(_FLAGS)] = torch.tensor([float(flags[f]) for f in _FLAGS])
-        head[rank, len(_FLAGS):] = torch.tensor([float(len(ids)) for ids, _ in rows])
-        has = torch.tensor([float(p.grad is not None) for p in dense])  # (P,)
-        used = self._used_rows()
-        grads = [_leading(p.grad if p.grad is not None else torch.zeros_like(p), used.get(id(p))).float()
-                 .reshape(-1).cpu() for p in dense]
-        flat = all_reduce(torch.cat([head.reshape(-1), has, *grads]))  # (W*S + P + D,), D: the rows in use
+        head[rank, len(_FLAGS):] = torch.tensor([float(len(rows[n][0])) for n in self._tables])
+        # A label row past the group's labels is never read: its gradient is zero everywhere.
+        has, grads = self.replica.dense_gradients(len(self.labels))  # (P,), (D,): D the rows in use
+        flat = all_reduce(torch.cat([head.reshape(-1), has, grads]))  # (W*S + P + D,)
         sent = flat.numel() * 4
         head = flat[:world * slot].view(world, slot)
         self.last = Round(*(int(head[:, i].sum()) for i in range(len(_FLAGS))))
         contributors = self.last.batches
         if contributors:  # assigned only once every collective succeeded: no half-reduced step
             sparse, n_bytes = self._exchange_rows(rows, head[:, len(_FLAGS):].long(), contributors)
-            at = world * slot + len(dense)
-            for p, present in zip(dense, flat[world * slot:at].tolist()):
-                part = _leading(p, used.get(id(p)))
-                g = torch.zeros_like(p, device="cpu", dtype=torch.float32)
-                _leading(g, used.get(id(p))).copy_(flat[at:at + part.numel()].view_as(part) / contributors)
-                p.grad = g.to(p.device, p.dtype) if present else None
-                at += part.numel()
-            for name, grad in zip(self._tables, sparse):
-                self.learner.row_optim.tables[name].grad = grad
+            at = world * slot + len(has)
+            self.replica.set_dense_gradients(flat[world * slot:at].tolist(), flat[at:] / contributors,
+                                             len(self.labels))
+            self.replica.set_row_gradients(sparse)
             sent += n_bytes
         self.bytes += sent
         self.rounds += 1
         self.seconds += time.perf_counter() - started
         return bool(contributors)
 
-    def _used_rows(self) -> dict[int, int]:
-        """Leading rows in use of dense parameters that are mostly unused: the label head
-        holds ``model.max_labels`` rows, and a row past the group's labels is never read,
-        so its gradient is zero on every rank (1,024 rows by default, for a stream of a
-        few labels: most of the dense bytes of a step)."""
-        head = self.learner.model.head
-        return {} if self.learner.label_table is None else {id(head.weight): len(self.labels), id(head.bias): len(self.labels)}
-
-    def _exchange_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor,
-                       contributors: int) -> tuple[list[torch.Tensor | None], int]:
-        """All-gather every rank's touched rows and their gradients; return per table the
-        coalesced mean as a sparse gradient (None: no rank touched it) and the bytes
-        sent. ``counts`` (W, T): rows per rank and table."""
-        tables = [self.learner.row_optim.tables[n] for n in self._tables]
+    def _exchange_rows(self, rows: dict[str, RowGradient], counts: torch.Tensor,
+                       contributors: int) -> tuple[dict[str, RowGradient | None], int]:
+        """All-gather every rank's touched rows and their gradients; return per table
+        every rank's ids and their rows over ``contributors``, in rank order (None: no
+        rank touched it), and the bytes sent. ``counts`` (W, T): rows per rank and table."""
         if not int(counts.sum()):
-            return [None] * len(tables), 0
-        widths = torch.tensor([t.shape[1] for t in tables])  # (T,)
+            return {}, 0
+        mine = [rows[n] for n in self._tables]
+        widths = torch.tensor([v.shape[1] for _, v in mine])  # (T,)
         n_ids, n_values = counts.sum(1), (counts * widths).sum(1)  # (W,), (W,)
-        ids = _padded(torch.cat([i for i, _ in rows]), int(n_ids.max()), -1)
-        values = _padded(torch.cat([v.reshape(-1) for _, v in rows]), int(n_values.max()), 0.0)
+        ids = _padded(torch.cat([i for i, _ in mine]), int(n_ids.max()), -1)
+        values = _padded(torch.cat([v.reshape(-1) for _, v in mine]), int(n_values.max()), 0.0)
         all_ids, all_values = all_gather(ids), all_gather(values)
         id_at = (torch.cumsum(counts, 1) - counts).tolist()  # (W, T): where each table starts in a rank's ids
         value_at = (torch.cumsum(counts * widths, 1) - counts * widths).tolist()
         n = counts.tolist()
-        out = []
-        for t, table in enumerate(tables):
-            w = table.shape[1]
+        out: dict[str, RowGradient | None] = {}
+        for t, name in enumerate(self._tables):
+            w = int(widths[t])
             parts = [(all_ids[r][id_at[r][t]:id_at[r][t] + n[r][t]],
                       all_values[r][value_at[r][t]:value_at[r][t] + n[r][t] * w].view(-1, w))
                      for r in range(len(all_ids))]
             idx = torch.cat([i for i, _ in parts])  # (n,) rank order: the same sum on every rank
-            if not len(idx):
-                out.append(None)
-                continue
-            mean = torch.cat([v for _, v in parts]) / contributors  # (n, w)
-            out.append(torch.sparse_coo_tensor(idx[None], mean, table.shape, check_invariants=False).coalesce()
-                       .to(table.device, table.dtype))
+            out[name] = (idx, torch.cat([v for _, v in parts]) / contributors) if len(idx) else None
         return out, ids.numel() * 8 + values.numel() * 4
 
     # ------------------------------------------------------------------ syncs
@@ -263,28 +246,25 @@ class GradientExchange:
         since the last sync handed to collectives (and clears the counts)."""
         self.settle_labels()
         self.bytes += self._share_counts()
-        dense = sum(p.numel() for p in self.learner.model.dense_parameters().values())
-        report = SyncReport(self.seconds, self.bytes, dense, {}, self.rounds)
+        report = SyncReport(self.seconds, self.bytes, self.replica.dense_size, {}, self.rounds)
         self.bytes, self.rounds, self.seconds = 0, 0, 0.0
         return report
 
     def _share_counts(self) -> int:
-        """Every rank adds the group's Naive Bayes count changes since the last sync (one
-        all-reduce of the table's deltas, the same sum on every rank), so the replicas'
+        """Every rank adds the group's count changes (the Naive Bayes part) since the last
+        sync (one all-reduce of the deltas, the same sum on every rank), so the replicas'
         counts are equal again; between syncs each counts only its own batches. Returns
         the bytes handed to the collective."""
-        nb = getattr(self.learner.task, "nb", None)
-        if nb is None or self.group is None:
+        if not self._count_base or self.group is None:
             return 0
-        delta = nb.counts - self._nb_base  # (rows, 64)
+        delta = self.replica.count_delta(self._count_base)  # (C,)
         try:
             total = all_reduce(delta)
         except RuntimeError as exc:
             raise DistributedError(f"sharing the Naive Bayes counts failed (a peer stopped, died or did not "
                                    f"answer within {self.group.settings.timeout_s:g} s): {exc}") from exc
-        nb.counts.copy_(self._nb_base + total)  # in place: nb.flat views it
-        self._nb_base = nb.counts.clone()
-        self.learner.mark_dirty({"nb.counts": total.ne(0).any(1).nonzero().flatten().numpy()})
+        self.replica.add_counts(self._count_base, total)
+        self._count_base = self.replica.counts()
         return delta.numel() * 4
 
     def go_solo(self) -> None:
@@ -292,23 +272,6 @@ class GradientExchange:
         self.group = None
         self._flags = None
         self.learner.gradient_hook = None
-
-
-def _rows(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique row ids (n,) and their gradient rows (n, w) of a row table's gradient."""
-    if p.grad is None:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, p.shape[1])
-    grad = p.grad.detach()
-    if grad.is_sparse:
-        grad = grad.coalesce()
-        return grad.indices()[0].cpu(), grad.values().float().cpu()
-    idx = grad.ne(0).any(dim=1).nonzero().squeeze(1)  # a dense gradient: the rows it reaches
-    return idx.cpu(), grad.index_select(0, idx).float().cpu()
-
-
-def _leading(t: torch.Tensor, rows: int | None) -> torch.Tensor:
-    """The first ``rows`` rows of ``t`` (all of it when None), a view."""
-    return t if rows is None else t[:rows]
 
 
 def _padded(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:

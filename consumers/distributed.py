@@ -23,6 +23,10 @@ learner's dirty rows, so the writer's next checkpoint stores every row any rank 
 The dense optimizer's moments (AdamW) stay local: they describe each replica's own recent
 gradients, and averaging them would need state every rank may not have yet.
 
+What a replica exchanges, and how a buffer goes back into the learner, is the library's
+(:class:`streamlearn.sync.Replica`, ``learner.replica``); this package moves the bytes
+(collectives, the group's TCPStore) and fences the writer.
+
 Environment: :func:`dist_settings` is the one place that reads torchrun's variables.
 """
 from __future__ import annotations
@@ -38,16 +42,13 @@ import msgpack
 import numpy as np
 import torch
 import torch.distributed as dist
-import xxhash
 
-from ..exceptions import ConfigError, StreamlearnError
+from ..exceptions import ConfigError, LabelCapacityError, StreamlearnError
 from ..learner import Learner
-from ..learner_state import row_tables
-from ..objectives import LabelCapacityError, LabelTable
 from ..state import Checkpoint, Store
+from ..sync import Replica
 
 FENCE_BLOB = "dist.fence"  # msgpack {"generation": int, "rank": int, "world_size": int}
-_DIGEST_SEED = 0x5CA1E0
 
 
 class DistributedError(StreamlearnError):
@@ -167,64 +168,37 @@ class SyncReport:
 
 def average_replicas(learner: Learner, group: Group) -> SyncReport:
     """Average this replica with every other rank's (see the module docstring); every
-    rank must call it at the same point of its sync sequence. Raises DistributedError."""
+    rank must call it at the same point of its sync sequence. Raises DistributedError.
+
+    What moves is :mod:`streamlearn.sync`'s (``learner.replica``); this function moves it."""
     started = time.perf_counter()
+    replica = learner.replica
     try:
-        _merge_labels(learner, group)
-        touched = learner.take_dirty()
-        tables = row_tables(learner)
-        union, id_bytes = _union_ids(touched, tables)
-        dense = list(learner.model.dense_parameters().values())
-        flat = _pack(dense, tables, union)  # (n,) float32
+        _merge_labels(replica, group)
+        union, id_bytes = _union_ids(replica.take_touched())
+        flat = torch.cat([replica.dense_values(), replica.row_values(union)])  # (n,) float32
         flat = all_reduce(flat) / group.world_size
-        _unpack(flat, dense, tables, union)
+        replica.set_dense_values(flat[:replica.dense_size])
+        replica.set_row_values(flat[replica.dense_size:], union)  # the next checkpoint stores these rows
     except RuntimeError as exc:
         raise DistributedError(f"model sync failed (a peer stopped, died or did not answer within "
                                f"{group.settings.timeout_s:g} s): {exc}") from exc
-    learner.mark_dirty(union)  # every averaged row changed here too: the next checkpoint stores it
-    dense_values = sum(p.numel() for p in dense)
-    return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4, dense_values,
+    return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4, replica.dense_size,
                       {name: len(ids) for name, ids in union.items()})
 
 
-def _merge_labels(learner: Learner, group: Group) -> None:
-    """Give every replica the same label table: rank 0's labels, then each later rank's new
-    ones in rank order. A replica whose label ids move permutes its label head rows (and
-    their AdamW moments) to match; a label it never saw gets its starting row, as a
-    learner gives a label that arrives (the same on every replica)."""
-    if learner.label_table is None:
+def _merge_labels(replica: Replica, group: Group) -> None:
+    """Give every replica the same label table: rank 0's labels, then each later rank's
+    new ones in rank order (:meth:`~streamlearn.sync.Replica.merge_labels`)."""
+    labels = replica.labels
+    if labels is None:  # the same task on every rank: none of them gathers
         return
     gathered: list = [None] * group.world_size
-    dist.all_gather_object(gathered, list(learner.labels))
-    table = learner.label_table
-    merged = LabelTable(table.capacity)
+    dist.all_gather_object(gathered, labels)
     try:
-        for labels in gathered:
-            for label in labels:
-                merged.add(label)
+        replica.merge_labels(gathered)
     except LabelCapacityError as exc:
         raise DistributedError(f"the replicas together saw more labels than the table holds: {exc}") from exc
-    if merged.labels == table.labels:
-        return
-    old = [table.get(label) for label in merged.labels]
-    head = learner.model.head
-    for param in (head.weight, head.bias):
-        _permute_rows(param, old)
-        for moment in learner.dense_optim.state.get(param, {}).values():
-            if torch.is_tensor(moment) and moment.shape == param.shape:
-                _permute_rows(moment, old)
-    table.replace(merged.labels)
-    learner.start_label_rows([j for j, i in enumerate(old) if i is None])
-
-
-def _permute_rows(t: torch.Tensor, old: list[int | None]) -> None:
-    """Row j becomes old row ``old[j]`` (zero when None); rows past ``len(old)`` stay zero."""
-    with torch.no_grad():
-        fresh = torch.zeros_like(t)
-        for j, i in enumerate(old):
-            if i is not None:
-                fresh[j] = t.data[i]
-        t.data.copy_(fresh)
 
 
 def _collective_device() -> torch.device:
@@ -251,14 +225,15 @@ def all_gather(t: torch.Tensor) -> list[torch.Tensor]:
     return [part.cpu() for part in parts]
 
 
-def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], int]:
-    """Per table (sorted store-name order, the same on every rank): the union of the ids
-    every rank touched; and the bytes this rank sent for it."""
-    names = sorted(tables)
-    counts = torch.tensor([len(touched.get(n, ())) for n in names], dtype=torch.int64)  # (T,)
+def _union_ids(touched: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """Per table (``touched``'s names: every table, in the same order on every rank): the
+    union of the ids every rank touched, tables nobody touched left out; and the bytes
+    this rank sent for it."""
+    names = list(touched)
+    counts = torch.tensor([len(touched[n]) for n in names], dtype=torch.int64)  # (T,)
     all_counts = all_gather(counts)
     widest = int(max(int(c.sum()) for c in all_counts))
-    mine = np.concatenate([touched.get(n, np.zeros(0, np.int64)) for n in names] or [np.zeros(0, np.int64)])
+    mine = np.concatenate([touched[n] for n in names] or [np.zeros(0, np.int64)])
     padded = torch.full((max(widest, 1),), -1, dtype=torch.int64)  # (widest,)
     padded[:len(mine)] = torch.from_numpy(mine.astype(np.int64))
     gathered = all_gather(padded)
@@ -270,37 +245,6 @@ def _union_ids(touched: dict[str, np.ndarray], tables: dict[str, torch.Tensor]) 
             at += n
     merged = {n: np.unique(np.concatenate(parts)) for n, parts in union.items()}
     return {n: ids for n, ids in merged.items() if len(ids)}, (counts.numel() + padded.numel()) * 8
-
-
-def _pack(dense: list[torch.Tensor], tables: dict[str, torch.Tensor], union: dict[str, np.ndarray]) -> torch.Tensor:
-    parts = [p.detach().float().reshape(-1).cpu() for p in dense]
-    parts += [tables[n].detach()[torch.from_numpy(ids).to(tables[n].device)].float().reshape(-1).cpu()
-              for n, ids in sorted(union.items())]
-    return torch.cat(parts) if parts else torch.zeros(0)
-
-
-def _unpack(flat: torch.Tensor, dense: list[torch.Tensor], tables: dict[str, torch.Tensor],
-            union: dict[str, np.ndarray]) -> None:
-    at = 0
-    with torch.no_grad():
-        for p in dense:
-            p.copy_(flat[at:at + p.numel()].view_as(p).to(p.dtype))
-            at += p.numel()
-        for name, ids in sorted(union.items()):
-            t = tables[name]
-            n = len(ids) * t.shape[1]
-            t[torch.from_numpy(ids).to(t.device)] = flat[at:at + n].view(len(ids), t.shape[1]).to(t.device, t.dtype)
-            at += n
-
-
-def replica_digest(learner: Learner) -> str:
-    """xxh3 digest of every dense parameter and row table: equal replicas, equal digests."""
-    h = xxhash.xxh3_64(seed=_DIGEST_SEED)
-    for _, p in sorted(learner.model.dense_parameters().items()):
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    for _, t in sorted(row_tables(learner).items()):
-        h.update(t.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------- fencing

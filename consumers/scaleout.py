@@ -52,10 +52,9 @@ from ..state import open_store
 from .allreduce import GradientExchange, Round
 from .checkpoint import Checkpointer, open_learner, topic_offsets
 from .distributed import (DistributedError, DistSettings, Group, average_replicas, fenced_commit,
-                          replica_digest, stored_generation)
+                          stored_generation)
 from .fetcher import Fetcher, FetchPlan
-from .handoff import CheckpointRequest, Finished, Handoff, Item, Prepared
-from .metrics import WorkerMetrics
+from .handoff import CheckpointRequest, Finished, Item, Prepared
 from .worker import RunOptions, RunSummary, Worker, WorkerError
 
 log = logging.getLogger(__name__)
@@ -139,37 +138,41 @@ class GroupWorker(Worker):
     """
 
     def __init__(self, cfg: Config, options: RunOptions, settings: DistSettings):
-        if cfg.learner.task != "classify":
-            raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
-                              "per-key histories and candidates are not merged between workers; run one worker")
-        self.cfg, self.options, self.settings = cfg, options, settings
+        _check_group(cfg)  # before joining a group or opening the state
+        self.settings = settings
         self.rank, self.live_world = settings.rank, settings.world_size
-        self.group = Group(settings)
+        super().__init__(cfg, options)
+        # allreduce: every step is a round of the group (see .allreduce); average: None
+        self.exchange = GradientExchange(self.learner, self.group) if cfg.worker.sync == "allreduce" else None
+        self._held: Item | None = None  # allreduce: the queue's next item, until its round serves it
+        self._base = self._progress()  # what the last sync merged
+
+    # ------------------------------------------------------------------ construction steps
+    def _open_state(self) -> None:
+        """Join the group, then open the state (:meth:`_open_store`), restore the learner
+        and agree on the group generation; on failure the group is left."""
+        cfg = self.cfg
+        self.group = Group(self.settings)
         try:
-            self.store, self.writer = self._open_state()
+            self.store, self.writer = self._open_store()
             self.learner = open_learner(self.store, cfg)
             self.generation = self._agree_generation()
         except BaseException:
             self.group.close()
             raise
         self.clock = SyncClock(self.group)
-        self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
-        if self.writer:
-            self.checkpointer.rebind(_FencedStore(self.store, self))
-        # allreduce: every step is a round of the group (see .allreduce); average: None
-        self.exchange = GradientExchange(self.learner, self.group) if cfg.worker.sync == "allreduce" else None
-        self._held: Item | None = None  # allreduce: the queue's next item, until its round serves it
-        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
-        self.handoff = Handoff(cfg.worker.queue_batches)
-        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
-        self.fetcher = SyncedFetcher(self.learner.prep, cfg.worker, plan, self.handoff, self.checkpointer.positions,
-                                     clock=self.clock)
-        self.summary = RunSummary()
-        self._batches = 0
-        self._broker_errors = 0
-        self._base = self._progress()  # what the last sync merged
 
-    def _open_state(self):
+    def _new_checkpointer(self) -> Checkpointer:
+        """The writer's commits carry and check the group generation (fencing)."""
+        checkpointer = super()._new_checkpointer()
+        if self.writer:
+            checkpointer.rebind(_FencedStore(self.store, self))
+        return checkpointer
+
+    def _new_fetcher(self, plan: FetchPlan) -> Fetcher:
+        return super()._new_fetcher(plan, SyncedFetcher, clock=self.clock)
+
+    def _open_store(self):
         """Rank 0 opens the state for writing first, the others then read the same
         checkpoint (nobody commits before the first sync, so every replica starts equal)."""
         if self.rank == 0:
@@ -294,7 +297,7 @@ class GroupWorker(Worker):
             self.summary.checkpoints += 1
         log.info("sync %d (%s): %d bytes sent, %.3f s, rows %s, %d exchanges, step %d, offsets %s, digest %s",
                  self.clock.done, request.reason, report.payload_bytes, report.seconds, report.rows,
-                 report.exchanges, self.learner.steps, self.checkpointer.positions, replica_digest(self.learner))
+                 report.exchanges, self.learner.steps, self.checkpointer.positions, self.learner.replica.digest())
         request.answer(ok, self.checkpointer.positions, seconds)
 
     def _progress(self) -> dict:
@@ -370,3 +373,10 @@ class GroupWorker(Worker):
             self.checkpointer.clear_audit()  # the old writer committed this sync before it died
         self.generation = stored_generation(self.store) + 1
         log.warning("rank %d now works alone as the writer, generation %d", self.rank, self.generation)
+
+
+def _check_group(cfg: Config) -> None:
+    """What a group of workers cannot do (the config checked each key when it was built)."""
+    if cfg.learner.task != "classify":
+        raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
+                          "per-key histories and candidates are not merged between workers; run one worker")

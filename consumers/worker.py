@@ -87,21 +87,40 @@ class Worker:
     """
 
     def __init__(self, cfg: Config, options: RunOptions):
-        self.cfg, self.options = cfg, options
-        self.store = open_store(options.state, cfg.store)
+        self.cfg, self.options = cfg, options  # both validated themselves when built
+        self._open_state()
+        self.checkpointer = self._new_checkpointer()
+        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
+        self.handoff = Handoff(cfg.worker.queue_batches)
+        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
+        self.fetcher = self._new_fetcher(plan)
+        self.summary = RunSummary()
+        self._batches = 0
+        self._broker_errors = 0
+
+    # ------------------------------------------------------------------ construction steps
+    # A subclass (the group member, .scaleout) overrides the steps that differ.
+
+    def _open_state(self) -> None:
+        """Open the state directory for writing (``self.store``) and restore the learner
+        from its last checkpoint (``self.learner``); on failure nothing stays open."""
+        cfg = self.cfg
+        self.store = open_store(self.options.state, cfg.store)
         try:
             self.learner = open_learner(self.store, cfg)
         except BaseException:
             self.store.close()
             raise
-        self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
-        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
-        self.handoff = Handoff(cfg.worker.queue_batches)
-        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
-        self.fetcher = Fetcher(self.learner.prep, cfg.worker, plan, self.handoff, self.checkpointer.positions)
-        self.summary = RunSummary()
-        self._batches = 0
-        self._broker_errors = 0
+
+    def _new_checkpointer(self) -> Checkpointer:
+        """What commits the learner with the consumed offsets into ``self.store``."""
+        return Checkpointer(self.store, self.learner, self.options.topic, self.cfg.worker.audit)
+
+    def _new_fetcher(self, plan: FetchPlan, fetcher: type[Fetcher] = Fetcher, **options) -> Fetcher:
+        """The fetch thread, of class ``fetcher`` with its extra ``options`` (a group
+        member's makes its checkpoints group syncs)."""
+        return fetcher(self.learner.prep, self.cfg.worker, plan, self.handoff, self.checkpointer.positions,
+                       **options)
 
     def stop(self) -> None:
         self.fetcher.stop()

@@ -57,6 +57,7 @@ from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
 from .records import from_features
+from .sync import Replica
 from .tasks import build_task
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
@@ -118,7 +119,7 @@ class Learner(river_base.Classifier):
         self._index_mark = 0  # candidates already in a checkpoint
         # Called as gradient_hook(learner) after backward, before the optimizers step: the
         # gradients sit on the dense parameters and (sparse) on the row tables. Distributed
-        # training all-reduces them here (consumers/distributed.py).
+        # training all-reduces them here (consumers/allreduce.py, through self.replica).
         self.gradient_hook: Callable[["Learner"], None] | None = None
 
     # ------------------------------------------------------------------ parts
@@ -140,6 +141,13 @@ class Learner(river_base.Classifier):
     @property
     def label_table(self) -> LabelTable | None:
         return self.prep.label_table
+
+    @property
+    def replica(self) -> Replica:
+        """This learner as one replica of a group training one model
+        (:mod:`streamlearn.sync`): what replicas exchange, read and written as buffers a
+        transport moves (dense values and gradients, touched rows, labels, counts)."""
+        return Replica(self)
 
     @property
     def histories(self) -> Histories | None:

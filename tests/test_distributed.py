@@ -31,9 +31,7 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from streamlearn.config import Config
     from streamlearn.learner import Learner
-    from streamlearn.learner_state import row_tables
-    from streamlearn.consumers.distributed import (DistributedError, Group, average_replicas, dist_settings,
-                                                   replica_digest)
+    from streamlearn.consumers.distributed import DistributedError, Group, average_replicas, dist_settings
 
     out = sys.argv[1]
     settings = dist_settings(timeout_s=float(sys.argv[2]))  # from RANK / WORLD_SIZE / MASTER_* like torchrun
@@ -48,17 +46,17 @@ AVERAGE_SCRIPT = textwrap.dedent("""
         lrn.learn_batch(lrn.prepare(mine[at:at + 16]))
     group = Group(settings)
     touched = lrn.take_dirty()
-    lrn.mark_dirty(touched)  # put back: the sync adds to them
+    lrn.mark_dirty(touched)  # read, not taken: the sync takes them
     touched = {n: ids.tolist() for n, ids in touched.items()}
     dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
-    tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
+    tables = {n: t.detach().numpy().copy() for n, t in lrn.replica.tables().items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
              **{"t:" + n: v for n, v in tables.items()})
     report = average_replicas(lrn, group)
     np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
-             **{"t:" + n: t.detach().numpy() for n, t in row_tables(lrn).items()})
+             **{"t:" + n: t.detach().numpy() for n, t in lrn.replica.tables().items()})
     dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
-    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "bytes": report.payload_bytes,
+    result = {"digest": lrn.replica.digest(), "labels": lrn.labels, "bytes": report.payload_bytes,
               "rows": report.rows, "touched": touched, "dirty": dirty}
     if rank == 1:
         print(json.dumps(result), flush=True)
@@ -80,7 +78,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
     from streamlearn.config import Config
     from streamlearn.learner import Learner
     from streamlearn.consumers.allreduce import GradientExchange
-    from streamlearn.consumers.distributed import DistributedError, Group, dist_settings, replica_digest
+    from streamlearn.consumers.distributed import DistributedError, Group, dist_settings
 
     out = sys.argv[1]
     settings = dist_settings(timeout_s=float(sys.argv[2]))
@@ -130,7 +128,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent("""
             break
     report = ex.settle()
     torch.save(grads, f"{out}/grads{rank}.pt")
-    result = {"digest": replica_digest(lrn), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
+    result = {"digest": lrn.replica.digest(), "labels": lrn.labels, "steps": lrn.steps, "rounds": rounds,
               "bytes": report.payload_bytes, "exchanges": report.exchanges,
               "dirty": {k: v.tolist() for k, v in lrn.take_dirty().items()},
               "nb_records": float(lrn.task.nb.flat[:lrn.task.nb.max_labels].sum())}
@@ -276,6 +274,22 @@ def test_settings_from_options_or_torchrun_env():
                          (dict(environ={**env, "RANK": "x"}), "RANK must be an integer")]:
         with pytest.raises(ConfigError, match=message):
             dist_settings(**bad)
+
+
+def test_group_worker_rejects_settings_before_it_joins_a_group_or_opens_the_state(tmp_path):
+    """Rank 0 of 2 with nobody else coming: a check that ran after joining would time out
+    (DistributedError) instead of naming the setting."""
+    from streamlearn.consumers.scaleout import GroupWorker
+    from streamlearn.consumers.worker import RunOptions
+
+    settings = DistSettings(0, 2, f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)
+    options = RunOptions("topic", str(tmp_path / "state"))
+    for overrides, message in [(("worker.queue_batches=0",), "worker.queue_batches"),  # the worker's rules
+                               (("learner.task=mlm",), "supports learner.task=classify"),  # the group's
+                               (("worker.sync=ring",), "worker.sync must be one of")]:
+        with pytest.raises(ConfigError, match=message):
+            GroupWorker(Config().override(*SMALL, *overrides), options, settings)
+    assert not (tmp_path / "state").exists()
 
 
 def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):

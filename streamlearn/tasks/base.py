@@ -107,6 +107,11 @@ class Task:
     def before_step(self, model: HashedTransformer, batch: Batch) -> None:
         """Called for every training batch before its step (e.g. new labels' rows)."""
 
+    def label_parameters(self, model: HashedTransformer) -> tuple[nn.Parameter, ...]:
+        """Dense parameters whose row i belongs to label id i (a label head's weight and
+        bias): a replica whose label ids change moves these rows (:mod:`streamlearn.sync`)."""
+        return ()
+
     def loss(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """The training loss of a prepared training batch with examples."""
         raise NotImplementedError

@@ -124,6 +124,9 @@ class Classify(Task):
         if batch.n_labels > batch.label_start:
             self.start_label_rows(model, range(batch.label_start, batch.n_labels))
 
+    def label_parameters(self, model: HashedTransformer) -> tuple[torch.nn.Parameter, ...]:
+        return model.head.weight, model.head.bias
+
     def start_label_rows(self, model: HashedTransformer, ids: Iterable[int], labels: Iterable | None = None) -> None:
         """Give label head rows ``ids`` their starting vectors, a function of
         ``learner.seed`` and the label alone (:class:`~streamlearn.heads.LabelHead`);
