@@ -34,19 +34,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
 
-import msgpack
 import numpy as np
 import torch
 import torch.distributed as dist
 import xxhash
 
+from ..checkpoint import fence_blob, stored_generation
 from ..exceptions import ConfigError, StreamlearnError
 from ..learner import Learner
-from ..learner_state import row_tables
 from ..objectives import LabelCapacityError, LabelTable
 from ..state import Checkpoint, Store
 
-FENCE_BLOB = "dist.fence"  # msgpack {"generation": int, "rank": int, "world_size": int}
 _DIGEST_SEED = 0x5CA1E0
 
 
@@ -172,7 +170,7 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
     try:
         _merge_labels(learner, group)
         touched = learner.take_dirty()
-        tables = row_tables(learner)
+        tables = learner.row_tables()
         union, id_bytes = _union_ids(touched, tables)
         dense = list(learner.model.dense_parameters().values())
         flat = _pack(dense, tables, union)  # (n,) float32
@@ -298,18 +296,12 @@ def replica_digest(learner: Learner) -> str:
     h = xxhash.xxh3_64(seed=_DIGEST_SEED)
     for _, p in sorted(learner.model.dense_parameters().items()):
         h.update(p.detach().float().cpu().numpy().tobytes())
-    for _, t in sorted(row_tables(learner).items()):
+    for _, t in sorted(learner.row_tables().items()):
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------- fencing
-
-def stored_generation(store: Store) -> int:
-    """The group generation of the last fenced commit (0: never)."""
-    raw = store.read_blob(FENCE_BLOB)
-    return int(msgpack.unpackb(raw)["generation"]) if raw else 0
-
 
 def fenced_commit(store: Store, ckpt: Checkpoint, generation: int, rank: int, world_size: int) -> None:
     """Commit ``ckpt`` as the writer of group ``generation``, unless a newer generation
@@ -324,5 +316,4 @@ def fenced_commit(store: Store, ckpt: Checkpoint, generation: int, rank: int, wo
         raise StaleWorkerError(
             f"rank {rank} of generation {generation} tried to write {store.path}, which generation "
             f"{current} already wrote: this worker was replaced; restart it so it joins the current group")
-    fence = msgpack.packb({"generation": generation, "rank": rank, "world_size": world_size})
-    store.commit(dataclasses.replace(ckpt, blobs={**ckpt.blobs, FENCE_BLOB: fence}))
+    store.commit(dataclasses.replace(ckpt, blobs={**ckpt.blobs, **fence_blob(generation, rank, world_size)}))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from streamlearn.broker import free_port
+from streamlearn.checkpoint import write
 from streamlearn.config import Config, StoreConfig
 from streamlearn.consumers.distributed import (
     DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
@@ -31,7 +32,6 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from streamlearn.config import Config
     from streamlearn.learner import Learner
-    from streamlearn.learner_state import row_tables
     from streamlearn.consumers.distributed import (DistributedError, Group, average_replicas, dist_settings,
                                                    replica_digest)
 
@@ -49,12 +49,12 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     group = Group(settings)
     touched = {n: np.unique(np.concatenate(p)).tolist() for n, p in lrn._dirty.items()}
     dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
-    tables = {n: t.detach().numpy().copy() for n, t in row_tables(lrn).items()}
+    tables = {n: t.detach().numpy().copy() for n, t in lrn.row_tables().items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
              **{"t:" + n: v for n, v in tables.items()})
     report = average_replicas(lrn, group)
     np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
-             **{"t:" + n: t.detach().numpy() for n, t in row_tables(lrn).items()})
+             **{"t:" + n: t.detach().numpy() for n, t in lrn.row_tables().items()})
     dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
     result = {"digest": replica_digest(lrn), "labels": lrn.labels, "bytes": report.payload_bytes,
               "rows": report.rows, "touched": touched, "dirty": dirty}
@@ -280,7 +280,7 @@ def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
     lrn = Learner(Config().override(*SMALL))
     lrn.learn_batch(lrn.prepare([{"text": "goal match", "label": "sport"}]))
     with open_store(tmp_path / "state", StoreConfig(shards=2, map_size_gb=0.05)) as store:
-        specs, rows, blobs, kv = lrn.checkpoint_parts(full=True)
+        specs, rows, blobs, kv = write(lrn, full=True)
         store.declare_tables(specs)
         ckpt = Checkpoint(step=lrn.steps, offsets={"t:0": 10}, rows=rows, blobs=blobs, kv=kv)
         assert stored_generation(store) == 0
