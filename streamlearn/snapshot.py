@@ -40,7 +40,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ import torch
 from .checkpoint import LazyCheckpoint, has_checkpoint, read_lazy
 from .config import Config
 from .exceptions import NoCheckpointError, RecordError, StreamlearnError
-from .hashing import canonical_id, tokenize
+from .hashing import canonical_id
 from .learner import Learner
 from .state import Manifest, Store, open_store
 
