@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
+from streamlearn.checkpoint import read_full
 from streamlearn.datasets import DatasetError
-from streamlearn.learner import Learner
 from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -118,7 +118,7 @@ def run(name: str, world: int, sync: str, bootstrap: str, topic: str, records: i
 
 def held_out_accuracy(state: Path, held: list[dict]) -> float:
     with open_store(str(state), readonly=True) as store:
-        learner = Learner.restore(store)
+        learner = read_full(store)
     hits = 0
     for at in range(0, len(held), 256):
         chunk = held[at:at + 256]

@@ -53,6 +53,7 @@ def trainer(args: argparse.Namespace) -> None:
     """Learn batches forever; print one JSON line per batch and per commit."""
     import torch
 
+    from streamlearn.checkpoint import write
     from streamlearn.config import Config
     from streamlearn.datasets import DatasetReader, bundled_path
     from streamlearn.learner import Learner
@@ -71,7 +72,7 @@ def trainer(args: argparse.Namespace) -> None:
         print(json.dumps({"t": time.time(), "n": len(batch)}), flush=True)
         if since >= args.checkpoint_every:
             step += 1
-            specs, rows, blobs, kv = learner.checkpoint_parts()
+            specs, rows, blobs, kv = write(learner)
             started = time.time()
             store.declare_tables(specs)
             store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
@@ -326,8 +327,8 @@ def in_process_latency(state: str, seconds: float) -> dict:
     a learner restored from the state (no refresh, no row reads)."""
     import torch
 
+    from streamlearn.checkpoint import read_full
     from streamlearn.datasets import DatasetReader, bundled_path
-    from streamlearn.learner import Learner
     from streamlearn.snapshot import Snapshot
     from streamlearn.state import open_store
 
@@ -343,7 +344,7 @@ def in_process_latency(state: str, seconds: float) -> dict:
     out["advance_ms"] = (float(np.median(firsts)) * 1e3, float(max(firsts)) * 1e3, len(firsts)) if firsts else None
     with open_store(state, readonly=True) as store:
         started = time.perf_counter()
-        learner = Learner.restore(store)
+        learner = read_full(store)
         out["restore_seconds"] = time.perf_counter() - started
     out["learner"] = _time_calls(lambda q: learner.predict_proba_many(q), texts, seconds)
     return out
@@ -367,6 +368,7 @@ def worst_case_reload(tmp: str) -> dict:
     model tables vs what the snapshot reads when it advances (lazy)."""
     import torch
 
+    from streamlearn.checkpoint import write
     from streamlearn.config import Config
     from streamlearn.learner import Learner
     from streamlearn.snapshot import Snapshot
@@ -377,12 +379,12 @@ def worst_case_reload(tmp: str) -> dict:
     learner = Learner(Config())
     learner.learn_many([{"text": "free prize now", "label": "spam"}, {"text": "see you", "label": "ham"}])
     with open_store(state) as store:
-        specs, rows, blobs, kv = learner.checkpoint_parts(full=True)
+        specs, rows, blobs, kv = write(learner, full=True)
         store.declare_tables(specs)
         store.commit(Checkpoint(step=1, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
         snap = Snapshot(store)
         learner.learn_many([{"text": "call now", "label": "spam"}])
-        specs, rows, blobs, kv = learner.checkpoint_parts()
+        specs, rows, blobs, kv = write(learner)
         store.commit(Checkpoint(step=2, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
         started = time.perf_counter()
         snap.predict([{"text": "free call"}])  # advance + lazy rows + forward
@@ -484,7 +486,7 @@ def report(args, samples, off_windows, on_windows, lags, inproc, commit_s, pin) 
         med, worst, n = inproc["advance_ms"]
         print(f"  first Snapshot.predict after a new checkpoint (advance + row reads + query): median {med:.2f} ms, "
               f"max {worst:.2f} ms over {n} checkpoints")
-    print(f"  Learner.restore of this state (full reload, for comparison): {inproc['restore_seconds']:.2f} s")
+    print(f"  checkpoint.read_full of this state (full reload, for comparison): {inproc['restore_seconds']:.2f} s")
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ bad ones, trains a :class:`~streamlearn.learner.Learner` and checkpoints it to t
 store together with the offsets it consumed. ``streamlearn worker`` runs one; see
 docs/operations.md for running, stopping, recovering and monitoring it.
 """
-from .checkpoint import AUDIT, read_audit
+from ..checkpoint import read_audit
 from .fetcher import FetchPlan
 from .worker import RunOptions, RunSummary, Worker, WorkerError
 
-__all__ = ["AUDIT", "FetchPlan", "RunOptions", "RunSummary", "Worker", "WorkerError", "read_audit"]
+__all__ = ["FetchPlan", "RunOptions", "RunSummary", "Worker", "WorkerError", "read_audit"]

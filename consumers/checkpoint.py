@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterator
 
-import msgpack
-
+from ..checkpoint import audit_kv, has_checkpoint, read_full, write
 from ..config import Config
-from ..exceptions import StreamlearnError
+from ..exceptions import CheckpointMismatchError, StreamlearnError
 from ..learner import Learner
-from ..learner_state import stored_config
 from ..state import Checkpoint, Store
 from .handoff import Prepared
 
 log = logging.getLogger(__name__)
 
-AUDIT = "audit"  # kv namespace: the offset ranges each checkpoint applied (worker.audit)
 # cumulative counts kept in the manifest metrics (prequential_*: the batches evaluated
 # before learning, every worker.eval_every-th batch)
 _TOTALS = ("records_learned", "dead_letters", "prequential_evaluated", "prequential_correct")
@@ -57,29 +53,21 @@ def open_learner(store: Store, cfg: Config) -> Learner:
     """The learner of the store's last checkpoint, or a new one for an empty store.
 
     The config passed in wins (it may change e.g. learning rates), but it must build the
-    same tables and weights as the stored one; otherwise the error names what differs.
+    same tables and weights as the stored one: otherwise CheckpointMismatchError names the
+    config keys that differ. A damaged checkpoint raises CorruptStateError.
     """
-    if store.read_blob("learner.meta") is None:
+    if not has_checkpoint(store):
         return Learner(cfg)
     try:
-        return Learner.restore(store, cfg)
-    except StreamlearnError as exc:
-        diff = config_diff(stored_config(store), cfg)
-        if not diff:
+        return read_full(store, cfg)
+    except CheckpointMismatchError as exc:
+        if not exc.config_diff:
             raise
-        raise StreamlearnError(
-            f"the state at {store.path} was trained with another model config ({diff}): pass "
-            f"the same --config/--set as before, or use a new --state directory ({exc})"
+        raise CheckpointMismatchError(
+            f"the state at {store.path} was trained with another model config ({exc.config_diff}): pass "
+            f"the same --config/--set as before, or use a new --state directory ({'; '.join(exc.misfits)})",
+            exc.misfits, exc.config_diff,
         ) from exc
-
-
-def config_diff(old: Config, new: Config, skip: tuple[str, ...] = ("worker", "store", "service", "kafka")) -> str:
-    """``"model.layers 0 -> 1, ..."`` for the keys that differ outside ``skip``."""
-    a, b = old.to_dict(), new.to_dict()
-    diffs = [f"{section}.{key} {a[section][key]!r} -> {value!r}"
-             for section, values in b.items() if section not in skip
-             for key, value in values.items() if a[section].get(key) != value]
-    return ", ".join(diffs)
 
 
 class AuditLog:
@@ -99,22 +87,12 @@ class AuditLog:
             self.ranges.append(run)
             self._open[partition] = run
 
-    def take(self) -> bytes:
-        return msgpack.packb(self.ranges)
-
     def clear(self) -> None:
         self.ranges, self._open = [], {}
 
 
 def _dense(first: int, last: int, count: int) -> bool:
     return count == last - first + 1
-
-
-def read_audit(store: Store) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
-    """Every checkpoint's audit entry, in commit order: ``(commit number, [(partition,
-    first offset, last offset, records)])``. Present only with ``worker.audit=true``."""
-    for key, value in store.iter_kv(AUDIT):
-        yield int.from_bytes(key, "big"), [tuple(r) for r in msgpack.unpackb(value)]
 
 
 class Checkpointer:
@@ -196,12 +174,12 @@ class Checkpointer:
         return time.perf_counter() - started
 
     def _build(self, metrics: dict, config: Config) -> Checkpoint:
-        specs, rows, blobs, kv = self.learner.checkpoint_parts(full=self._full)
+        specs, rows, blobs, kv = write(self.learner, full=self._full)
         if not self._specs_declared:
             self.store.declare_tables(specs)
             self._specs_declared = True
         if self._audit is not None:
-            kv[AUDIT] = {(self.commits + 1).to_bytes(8, "big"): self._audit.take()}
+            kv.update(audit_kv(self.commits + 1, self._audit.ranges))
         key = lambda p: partition_key(self.topic, p)  # noqa: E731
         return Checkpoint(
             step=self.learner.steps,

@@ -38,17 +38,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
 
-import msgpack
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..checkpoint import fence_blob, stored_generation
 from ..exceptions import ConfigError, LabelCapacityError, StreamlearnError
 from ..learner import Learner
 from ..state import Checkpoint, Store
 from ..sync import Replica
 
-FENCE_BLOB = "dist.fence"  # msgpack {"generation": int, "rank": int, "world_size": int}
 
 
 class DistributedError(StreamlearnError):
@@ -249,12 +248,6 @@ def _union_ids(touched: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], i
 
 # ---------------------------------------------------------------------------- fencing
 
-def stored_generation(store: Store) -> int:
-    """The group generation of the last fenced commit (0: never)."""
-    raw = store.read_blob(FENCE_BLOB)
-    return int(msgpack.unpackb(raw)["generation"]) if raw else 0
-
-
 def fenced_commit(store: Store, ckpt: Checkpoint, generation: int, rank: int, world_size: int) -> None:
     """Commit ``ckpt`` as the writer of group ``generation``, unless a newer generation
     already wrote the state (then :class:`StaleWorkerError`, the state unchanged).
@@ -268,5 +261,4 @@ def fenced_commit(store: Store, ckpt: Checkpoint, generation: int, rank: int, wo
         raise StaleWorkerError(
             f"rank {rank} of generation {generation} tried to write {store.path}, which generation "
             f"{current} already wrote: this worker was replaced; restart it so it joins the current group")
-    fence = msgpack.packb({"generation": generation, "rank": rank, "world_size": world_size})
-    store.commit(dataclasses.replace(ckpt, blobs={**ckpt.blobs, FENCE_BLOB: fence}))
+    store.commit(dataclasses.replace(ckpt, blobs={**ckpt.blobs, **fence_blob(generation, rank, world_size)}))

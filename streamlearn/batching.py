@@ -117,6 +117,14 @@ class Preparer:
         self.fill_query(batch, records)
         return batch
 
+    def replace_histories(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> None:
+        """A task that keeps per-key histories: they become ``pairs`` of (key, items,
+        oldest first), none changed since (a checkpoint is read)."""
+        histories = Histories(self.cfg.learner.history)
+        for key, items in pairs:
+            histories.load(key, items)
+        self.histories = histories
+
     # ------------------------------------------------------------------ a task's part
 
     def validate(self, rec: Record) -> list[str] | None:

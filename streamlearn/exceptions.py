@@ -28,3 +28,30 @@ class LabelCapacityError(RecordError):
     before keep training. Raise ``model.max_labels`` and retrain from scratch to admit
     more: the head's size is fixed when the model is built.
     """
+
+
+class CheckpointError(StreamlearnError):
+    """A learner checkpoint cannot be written or read (:mod:`streamlearn.checkpoint`)."""
+
+
+class NoCheckpointError(CheckpointError):
+    """The store holds no learner checkpoint yet: train into it first."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The stored model does not fit the config it is read with: row tables of another
+    shape, dense weights of other names or shapes, another row-optimizer rule, counts of
+    an older format. ``misfits``: one phrase per difference; ``config_diff``: the config
+    keys that differ from the stored config (``"model.layers 0 -> 1, ..."``, empty when
+    the configs agree or the stored one is not compared)."""
+
+    def __init__(self, message: str, misfits: tuple[str, ...] = (), config_diff: str = ""):
+        super().__init__(message)
+        self.misfits = tuple(misfits)
+        self.config_diff = config_diff
+
+
+class CorruptStateError(CheckpointError):
+    """A checkpoint's stored bytes are missing or unreadable (a blob absent or not
+    decodable, a namespace that does not match the counters): the state directory was
+    damaged or altered; restore it from a good copy or train into a new one."""

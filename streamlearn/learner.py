@@ -52,7 +52,6 @@ from .decoding import TopK
 from .device import Device
 from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
-from . import learner_state as persist
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
@@ -301,6 +300,12 @@ class Learner(river_base.Classifier):
         task's count tables (e.g. ``"nb.counts"``; not the row optimizer's state tables)."""
         return {**self.model.row_tables(), **self.task.count_tables()}
 
+    def row_tables(self) -> dict[str, torch.Tensor]:
+        """Every row table of the learner, by store name: :meth:`value_tables` and the row
+        optimizer's state tables (``"E.sum"``; ``"E.exp_avg"``, ``"E.exp_avg_sq"``), the
+        tables a checkpoint stores and replicas average."""
+        return {**self.value_tables(), **self.row_optim.state_tables()}
+
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Per row table, the rows a forward pass over ``batch`` reads: the embedding's
         and the task's count tables'. A reader that loads rows lazily from a checkpoint
@@ -413,29 +418,89 @@ class Learner(river_base.Classifier):
         return dirty
 
     # ------------------------------------------------------------------ persistence
+    # What the checkpoint codec (:mod:`streamlearn.checkpoint`) reads and writes; nothing
+    # else calls these.
 
-    def checkpoint_parts(self, full: bool = False):
-        """``(table_specs, rows, blobs, kv)`` for a store commit; see :mod:`streamlearn.learner_state`.
+    @property
+    def applied(self) -> int:
+        """Training batches learned so far (every one :meth:`prepare` made, once learned)."""
+        return self._applied
 
-        Incremental (``full=False``): rows changed, history keys changed and candidates
-        added since the previous call, which this call consumes; if the commit then
-        fails, make the next checkpoint ``full=True``.
-        """
-        if self.prep.prepared != self._applied:
-            raise StreamlearnError(
-                f"{self.prep.prepared - self._applied} prepared batch(es) not learned yet: learn them "
-                "before checkpointing, or the checkpoint would hold labels/histories of unapplied records"
-            )
-        return persist.checkpoint_parts(self, full)
+    def resume(self, steps: int, prepared: int, applied: int) -> None:
+        """Continue from a checkpoint's counters (optimizer steps, training batches
+        prepared and learned). The changed-row lists are dropped: every row now equals
+        the checkpoint's."""
+        self.steps, self.prep.prepared, self._applied = steps, prepared, applied
+        self._dirty = {}
 
-    @classmethod
-    def restore(cls, store, cfg: Config | None = None) -> "Learner":
-        """A learner identical to the one checkpointed into ``store`` (its config unless
-        ``cfg`` is given)."""
-        learner = cls(cfg if cfg is not None else persist.stored_config(store))
-        learner.load_from(store)
-        return learner
+    def initial_rows(self) -> dict[str, torch.Tensor]:
+        """:meth:`row_tables` as a new learner of this config starts them, as CPU copies:
+        the embedding's seeded init (rebuilt bit for bit), zeros for the optimizer state
+        and count tables."""
+        fresh = build_embedding(self.cfg.embedding, self.cfg.hashing.seed)[1].row_tables()  # a throwaway module
+        return {name: fresh[name].detach() if name in fresh else torch.zeros(t.shape, dtype=t.dtype)
+                for name, t in self.row_tables().items()}
 
-    def load_from(self, store) -> None:
-        """Overwrite this learner's state with the store's last checkpoint."""
-        persist.load_into(self, store)
+    def dense_state(self) -> dict[str, torch.Tensor]:
+        """The model's weights outside the row tables (transformer, head...), a state dict."""
+        rows = {id(p) for p in self.model.row_tables().values()}
+        skip = {n for n, p in self.model.named_parameters() if id(p) in rows}
+        return {k: v for k, v in self.model.state_dict().items() if k not in skip}
+
+    def load_dense_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the weights of :meth:`dense_state` with ``state``, which has its keys
+        and shapes (the caller checks them)."""
+        self.model.load_state_dict(state, strict=False)
+
+    def optimizer_state(self) -> tuple[dict, dict]:
+        """``(dense, rows)``: AdamW's state dict and the row optimizer's scalars (its rule
+        and step count; its per-row state is in :meth:`row_tables`)."""
+        return self.dense_optim.state_dict(), self.row_optim.state_dict()
+
+    def load_optimizer_state(self, dense: dict, rows: dict) -> None:
+        """Resume both optimizers from :meth:`optimizer_state`'s two parts. AdamW raises
+        ValueError for a state dict of other parameter groups."""
+        self.dense_optim.load_state_dict(dense)
+        self.row_optim.load_state_dict(rows)
+
+    def replace_labels(self, labels: Sequence) -> None:
+        """classify: the label table holds ``labels`` from now on, in this order (a
+        label's id is its position); the label head rows must already match."""
+        self.label_table.replace(list(labels))
+
+    def take_histories(self, full: bool = False) -> dict[str, tuple[str, ...]]:
+        """next-item: the key histories changed since the last call (every one with
+        ``full``); they count as checkpointed from now on."""
+        changed = self.histories.take_dirty()
+        return dict(self.histories.items()) if full else changed
+
+    def replace_histories(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> None:
+        """next-item: the key histories become ``pairs`` of (key, items, oldest first),
+        none changed since a checkpoint."""
+        self.prep.replace_histories(pairs)
+
+    @property
+    def candidates_mark(self) -> int:
+        """How many candidates (decoding index tokens) are in a checkpoint: written to
+        one by :meth:`take_new_candidates` or read from one by :meth:`extend_candidates`."""
+        return self._index_mark
+
+    def take_new_candidates(self, full: bool = False) -> tuple[int, list[str]]:
+        """``(first, tokens)``: the candidates not in a checkpoint yet (every one with
+        ``full``) and the sequence number of the first; they count as checkpointed from
+        now on."""
+        first = 0 if full else self._index_mark
+        fresh = self.index.new_since(first)
+        self._index_mark = first + len(fresh)
+        return first, fresh
+
+    def extend_candidates(self, tokens: Sequence[str]) -> None:
+        """Append candidates read from a checkpoint, in their order; they count as
+        checkpointed. A token already present raises DecodingError."""
+        self.index.extend(tokens)
+        self._index_mark = self.index.mark
+
+    def reset_candidates(self) -> None:
+        """An empty candidate index, none checkpointed (before reading them again)."""
+        self.task.reset_index()
+        self._index_mark = 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
-import msgpack
 import numpy as np
 
 from .exceptions import LabelCapacityError, RecordError
@@ -166,14 +165,6 @@ class LabelTable:
         e.g. a merged table of several replicas; the caller moves the head rows."""
         self.labels[:] = labels
         self.__post_init__()
-
-    def to_bytes(self) -> bytes:
-        return msgpack.packb({"capacity": self.capacity, "labels": self.labels}, use_bin_type=True)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "LabelTable":
-        obj = msgpack.unpackb(data, raw=False)
-        return cls(obj["capacity"], list(obj["labels"]))
 
 
 # ---------------------------------------------------------------------------- histories

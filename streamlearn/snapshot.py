@@ -12,9 +12,10 @@ per checkpoint and embedding rows are read lazily, per query, from the store:
 1. Each query opens ONE short LMDB read transaction (``store.snapshot()``) and reads
    the manifest in it (about 25 us).
 2. If the store committed since the last query, the snapshot *advances* inside that
-   transaction: dense weights, label table, the candidates added since (decoding),
-   and the few tables a head reads in full (a tied output head reads every row of
-   ``E``); every lazily read row becomes stale.
+   transaction (:func:`streamlearn.checkpoint.read_lazy` reads the checkpoint): dense
+   weights, label table, the candidates added since (decoding), and the few tables a
+   head reads in full (a tied output head reads every row of ``E``); every lazily read
+   row becomes stale.
 3. The query is featurized; for each row table it reads, the rows it touches that are
    stale (not yet read at this checkpoint) are read from the store (``read_rows``,
    one lookup per row) into the in-memory table. A row is read at most once per
@@ -36,22 +37,19 @@ Usage (see docs/serving.md)::
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, NamedTuple
 
-import msgpack
 import numpy as np
 import torch
 
+from .checkpoint import LazyCheckpoint, has_checkpoint, read_lazy
 from .config import Config
-from .exceptions import RecordError, StreamlearnError
+from .exceptions import NoCheckpointError, RecordError, StreamlearnError
 from .hashing import canonical_id
 from .learner import Learner
-from . import learner_state
-from .objectives import LabelTable
 from .state import Manifest, Store, open_store
 
 __all__ = [
@@ -62,10 +60,6 @@ __all__ = [
 
 class SnapshotError(StreamlearnError):
     """The snapshot cannot answer; the message says what to change."""
-
-
-class NoCheckpointError(SnapshotError):
-    """The state directory holds no learner checkpoint yet."""
 
 
 class TaskMismatchError(SnapshotError):
@@ -112,11 +106,11 @@ class Snapshot:
     def __init__(self, store: Store, device: str | None = None, owns_store: bool = False):
         self._store = store
         self._owns_store = owns_store
-        self._device = device
         self._lock = threading.Lock()
         self._version = _Version()
-        self._config_blob = b""
-        self._rebuild(_require_checkpoint(store))  # builds the model outside any transaction
+        _require_checkpoint(store)
+        self._reader: LazyCheckpoint = read_lazy(store, device)  # builds the model outside any transaction
+        self._adopt()
         self.refresh()
 
     @classmethod
@@ -245,7 +239,7 @@ class Snapshot:
                 continue  # a table read whole, or one the store has not declared
             stale = ids[seen[ids] != self._version.number]
             if len(stale):
-                values, found = self._store.read_rows(name, stale)  # (n, width), (n,)
+                values, found = self._reader.read_rows(name, stale)  # (n, width), (n,)
                 _write_rows(self._tables[name], stale[found], values[found])
                 seen[stale] = self._version.number
 
@@ -256,10 +250,7 @@ class Snapshot:
         return [self._history_query(r) if _is_key_query(r) else r for r in records]
 
     def _history_query(self, record: Mapping) -> dict:
-        key = canonical_id(record["key"])
-        stored = self._store.read_kv("history", learner_state._history_key(key))
-        items = msgpack.unpackb(stored)[1] if stored is not None else []
-        return {"tokens": list(items)}
+        return {"tokens": self._reader.history(canonical_id(record["key"]))}
 
     def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
         lists = [self._record_tokens(r, i) for i, r in enumerate(records)]
@@ -282,74 +273,32 @@ class Snapshot:
 
     # ------------------------------------------------------------------ advancing
 
+    @property
+    def _learner(self) -> Learner:
+        return self._reader.learner
+
     def _advance(self, manifest: Manifest) -> None:
-        """Step 2 of the module docstring, inside the caller's read transaction: load what
-        changed, then mark every lazily read row stale."""
-        meta_blob = self._store.read_blob("learner.meta")
-        config_blob = self._store.read_blob("learner.config")
-        if meta_blob is None or config_blob is None:
-            raise NoCheckpointError(_no_checkpoint(self._store))
-        rewound = manifest.commits < self._version.commits
-        if config_blob != self._config_blob or rewound:
-            self._rebuild(config_blob)  # a rewritten store, or another model in the directory
-        meta = msgpack.unpackb(meta_blob)
-        learner_state.check_format(self._learner, meta, self._store)
-        self._load_dense()
-        if self._learner.label_table is not None:
-            stored = LabelTable.from_bytes(self._store.read_blob("learner.labels"))
-            self._learner.label_table.replace(stored.labels)
-        self._extend_candidates(meta.get("candidates", 0))
+        """Step 2 of the module docstring, inside the caller's read transaction: read what
+        changed (:meth:`LazyCheckpoint.advance`), then mark every lazily read row stale."""
+        rewound = manifest.commits < self._version.commits  # a rewritten store
+        if self._reader.advance(rebuild=rewound):
+            self._adopt()  # a new model: another config in the directory, or a rewritten store
         for name in self._whole:
             if name in manifest.tables:
-                _load_whole(self._store, name, self._tables[name])
+                _load_whole(self._reader, name, self._tables[name])
         self._row_version = {n: v for n, v in self._lazy_versions.items() if n in manifest.tables}
         v = self._version
         self._version = _Version(manifest.commits, manifest.step, manifest.committed_at, v.number + 1)
 
-    def _rebuild(self, config_blob: bytes) -> None:
-        cfg = Config.from_dict(json.loads(config_blob))
-        if self._device is not None:
-            cfg = cfg.override(f"learner.device={self._device}")
-        learner = Learner(cfg)
-        self._learner = learner
+    def _adopt(self) -> None:
+        """Track the rows of the reader's (new) learner: none read yet."""
+        learner = self._learner
         self._tables = learner.value_tables()  # the Naive Bayes counts too: read lazily like embedding rows
         self._whole = learner.task.whole_tables(learner.model)
         self._lazy_versions = {
             n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole
         }
-        self._config_blob = config_blob
         self._version = dataclasses.replace(self._version, commits=-1)
-
-    def _load_dense(self) -> None:
-        """The dense weights only: the optimizer blobs (twice their size) are for training."""
-        model = self._learner.model
-        blob = self._store.read_blob("model.dense")
-        dense = learner_state.dense_weights(blob, self._learner.device)
-        rows = {id(p) for p in self._tables.values()}
-        row_names = {n for n, p in model.named_parameters() if id(p) in rows}
-        missing, unexpected = model.load_state_dict(dense, strict=False)
-        if unexpected or set(missing) != row_names:
-            raise SnapshotError(
-                f"stored dense weights do not fit the stored config (missing "
-                f"{sorted(set(missing) - row_names)}, unexpected {sorted(unexpected)}): the state "
-                "directory was written by another streamlearn version"
-            )
-
-    def _extend_candidates(self, count: int) -> None:
-        index = self._learner.index
-        if index is None:
-            return
-        if count < index.mark:  # fewer than before: the store was rewritten
-            self._learner.task.reset_index()
-            index = self._learner.index
-        keys = [seq.to_bytes(8, "big") for seq in range(index.mark, count)]
-        values = [self._store.read_kv("candidates", key) for key in keys]
-        if any(v is None for v in values):
-            raise SnapshotError(
-                f"the checkpoint counts {count} decoding candidates but the store lacks some: the "
-                "candidates namespace was altered; restore the state directory from a good copy"
-            )
-        index.extend([v.decode("utf-8") for v in values])
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -379,13 +328,13 @@ def _write_rows(table: torch.Tensor, ids: np.ndarray, values: np.ndarray) -> Non
 
 
 @torch.no_grad()
-def _load_whole(store: Store, name: str, table: torch.Tensor, chunk: int = 65536) -> None:
+def _load_whole(reader: LazyCheckpoint, name: str, table: torch.Tensor, chunk: int = 65536) -> None:
     """Every stored row of ``name`` into ``table``. Rows never stored keep the in-memory
     value, which is their init (they were never overwritten). ``read_rows`` over all ids
     (in chunks) is about 2.5x faster here than ``load_table``'s cursor scan."""
     for start in range(0, table.shape[0], chunk):
         ids = np.arange(start, min(start + chunk, table.shape[0]), dtype=np.int64)
-        values, found = store.read_rows(name, ids)  # (n, width), (n,)
+        values, found = reader.read_rows(name, ids)  # (n, width), (n,)
         _write_rows(table, ids[found], values[found])
 
 
@@ -400,13 +349,10 @@ def _no_checkpoint(store: Store) -> str:
             "streamlearn serve --wait SECONDS)")
 
 
-def _require_checkpoint(store: Store) -> bytes:
-    """The stored learner config, or NoCheckpointError."""
-    with store.snapshot():
-        config = store.read_blob("learner.config")
-        if store.manifest().commits == 0 or config is None or store.read_blob("learner.meta") is None:
-            raise NoCheckpointError(_no_checkpoint(store))
-    return config
+def _require_checkpoint(store: Store) -> None:
+    """NoCheckpointError, saying how to wait for one, unless ``store`` holds a checkpoint."""
+    if not has_checkpoint(store):
+        raise NoCheckpointError(_no_checkpoint(store))
 
 
 def wait_for_checkpoint(store: Store, wait: float) -> None:

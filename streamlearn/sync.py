@@ -108,9 +108,7 @@ class Replica:
     def tables(self) -> dict[str, torch.Tensor]:
         """Every row table by store name, sorted: the embedding's, the task's count
         tables (``"nb.counts"``) and the row optimizer's state (``"E.sum"``, ...)."""
-        learner = self.learner
-        tables = {**learner.value_tables(), **learner.row_optim.state_tables()}
-        return dict(sorted(tables.items()))
+        return dict(sorted(self.learner.row_tables().items()))
 
     def take_touched(self) -> dict[str, np.ndarray]:
         """Per table of :meth:`tables` (sorted), the sorted row ids changed since the

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from streamlearn.broker import free_port
+from streamlearn.checkpoint import write
 from streamlearn.config import Config, StoreConfig
 from streamlearn.consumers.distributed import (
     DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
@@ -296,7 +297,7 @@ def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
     lrn = Learner(Config().override(*SMALL))
     lrn.learn_batch(lrn.prepare([{"text": "goal match", "label": "sport"}]))
     with open_store(tmp_path / "state", StoreConfig(shards=2, map_size_gb=0.05)) as store:
-        specs, rows, blobs, kv = lrn.checkpoint_parts(full=True)
+        specs, rows, blobs, kv = write(lrn, full=True)
         store.declare_tables(specs)
         ckpt = Checkpoint(step=lrn.steps, offsets={"t:0": 10}, rows=rows, blobs=blobs, kv=kv)
         assert stored_generation(store) == 0

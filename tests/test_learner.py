@@ -2,16 +2,15 @@
 with a reason, drops into river, and survives a checkpoint/restore bit for bit."""
 import random
 
-import msgpack
 import numpy as np
 import pytest
 import torch
 from river import evaluate, metrics
 
-from streamlearn import learner_state
+from streamlearn import checkpoint
 from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
 from streamlearn.embeddings import to_tensors
-from streamlearn.exceptions import ConfigError, RecordError, StreamlearnError
+from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record
 from streamlearn.state import Checkpoint, open_store
@@ -286,7 +285,7 @@ def test_batches_must_be_learned_in_order_before_a_checkpoint():
     with pytest.raises(StreamlearnError, match="out of order"):
         lrn.learn_batch(second)
     with pytest.raises(StreamlearnError, match="not learned yet"):
-        lrn.checkpoint_parts()
+        checkpoint.write(lrn)
     assert (lrn.learn_batch(first).step, lrn.learn_batch(second).step) == (1, 2)
     with pytest.raises(StreamlearnError, match="train=True"):
         lrn.learn_batch(lrn.prepare(topic_stream(2), train=False))
@@ -304,7 +303,7 @@ def store(request, tmp_path):
 
 
 def commit(lrn: Learner, store, full: bool = False) -> None:
-    specs, rows, blobs, kv = lrn.checkpoint_parts(full=full)
+    specs, rows, blobs, kv = checkpoint.write(lrn, full=full)
     store.declare_tables(specs)
     store.commit(Checkpoint(step=lrn.steps, rows=rows, blobs=blobs, kv=kv))
 
@@ -329,7 +328,7 @@ def test_checkpoint_restore_round_trip(task, store):
         reference.learn_many(batch)
         if i in (1, 3, 5):  # incremental checkpoints chain: each writes only what changed
             commit(live, store)
-    restored = Learner.restore(store)
+    restored = checkpoint.read_full(store)
     assert_same(params(reference), params(restored))
     if task == "classify":
         assert restored.predict_proba_many(queries) == reference.predict_proba_many(queries)
@@ -346,7 +345,7 @@ def test_checkpoint_restore_round_trip(task, store):
     assert_same(params(reference), params(restored))
 
 
-def test_load_from_resets_rows_the_store_never_saw(store):
+def test_a_full_read_holds_the_checkpoint_and_the_init_of_rows_never_stored(store):
     lrn = learner()
     lrn.learn_many(topic_stream(16))
     commit(lrn, store)
@@ -355,26 +354,26 @@ def test_load_from_resets_rows_the_store_never_saw(store):
     report = lrn.learn_many(novel)  # touches rows the store does not hold
     stored = store.read_rows("E", report.rows["E"])[1]
     assert not stored.all()
-    lrn.load_from(store)
-    assert_same(saved, params(lrn))
+    assert_same(saved, params(checkpoint.read_full(store)))
 
 
 def test_full_checkpoint_writes_every_row(store):
     lrn = learner("learner.task=next-item")
     lrn.learn_many(cycle_stream(32)[0])
-    specs, rows, blobs, kv = lrn.checkpoint_parts(full=True)
+    specs, rows, blobs, kv = checkpoint.write(lrn, full=True)
     assert {s.name: (s.rows, s.width) for s in specs} == {
         "E": (256, 16), "P": (2000, 2), "E.sum": (256, 16), "P.sum": (2000, 2)}
     assert all(len(rows[s.name][0]) == s.rows for s in specs)
-    assert set(kv) == {"history", "candidates"}
-    assert {"learner.config", "learner.meta", "model.dense", "optim.dense", "optim.rows"} <= set(blobs)
-    specs, rows, blobs, kv = lrn.checkpoint_parts()  # nothing changed since
+    assert set(kv) == {checkpoint.HISTORY_NS, checkpoint.CANDIDATES_NS}
+    assert set(blobs) == {checkpoint.CONFIG_BLOB, checkpoint.META_BLOB, checkpoint.DENSE_BLOB,
+                          checkpoint.DENSE_OPTIM_BLOB, checkpoint.ROW_OPTIM_BLOB}  # no label table: next-item
+    specs, rows, blobs, kv = checkpoint.write(lrn)  # nothing changed since
     assert rows == {} and kv == {}
 
 
 def test_restore_refuses_a_store_without_a_learner(store):
     with pytest.raises(StreamlearnError, match="no learner checkpoint"):
-        Learner.restore(store)
+        checkpoint.read_full(store)
 
 
 STREAMS = {"classify": topic_stream, "mlm": set_stream, "next-item": lambda n: cycle_stream(n)[0]}
@@ -393,7 +392,7 @@ def test_every_scheme_and_task_learns_and_round_trips(scheme, task, tmp_path):
         assert np.isfinite(report.loss) and report.examples > 0 and not report.rejected
     with open_store(tmp_path / "s", StoreConfig(backend="memory", shards=1)) as store:
         commit(lrn, store)
-        restored = Learner.restore(store)
+        restored = checkpoint.read_full(store)
     queries = stream[3][:4]
     if task == "classify":
         assert restored.predict_proba_many(queries) == lrn.predict_proba_many(queries)
@@ -582,7 +581,7 @@ def test_naive_bayes_reports_and_checkpoints_the_count_rows_it_changed(store):
         np.testing.assert_array_equal(report.rows["nb.counts"], changed)
         if i in (1, 3):
             commit(lrn, store)  # incremental: only the changed count rows
-    restored = Learner.restore(store)
+    restored = checkpoint.read_full(store)
     assert torch.equal(restored.task.nb.counts, reference.task.nb.counts)
     query = [{"text": "goal chip soup"}]
     assert restored.predict_proba_many(query) == reference.predict_proba_many(query)
@@ -597,20 +596,18 @@ def test_naive_bayes_counts_of_an_older_checkpoint_format_are_refused(store):
     lrn = learner(*NB)
     lrn.learn_many(topic_stream(16))
     commit(lrn, store)
-    meta = msgpack.unpackb(store.read_blob("learner.meta"))
-    learner_state.check_format(lrn, meta, store)  # this version's checkpoint: fine
-    with pytest.raises(StreamlearnError, match="learner.nb_weight=0"):
-        learner_state.check_format(lrn, {**meta, "format": 1}, store)
-    learner_state.check_format(learner("learner.nb_weight=0"), {**meta, "format": 1}, store)  # counts unused
+    checkpoint.check_format(lrn, checkpoint.FORMAT, store)  # this version's checkpoint: fine
+    with pytest.raises(CheckpointMismatchError, match="learner.nb_weight=0"):
+        checkpoint.check_format(lrn, 1, store)
+    checkpoint.check_format(learner("learner.nb_weight=0"), 1, store)  # counts unused
 
 
 def test_a_state_without_naive_bayes_counts_restores_with_the_part_on(store):
     plain = learner("learner.nb_weight=0")
     plain.learn_many(topic_stream(16))
     commit(plain, store)
-    meta = msgpack.unpackb(store.read_blob("learner.meta"))
-    learner_state.check_format(learner(*NB), {**meta, "format": 1}, store)  # no counts stored: nothing to misread
-    restored = Learner.restore(store, Config().override(*SMALL, *NB))
+    checkpoint.check_format(learner(*NB), 1, store)  # no counts stored: nothing to misread
+    restored = checkpoint.read_full(store, Config().override(*SMALL, *NB))
     assert restored.task.nb is not None and not restored.task.nb.counts.any()
     restored.learn_many(topic_stream(16, seed=1))
     assert restored.task.nb.counts.any()
@@ -626,7 +623,7 @@ def test_naive_bayes_config_errors_say_what_to_change(bad):
 def test_naive_bayes_part_only_for_classify_and_only_when_weighted():
     assert learner("learner.nb_weight=0").task.nb is None
     assert not learner("learner.task=mlm", "learner.nb_weight=0.5").task.count_tables()
-    assert "nb.counts" not in learner("learner.nb_weight=0").checkpoint_parts(full=True)[1]
+    assert "nb.counts" not in checkpoint.write(learner("learner.nb_weight=0"), full=True).rows
 
 
 def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
@@ -636,8 +633,7 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
     for records in batches(topic_stream(48), 16):
         lrn.learn_many(records)
     commit(lrn, store, full=True)
-    reader = learner(*NB)
-    reader.load_from(store)  # dense weights, labels ...
+    reader = checkpoint.read_full(store)  # dense weights, labels ...
     with torch.no_grad():  # ... then forget the rows, and read back only those the query needs
         for t in reader.model.row_tables().values():
             t.zero_()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamlearn.checkpoint import read_full, write
 from streamlearn.config import Config
 from streamlearn.exceptions import RecordError
 from streamlearn.learner import Learner
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def commit(store, learner: Learner, step: int) -> None:
     """The minimal checkpoint of a learner (the worker adds offsets and metrics)."""
-    specs, rows, blobs, kv = learner.checkpoint_parts()
+    specs, rows, blobs, kv = write(learner)
     store.declare_tables(specs)
     store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
 
@@ -85,7 +86,7 @@ def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, extr
         for step in (1, 2, 3):
             step_seen, got = answers(snap, task)
             assert step_seen == step == snap.step
-            _, want = answers(Learner.restore(store), task)
+            _, want = answers(read_full(store), task)
             assert_same(task, got, want)
             for _ in range(2):
                 learner.learn_many(stream(task, 32, rng))
@@ -198,6 +199,7 @@ def test_open_waits_for_a_first_checkpoint(tmp_path):
 
 WRITER = r"""
 import json, random, sys
+from streamlearn.checkpoint import write
 from streamlearn.config import Config
 from streamlearn.learner import Learner
 from streamlearn.state import Checkpoint, open_store
@@ -210,7 +212,7 @@ words = [f"w{i}" for i in range(5000)]
 for step in range(1, 8):
     for _ in range(4):
         learner.learn_many([{"tokens": rng.sample(words, 12), "label": rng.choice("ab")} for _ in range(32)])
-    specs, rows, blobs, kv = learner.checkpoint_parts()
+    specs, rows, blobs, kv = write(learner)
     store.declare_tables(specs)
     store.commit(Checkpoint(step=step, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
     print(json.dumps({"step": step}), flush=True)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
+from streamlearn.checkpoint import AUDIT_NS, config_diff, read_full
 from streamlearn.config import Config
-from streamlearn.consumers import AUDIT, RunOptions, Worker, read_audit
+from streamlearn.consumers import RunOptions, Worker, read_audit
 from streamlearn.consumers.checkpoint import AuditLog, Checkpointer, open_learner
 from streamlearn.consumers.dlq import Letter
 from streamlearn.consumers.handoff import CheckpointRequest, Handoff
@@ -88,7 +89,7 @@ def test_learns_a_topic_and_checkpoints_rows_with_offsets(broker, make_topic, gr
     assert m.metrics["prequential_accuracy"] > 0.6  # 3 separable classes: chance is 1/3
     assert applied_once(audit, ends)
     with open_store(tmp_path / "s", readonly=True) as store:
-        learner = Learner.restore(store)
+        learner = read_full(store)
     assert sorted(learner.labels) == ["food", "sport", "tech"]
     assert learner.predict_many([{"text": "goal match team"}, {"text": "pasta soup bread"}]) == ["sport", "food"]
 
@@ -146,7 +147,7 @@ def test_next_item_histories_follow_the_stream_across_a_restart(broker, make_top
     assert run_worker(cfg, topic, tmp_path / "s", max_records=250).records == 250
     assert run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0).records == 350
     with open_store(tmp_path / "s", readonly=True) as store:
-        learner = Learner.restore(store)
+        learner = read_full(store)
     expected: dict[str, list[str]] = {}
     for user, item in events:
         expected.setdefault(user, []).append(item)
@@ -390,7 +391,7 @@ def test_audit_ranges_are_committed_with_the_checkpoint(tmp_path):
         ckpt.note(item, learned=4)
         ckpt.commit({}, cfg)
         assert list(read_audit(store)) == [(1, [(0, 0, 3, 4)])]
-        assert dict(store.iter_kv(AUDIT)) and store.manifest().offsets == {"t:0": 4}
+        assert dict(store.iter_kv(AUDIT_NS)) and store.manifest().offsets == {"t:0": 4}
 
 
 def test_handoff_never_blocks_after_close():
@@ -413,6 +414,5 @@ def test_letters_cut_to_size_keep_their_origin():
 
 
 def test_config_diff_names_model_keys_not_connection_settings():
-    from streamlearn.consumers.checkpoint import config_diff
     new = Config().override("model.layers=2", "kafka.client_id=edge-7", "worker.group=other")
     assert config_diff(Config(), new) == "model.layers 0 -> 2"

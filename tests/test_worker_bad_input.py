@@ -9,9 +9,9 @@ import time
 import msgpack
 import pytest
 
+from streamlearn.checkpoint import read_full
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker, read_audit
-from streamlearn.learner import Learner
 from streamlearn.records import encode
 from streamlearn.state import open_store
 
@@ -95,7 +95,7 @@ def test_bad_records_go_to_the_dlq_with_their_reason_and_valid_ones_are_learned(
     assert (summary.learned, summary.dead_letters) == (len(mixed) - n_bad, n_bad)
     with open_store(tmp_path / "s", readonly=True) as store:
         m = store.manifest()
-        learner = Learner.restore(store)
+        learner = read_full(store)
         audit = list(read_audit(store))
     assert {int(k.rpartition(":")[2]): v for k, v in m.records_applied.items()} == ends
     assert {int(k.rpartition(":")[2]): v for k, v in m.offsets.items()} == ends

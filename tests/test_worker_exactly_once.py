@@ -25,8 +25,8 @@ from functools import partial
 import numpy as np
 
 from streamlearn.broker import free_port, produce_rows
+from streamlearn.checkpoint import read_full
 from streamlearn.consumers import read_audit
-from streamlearn.learner import Learner
 from streamlearn.state import NotAStoreError, open_store
 
 PARTITIONS = 3
@@ -165,7 +165,7 @@ def test_sigkill_restarts_apply_every_offset_exactly_once(broker, make_topic, gr
     with open_store(state, readonly=True) as store:
         m = store.manifest()
         audit = list(read_audit(store))
-        learner = Learner.restore(store)
+        learner = read_full(store)
     key = lambda p: f"{topic}:{p}"  # noqa: E731
     assert {p: m.offsets[key(p)] for p in ends} == ends, f"seed {seed}"
     assert {p: m.records_applied[key(p)] for p in ends} == ends, f"seed {seed}"

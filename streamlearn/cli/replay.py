@@ -124,7 +124,7 @@ def _kafka_only(path: str) -> bool:
 def _task(args: argparse.Namespace, config) -> str:
     """The task, known before the snapshot is loaded (to validate --baselines early)."""
     if args.state or args.compare:
-        from ..learner_state import stored_config
+        from ..checkpoint import stored_config
         from ..state import open_store
 
         path = args.state or args.compare[0]

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import StreamlearnError
+from ..checkpoint import has_checkpoint, read_full, stored_config, write
+from ..exceptions import NoCheckpointError, StreamlearnError
 from ..learner import Learner
-from ..learner_state import stored_config
 
 __all__ = ["check_new_dir", "load_learner", "save_learner"]
 
@@ -26,10 +26,10 @@ def load_learner(state: str | os.PathLike, overrides: list[str] = ()) -> Learner
         raise StreamlearnError(f"no state directory {state}: pass a directory a worker or `replay --save` wrote")
     try:
         with open_store(state, readonly=True, backend="lmdb") as store:
-            if store.read_blob("learner.meta") is None:
-                raise StreamlearnError(f"state {state} holds no checkpoint yet: nothing to replay from")
+            if not has_checkpoint(store):
+                raise NoCheckpointError(f"state {state} holds no checkpoint yet: nothing to replay from")
             cfg = stored_config(store).override(*overrides)
-            return Learner.restore(store, cfg)
+            return read_full(store, cfg)
     except StateError as exc:
         raise StreamlearnError(f"cannot open the state {state}: {exc}") from exc
 
@@ -50,7 +50,7 @@ def save_learner(learner: Learner, path: str | os.PathLike, metrics: dict[str, A
     from ..state import Checkpoint, open_store
 
     target = check_new_dir(path)
-    specs, rows, blobs, kv = learner.checkpoint_parts(full=True)
+    specs, rows, blobs, kv = write(learner, full=True)
     with open_store(target, learner.cfg.store, backend="lmdb") as store:
         store.declare_tables(specs)
         store.commit(Checkpoint(step=learner.steps, rows=rows, blobs=blobs, kv=kv,

@@ -36,7 +36,9 @@ from ..objectives import LabelTable
 from ..records import Record
 from .base import Event, Task
 
-__all__ = ["Classify", "ClassifyPreparer"]
+__all__ = ["Classify", "ClassifyPreparer", "NB_COUNTS"]
+
+NB_COUNTS = "nb.counts"  # the Naive Bayes part's count table (a row table: stored like embedding rows)
 
 
 class ClassifyPreparer(Preparer):
@@ -160,15 +162,15 @@ class Classify(Task):
         the counts from before it, as its prediction did)."""
         if self.nb is None or not batch.examples:
             return {}
-        return {"nb.counts": self.nb.learn(batch.nb_tokens, batch.targets["labels"], batch.weight)}
+        return {NB_COUNTS: self.nb.learn(batch.nb_tokens, batch.targets["labels"], batch.weight)}
 
     def count_tables(self) -> dict[str, torch.Tensor]:
-        return {} if self.nb is None else {"nb.counts": self.nb.counts}
+        return {} if self.nb is None else {NB_COUNTS: self.nb.counts}
 
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         if self.nb is None or batch.nb_tokens is None or not batch.n_labels:
             return {}
-        return {"nb.counts": self.nb.rows_read(batch.nb_tokens, batch.n_labels)}
+        return {NB_COUNTS: self.nb.rows_read(batch.nb_tokens, batch.n_labels)}
 
     # ------------------------------------------------------------------ answers
     def probabilities(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
