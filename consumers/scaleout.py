@@ -49,6 +49,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..state import open_store
+from ..tasks import REGISTRY, task_class
 from .allreduce import GradientExchange, Round
 from .checkpoint import Checkpointer, open_learner, topic_offsets
 from .distributed import (DistributedError, DistSettings, Group, average_replicas, fenced_commit,
@@ -377,6 +378,7 @@ class GroupWorker(Worker):
 
 def _check_group(cfg: Config) -> None:
     """What a group of workers cannot do (the config checked each key when it was built)."""
-    if cfg.learner.task != "classify":
-        raise ConfigError(f"--world-size > 1 supports learner.task=classify, got {cfg.learner.task!r}: "
+    if not task_class(cfg.learner.task).replicable:
+        able = [name for name in REGISTRY if task_class(name).replicable]
+        raise ConfigError(f"--world-size > 1 supports learner.task={', '.join(able)}, got {cfg.learner.task!r}: "
                           "per-key histories and candidates are not merged between workers; run one worker")

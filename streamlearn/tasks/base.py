@@ -87,6 +87,10 @@ class Task:
 
     name: ClassVar[str]
     answers: ClassVar[str]  # "labels" or "tokens"
+    # Several workers can train one model of this task (scale-out): its stream-ordered
+    # state merges between replicas. Token tasks keep per-key histories and a candidate
+    # index, which are not merged.
+    replicable: ClassVar[bool] = False
     target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
     Preparer: ClassVar[type[Preparer]]
 

@@ -106,6 +106,7 @@ class Classify(Task):
 
     name = "classify"
     answers = "labels"
+    replicable = True  # the label tables merge at each sync (streamlearn.sync)
     target_field = "label"
     Preparer = ClassifyPreparer
 
