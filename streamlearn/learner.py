@@ -63,6 +63,33 @@ __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
 
 log = logging.getLogger(__name__)
 
+class DirtyRows:
+    """The rows changed per table since the last :meth:`take`: one bit per row, so the
+    memory is the tables' row counts in bits whatever the stream's length. (Lists of the
+    ids each step changed grew by about 850 MB per 100k text records in a replay, which
+    never checkpoints and so never emptied them.)"""
+
+    def __init__(self, rows: Mapping[str, int]):
+        self._rows = dict(rows)  # table name -> rows
+        self._bits: dict[str, np.ndarray] = {}
+
+    def mark(self, name: str, ids: np.ndarray) -> None:
+        bits = self._bits.get(name)
+        if bits is None:
+            bits = self._bits[name] = np.zeros(self._rows[name], dtype=bool)
+        bits[ids] = True
+
+    def take(self) -> dict[str, np.ndarray]:
+        """Sorted row ids per table that changed, then all clear."""
+        out = {}
+        for name, bits in self._bits.items():
+            ids = np.flatnonzero(bits)
+            if len(ids):
+                out[name] = ids
+                bits[ids] = False
+        return out
+
+
 # Gradients beyond this magnitude skip the step: squared (Adagrad's and Adam's second
 # moments) they would come near float32's limit of 3.4e38.
 MAX_GRADIENT = 1e15
@@ -114,7 +141,7 @@ class Learner(river_base.Classifier):
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
-        self._dirty: dict[str, list[np.ndarray]] = {}
+        self._dirty = DirtyRows({name: t.shape[0] for name, t in self.row_tables().items()})
         self._index_mark = 0  # candidates already in a checkpoint
         # Called as gradient_hook(learner) after backward, before the optimizers step: the
         # gradients sit on the dense parameters and (sparse) on the row tables. Distributed
@@ -401,21 +428,19 @@ class Learner(river_base.Classifier):
             ids = idx.cpu().numpy()
             out[name] = ids
             for state in (name, *(f"{name}.{s}" for s in self.row_optim.state_names)):
-                self._dirty.setdefault(state, []).append(ids)
+                self._dirty.mark(state, ids)
         return out
 
     def mark_dirty(self, rows: Mapping[str, np.ndarray]) -> None:
         """Record rows changed outside :meth:`learn_batch` (e.g. replaced by a distributed
         average), keyed like :meth:`take_dirty`'s result, so the next checkpoint stores them."""
         for name, ids in rows.items():
-            self._dirty.setdefault(name, []).append(np.asarray(ids, dtype=np.int64))
+            self._dirty.mark(name, np.asarray(ids, dtype=np.int64))
 
     def take_dirty(self) -> dict[str, np.ndarray]:
         """Sorted unique row ids changed per table (and per ``"<table>.<state>"``) since
         the last call; clears them."""
-        dirty = {name: np.unique(np.concatenate(parts)) for name, parts in self._dirty.items()}
-        self._dirty = {}
-        return dirty
+        return self._dirty.take()
 
     # ------------------------------------------------------------------ persistence
     # What the checkpoint codec (:mod:`streamlearn.checkpoint`) reads and writes; nothing
@@ -431,7 +456,7 @@ class Learner(river_base.Classifier):
         prepared and learned). The changed-row lists are dropped: every row now equals
         the checkpoint's."""
         self.steps, self.prep.prepared, self._applied = steps, prepared, applied
-        self._dirty = {}
+        self._dirty.take()
 
     def initial_rows(self) -> dict[str, torch.Tensor]:
         """:meth:`row_tables` as a new learner of this config starts them, as CPU copies:
