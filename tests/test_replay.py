@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import msgpack
 import pytest
@@ -16,6 +17,7 @@ from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import Markov, Popularity, build_baselines, parse_baselines, vw_available
 from streamlearn.replay.model import ModelContestant
+from streamlearn.hashing import words
 from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
 from streamlearn.state import open_store
 
@@ -186,6 +188,32 @@ def test_same_input_and_seed_give_identical_metrics(tmp_path):
     for name in ("river-nb", "river-logreg", "popularity"):
         assert {k: v for k, v in a["baselines"][name].items() if k not in ("seconds", "records_per_s")} == \
                {k: v for k, v in b["baselines"][name].items() if k not in ("seconds", "records_per_s")}
+
+
+@pytest.mark.parametrize("delay", [0, 7])
+def test_baselines_learn_record_by_record_whatever_the_models_batch_size(tmp_path, delay):
+    """Baselines predict then learn one record at a time in stream order (river's
+    progressive_val_score), so their metrics are the same at every learner.batch_size;
+    and they equal a hand-run record-by-record loop of the same baseline."""
+    from river import naive_bayes
+
+    records = words_stream(150)
+    path = write_jsonl(tmp_path / "s.jsonl", records)
+    options = ReplayOptions(window=40, baselines=("river-nb", "popularity"), delay=delay)
+    reports = [replay(FileSource(path), options, config=cfg(f"learner.batch_size={b}")) for b in (1, 16, 64)]
+    for name in ("river-nb", "popularity"):
+        got = [{k: v for k, v in r["baselines"][name].items() if k not in ("seconds", "records_per_s")}
+               for r in reports]
+        assert got[0] == got[1] == got[2], name
+    nb, hits = naive_bayes.MultinomialNB(alpha=1.0), 0
+    for i, r in enumerate(records):  # the hand-run loop: predict i, then learn the one now due
+        x = Counter(words(r["text"]))
+        proba = nb.predict_proba_one(x)
+        hits += bool(proba) and max(proba, key=proba.get) == r["label"]
+        if i - delay >= 0:
+            due = records[i - delay]
+            nb.learn_one(Counter(words(due["text"])), due["label"])
+    assert reports[0]["baselines"]["river-nb"]["accuracy"] == pytest.approx(hits / len(records))
 
 
 def test_label_delay_scores_every_record_once(tmp_path):

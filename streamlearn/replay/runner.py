@@ -1,14 +1,20 @@
 """The replay loop: one pass over a source, every contestant on the same events.
 
-Per mini-batch of ``learner.batch_size`` arriving records (river's progressive_val_score,
-batched):
+Per mini-batch of ``learner.batch_size`` arriving records:
 
-1. Build the events (the task's builder, ``Task.events``); a record that cannot be one is counted
-   with its reason, never dropped silently.
-2. Every contestant (the model(s), then each baseline) predicts the arriving events.
-3. Events whose label is due (``delay`` records later; at once when ``delay`` is 0) are
-   revealed: the model learns them (prequential mode), the metrics of every contestant are
-   updated with the predictions made at arrival, then the baselines learn them.
+1. Build the events (the task's builder, ``Task.events``); a record that cannot be one is
+   counted with its reason, never dropped silently.
+2. The model(s) predict the arriving events as a batch, with the model as it was before
+   the batch (it learns in mini-batch steps, as the worker trains).
+3. Every baseline goes through the same events ONE RECORD AT A TIME, as river's
+   ``progressive_val_score`` does: before predicting an event it learns every event whose
+   label is due by then (``delay`` records earlier; with no delay, every event before it).
+   So a baseline's figures never depend on the model's batch size.
+4. Events whose label is due are revealed to the model in mini-batches: it learns them
+   (prequential mode), and the metrics of every contestant are updated with the
+   predictions made at arrival. A record the model rejects (e.g. a label beyond
+   ``model.max_labels``) is scored for no one; a baseline that has learned it before the
+   model's verdict keeps it (the verdict comes with the model's step).
 
 Deterministic: the same records, config and seed give identical metrics (the learner is
 seeded, baselines are deterministic, sources replay in a fixed order).
@@ -139,7 +145,9 @@ def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
 class _Loop:
     def __init__(self, result: ReplayResult, build: Callable[[int, Record], Event], batch_size: int, progress: Any):
         self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
-        self.pending: deque[Event] = deque()
+        self.pending: deque[Event] = deque()  # arrived, label not yet revealed to the model
+        self.unlearned: deque[Event] = deque()  # arrived, not yet learned by the baselines
+        self.rejected: set[int] = set()  # positions the model rejected (nobody learns them after)
         self.position = 0
         self._since_sample = 0
 
@@ -147,6 +155,7 @@ class _Loop:
         for chunk in _chunks(items, self.batch_size, self.r.options.limit):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
+            self._baselines_record_by_record(arrived)
             self.pending.extend(arrived)
             self._reveal_due(self.position - self.r.options.delay)
             if self.progress is not None:
@@ -175,16 +184,40 @@ class _Loop:
         if len(self.r.examples) < _EXAMPLES:
             self.r.examples.append({"position": self.position, "where": origin, "reason": reason})
 
-    # ---- 2. predictions at arrival
+    # ---- 2. the models' predictions at arrival, per mini-batch
     def _predict(self, events: list[Event]) -> None:
-        for c in self.r.contestants:
+        for c in self.r.models:
             started = time.perf_counter()
             preds = c.impl.predict(events)
             c.seconds += time.perf_counter() - started
             for e, p in zip(events, preds):
                 e.preds[c.name] = p
 
-    # ---- 3. labels revealed: learn, score
+    # ---- 3. the baselines, one record at a time
+    def _baselines_record_by_record(self, arrived: list[Event]) -> None:
+        delay = self.r.options.delay
+        for e in arrived:
+            self._baselines_learn(e.position - delay - 1)
+            if e.evaluate:
+                for c in self.r.baselines:
+                    started = time.perf_counter()
+                    e.preds[c.name] = c.impl.predict([e])[0]
+                    c.seconds += time.perf_counter() - started
+            self.unlearned.append(e)
+
+    def _baselines_learn(self, upto: int | None) -> None:
+        """The baselines learn every arrived event up to position ``upto`` (None: all), in
+        order, one at a time."""
+        while self.unlearned and (upto is None or self.unlearned[0].position <= upto):
+            e = self.unlearned.popleft()
+            if e.position in self.rejected:
+                continue
+            for c in self.r.baselines:
+                started = time.perf_counter()
+                c.impl.learn([e])
+                c.seconds += time.perf_counter() - started
+
+    # ---- 4. labels revealed to the model: learn, score
     def _reveal_due(self, upto: int | None) -> None:
         due: list[Event] = []
         while self.pending and (upto is None or self.pending[0].position <= upto):
@@ -204,6 +237,7 @@ class _Loop:
             rejected = rejected or got  # the first model's verdict decides what is scored
         for reason in rejected.values():
             self.r.rejected[reason_code(reason)] += 1
+        self.rejected.update(rejected)
         kept = [e for e in due if e.position not in rejected]
         for e in kept:
             if not e.evaluate:
@@ -214,10 +248,6 @@ class _Loop:
                 c.metrics.update(e.target, e.preds[c.name])
             self._since_sample += 1
             self._sample(e.position)
-        for c in self.r.baselines:
-            started = time.perf_counter()
-            c.impl.learn(kept)
-            c.seconds += time.perf_counter() - started
 
     def _sample(self, position: int, force: bool = False) -> None:
         """Record every contestant's rolling metrics at stream ``position`` (the plot's x)."""
