@@ -27,6 +27,8 @@ import numpy as np
 from .exceptions import LabelCapacityError, RecordError
 
 MASK_TOKEN = "\x00[MASK]"  # input placeholder at [MASK] slots; the model swaps in a learned vector
+BOS_TOKEN = "\x00[BOS]"  # before a sequence's first token (next-token inputs, n-gram contexts)
+EOS_TOKEN = "\x00[EOS]"  # after a sequence's last token (two-sided n-gram contexts)
 INTACT, SHUFFLED, RANDOM = 0, 1, 2  # Shuffle+Random classes
 SR_RATE = 0.1  # shuffled share, and random share, of the tokens (Yamaguchi et al.)
 

@@ -15,7 +15,8 @@ from streamlearn.datasets import RECOMMENDED, DatasetError, recommended_override
 from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
-from streamlearn.replay.baselines import Markov, Popularity, build_baselines, parse_baselines, vw_available
+from streamlearn.replay.baselines import build_baselines, parse_baselines, vw_available
+from streamlearn.replay.counting import Markov, Popularity
 from streamlearn.replay.model import ModelContestant
 from streamlearn.hashing import words
 from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
@@ -151,7 +152,7 @@ def test_markov_breaks_transition_ties_by_popularity():
 
 
 def test_baseline_names_are_checked_and_inapplicable_ones_skipped_with_a_reason():
-    assert parse_baselines("all", "next-item") == ["popularity", "markov"]
+    assert parse_baselines("all", "next-item") == ["popularity", "markov", "ngram"]
     with pytest.raises(Exception, match="unknown baseline 'nb'"):
         parse_baselines("nb,markov", "classify")
     built, skipped = build_baselines(["markov", "popularity"], "classify", 10)

@@ -18,9 +18,15 @@ popularity     labels,        labels: the label frequencies so far; tokens: the
                tokens         most frequent items so far
 markov         tokens         first-order transitions from the previous item
                               (token), backfilled by popularity
+ngram          tokens         next-token and next-item: an interpolated Kneser-Ney
+                              trigram over the two previous tokens (items);
+                              mlm: the two-sided n-gram of the masked token's
+                              neighbours (:mod:`.counting`)
 =============  =============  ===================================================
 
-Top-k lists skip the event's excluded items; ties go to the item seen first.
+Every baseline predicts then learns one record at a time (the replay loop calls them
+so). Top-k lists skip the event's excluded items; ties go to the more popular item, then
+the item seen first.
 """
 from __future__ import annotations
 
@@ -28,7 +34,6 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-import numpy as np
 
 from ..exceptions import StreamlearnError
 from ..tasks import REGISTRY, task_class
@@ -36,9 +41,9 @@ from ..tasks.base import Event
 
 __all__ = ["BASELINES", "Baseline", "build_baselines", "parse_baselines"]
 
-BASELINES = ("river-nb", "river-logreg", "vw", "popularity", "markov")
+BASELINES = ("river-nb", "river-logreg", "vw", "popularity", "markov", "ngram")
 _SERVES = {"river-nb": ("labels",), "river-logreg": ("labels",), "vw": ("labels",),
-           "popularity": ("labels", "tokens"), "markov": ("tokens",)}  # by Task.answers
+           "popularity": ("labels", "tokens"), "markov": ("tokens",), "ngram": ("tokens",)}  # by Task.answers
 VW_MAX_LABELS = 64  # --oaa needs the label count up front; each label costs one weight set
 
 
@@ -100,6 +105,8 @@ def _applies(name: str, task: str) -> bool:
 
 
 def _make(name: str, task: str, k: int, seed: int) -> Baseline:
+    from . import counting  # it builds on Baseline: imported once this module is loaded
+
     if name == "river-nb":
         return RiverNB()
     if name == "river-logreg":
@@ -107,8 +114,8 @@ def _make(name: str, task: str, k: int, seed: int) -> Baseline:
     if name == "vw":
         return VowpalWabbit(seed)
     if name == "popularity":
-        return LabelFrequency() if task_class(task).answers == "labels" else Popularity(k)
-    return Markov(k)
+        return LabelFrequency() if task_class(task).answers == "labels" else counting.Popularity(k)
+    return counting.Markov(k) if name == "markov" else counting.NGram(k)
 
 
 # ---------------------------------------------------------------------------- classify
@@ -222,90 +229,3 @@ class LabelFrequency(Baseline):
     def learn(self, events: Sequence[Event]) -> None:
         for e in events:
             self.counts[e.target] = self.counts.get(e.target, 0) + 1
-
-
-# ---------------------------------------------------------------------------- top-k
-
-class Popularity(Baseline):
-    """The k most frequent items so far (ties: the item seen first), minus excluded ones."""
-
-    name = "popularity"
-
-    def __init__(self, k: int):
-        super().__init__()
-        self.k = k
-        self.ids: dict[str, int] = {}  # item -> first-seen ordinal
-        self.counts = np.zeros(1024, dtype=np.int64)
-        self._ranking: list[str] | None = []
-        self._place: dict[str, int] = {}
-
-    def learn(self, events: Sequence[Event]) -> None:
-        for e in events:
-            for item in e.counts:
-                i = self.ids.setdefault(item, len(self.ids))
-                if i == len(self.counts):
-                    self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
-                self.counts[i] += 1
-        self._ranking = None
-
-    def ranking(self) -> list[str]:
-        """Items by count descending, first seen first on ties (recomputed after learning)."""
-        if self._ranking is None:
-            n = len(self.ids)
-            order = np.lexsort((np.arange(n), -self.counts[:n]))
-            items = list(self.ids)
-            self._ranking = [items[i] for i in order]
-            self._place = {item: i for i, item in enumerate(self._ranking)}
-        return self._ranking
-
-    def place(self) -> dict[str, int]:
-        """item -> its position in :meth:`ranking` (0: the most popular)."""
-        self.ranking()
-        return self._place
-
-    def top(self, event: Event, skip: set[str] | None = None, want: int | None = None) -> list[str]:
-        want = self.k if want is None else want
-        out: list[str] = []
-        for item in self.ranking():
-            if len(out) == want:
-                break
-            if not event.excluded(item) and (skip is None or item not in skip):
-                out.append(item)
-        return out
-
-    def predict(self, events: Sequence[Event]) -> list:
-        return [self.top(e) for e in events]
-
-
-class Markov(Baseline):
-    """First-order transitions: the items that most often followed the event's previous
-    item (ties: the more popular, then the one seen first), then popular items to fill the
-    k slots. Breaking ties by popularity rather than by arrival alone matters: most
-    transitions are seen once or twice (MovieLens recall@10 0.1034 -> 0.1183)."""
-
-    name = "markov"
-
-    def __init__(self, k: int):
-        super().__init__()
-        self.k = k
-        self.transitions: dict[str, dict[str, int]] = {}
-        self.popularity = Popularity(k)
-
-    def learn(self, events: Sequence[Event]) -> None:
-        for e in events:
-            for a, b in e.transitions:
-                after = self.transitions.setdefault(a, {})
-                after[b] = after.get(b, 0) + 1
-        self.popularity.learn(events)
-
-    def predict(self, events: Sequence[Event]) -> list:
-        return [self._top(e) for e in events]
-
-    def _top(self, event: Event) -> list[str]:
-        after = self.transitions.get(event.prev, {}) if event.prev is not None else {}
-        place = self.popularity.place()
-        ranked = sorted(after, key=lambda item: (-after[item], place[item]))
-        out = [item for item in ranked if not event.excluded(item)][: self.k]
-        if len(out) < self.k:
-            out += self.popularity.top(event, skip=set(out), want=self.k - len(out))
-        return out

@@ -58,8 +58,11 @@ class Event:
     query: Any
     tokens: tuple[str, ...] = ()
     prev: str | None = None
+    left: tuple[str, ...] = ()
+    right: str | None = None
     counts: tuple[str, ...] = ()
     transitions: tuple[tuple[str, str], ...] = ()
+    ngrams: tuple[tuple[str, str, str], ...] = ()
     key: str | None = None
     _seen: dict[str, int] | None = None  # the key's items -> their ordinal for the key
     _before: int = 0  # the key's events before this one

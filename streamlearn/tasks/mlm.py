@@ -20,7 +20,7 @@ import xxhash
 from ..batching import QUERY_MASK, Batch
 from ..hashing import derive_seed
 from ..model import HashedTransformer
-from ..objectives import MASK_TOKEN, mlm_mask
+from ..objectives import BOS_TOKEN, EOS_TOKEN, MASK_TOKEN, mlm_mask
 from ..records import Record
 from .base import Event, TokenPreparer, TokenTask
 
@@ -89,7 +89,7 @@ class MaskedToken(TokenTask):
     def events(self, seed: int):
         """One token per record, chosen by a seeded hash of the record's position, is
         replaced by ``[MASK]``; the answer is that token, the Markov input the token
-        before it."""
+        before it, the n-gram context the tokens on both sides."""
         mask_seed = derive_seed(seed, "replay/mlm-mask")
         max_tokens = self.cfg.hashing.max_tokens
 
@@ -97,9 +97,11 @@ class MaskedToken(TokenTask):
             tokens = self.prep.text_tokens(rec)[:max_tokens]
             pos = xxhash.xxh64_intdigest(position.to_bytes(8, "big"), mask_seed) % len(tokens)
             query = tokens[:pos] + [QUERY_MASK] + tokens[pos + 1:]
+            padded = [BOS_TOKEN, BOS_TOKEN, *tokens, EOS_TOKEN]  # tokens[i] is padded[i + 2]
             return Event(position, rec, tokens[pos], True, {"tokens": query}, tokens=tuple(tokens),
-                         prev=tokens[pos - 1] if pos else None, counts=tuple(tokens),
-                         transitions=tuple(zip(tokens, tokens[1:])))
+                         prev=tokens[pos - 1] if pos else None, left=tuple(padded[pos:pos + 2]),
+                         right=padded[pos + 3], counts=tuple(tokens), transitions=tuple(zip(tokens, tokens[1:])),
+                         ngrams=tuple(zip(padded[1:], padded[2:], padded[3:])))
         return build
 
 

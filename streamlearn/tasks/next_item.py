@@ -23,7 +23,7 @@ from ..exceptions import RecordError
 from ..featurize import Featurizer
 from ..hashing import canonical_id
 from ..model import HashedTransformer
-from ..objectives import Histories
+from ..objectives import BOS_TOKEN, Histories
 from ..outputs import OutputCode
 from ..records import Record
 from .base import Event, TokenPreparer, TokenTask
@@ -87,7 +87,7 @@ class NextItem(TokenTask):
 
     def events(self, seed: int):
         """The key's items before the event (its history, the model's input; the previous
-        item, Markov's); the answer is the event's item, and every item the key already
+        item, Markov's; the two before, the n-gram's); the answer is the event's item, and every item the key already
         had is excluded. A key's first event is learned but not evaluated. A key met for
         the first time starts from the history the learner holds for it (a snapshot's)."""
         stored, length = self.prep.histories, self.cfg.learner.history
@@ -101,10 +101,12 @@ class NextItem(TokenTask):
             if ctx is None:
                 ctx = keys[rec.key] = _Key(tuple(stored.get(rec.key)))
             history = ctx.recent
+            left = ((BOS_TOKEN, BOS_TOKEN) + history)[-2:]
             event = Event(position, rec, item, bool(history), {"tokens": list(history)},
-                          prev=history[-1] if history else None, counts=(item,),
-                          transitions=((history[-1], item),) if history else (), key=rec.key,
-                          _seen=ctx.seen, _before=ctx.count, _order=ctx.order, _n_seen=len(ctx.order))
+                          prev=history[-1] if history else None, left=left, counts=(item,),
+                          transitions=((history[-1], item),) if history else (), ngrams=(left + (item,),),
+                          key=rec.key, _seen=ctx.seen, _before=ctx.count, _order=ctx.order,
+                          _n_seen=len(ctx.order))
             ctx.recent = (history + (item,))[-length:]
             ctx.add(item)
             return event
