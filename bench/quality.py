@@ -36,7 +36,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streamlearn.datasets import RECOMMENDED
 
 import quality_eval as ev
 import quality_streams as streams
@@ -51,7 +50,7 @@ TEXT_CONFIGS = {  # on top of the library defaults (depth 0, Naive Bayes part 0.
 }
 SEEDS = (0, 1, 2)
 
-NEXT_ITEM = RECOMMENDED["next-item"]  # the settings users get (docs/choosing-a-configuration.md)
+NEXT_ITEM = ()  # learner.task=next-item brings the settings users get (streamlearn.tasks.REGISTRY)
 NEXT_ITEM_BATCH = 256
 
 

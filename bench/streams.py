@@ -1,7 +1,7 @@
 """Replay every real dataset in ../shared/data: the model against the baselines, and speed.
 
 For each dataset, with the configuration recommended for its stream shape
-(``streamlearn.datasets.RECOMMENDED``, documented in docs/choosing-a-configuration.md):
+(the task of the file, ``streamlearn.datasets.task_of``, which brings the task's defaults, ``streamlearn.tasks.REGISTRY``; docs/choosing-a-configuration.md):
 one prequential replay from scratch with every baseline of the task (river-nb,
 river-logreg, vw when installed and popularity for classification; popularity and Markov
 for next-item), the model's learner saved with --save; then one frozen replay of that
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from streamlearn.config import Config
-from streamlearn.datasets import recommended_overrides
+from streamlearn.datasets import task_of
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
@@ -52,7 +52,7 @@ def run(name: str, path: Path, limit: int | None, window: int, passes: int) -> d
     each mode's throughput is its best pass (a shared machine's load comes and goes; the
     alternation exposes both modes to it alike). Every prequential pass must give the
     same metrics (replay is deterministic)."""
-    overrides = recommended_overrides(path)
+    overrides = (f"learner.task={task_of(path)}",)  # the task brings its defaults
     cfg = Config().override(*overrides)
     task = cfg.learner.task
     options = ReplayOptions(window=window, baselines=tuple(parse_baselines("all", task)), limit=limit)
@@ -118,7 +118,7 @@ def section(rows: list[dict], command: str) -> str:
         "replayed on the same records without learning; the model's two rec/s are each the best of "
         f"{rows[0]['passes']} passes per mode, run alternately (prequential, frozen, prequential, ...), "
         "baselines' from the first pass. Configurations "
-        "(`streamlearn.datasets.RECOMMENDED`, see docs/choosing-a-configuration.md): "
+        "(the task of each file and its defaults, `streamlearn.tasks.REGISTRY`, see docs/choosing-a-configuration.md): "
         + "; ".join(f"{', '.join(names)}: {cfg}" for cfg, names in configs.items()) + ". The frozen "
         "metric scores the end-of-stream snapshot on records it has learned: a check that frozen replay "
         "works, not an estimate of quality.")

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 from .config_rules import REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of
 from .exceptions import ConfigError
 from .tasks import REGISTRY as TASK_REGISTRY
+from .tasks import task_defaults
 
 SCHEMES = (
     "hash", "bloom", "hashformer-pool", "hashformer-add", "hashformer-proj",
@@ -381,19 +382,51 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping[str, Any]]) -> "Config":
-        """Build from sections of key -> value (missing keys keep their defaults); every
-        key is checked once, when its section is built, then the rules across sections."""
+        """Build from sections of key -> value. A key missing from ``data`` takes its
+        task's default if the task has one (``streamlearn.tasks.REGISTRY``), else the
+        global default. Every key is checked once, when its section is built, then the
+        rules across sections."""
         sections = section_classes()
         unknown = set(data) - set(sections)
         if unknown:
             raise ConfigError(f"unknown config section(s) {sorted(unknown)}; valid: {sorted(sections)}")
+        data = _with_task_defaults(data)
         return cls(**{name: _build_section(name, section_cls, data.get(name, {}))
                       for name, section_cls in sections.items()})
 
     def override(self, *assignments: str) -> "Config":
-        """Return a copy with dotted ``section.key=value`` assignments applied."""
-        data = dataclasses.asdict(self)  # not to_dict(): the secrets must survive
-        return Config.from_dict(_assign(data, assignments))
+        """Return a copy with dotted ``section.key=value`` assignments applied. A key
+        this config holds at its task's default counts as not set, so an assignment of
+        ``learner.task`` brings the new task's defaults for those keys (set a key in the
+        same call, or to a value other than the old task's default, to keep it)."""
+        return Config.from_dict(_assign(self._set_keys(), assignments))
+
+    def _set_keys(self) -> dict[str, dict[str, Any]]:
+        """The keys whose values differ from what this config's task defaults give (and
+        the task itself), as sections; secrets survive (not :meth:`to_dict`)."""
+        ours = dataclasses.asdict(self)
+        base = dataclasses.asdict(Config.from_dict({"learner": {"task": self.learner.task}}))
+        out = {section: {k: v for k, v in keys.items() if v != base[section][k]} for section, keys in ours.items()}
+        out["learner"]["task"] = self.learner.task
+        return out
+
+
+def _with_task_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` plus the defaults of its task (``learner.task``, else the default task)
+    for the keys it does not set."""
+    learner = data.get("learner", {})
+    task = learner.get("task", LearnerConfig.task) if isinstance(learner, Mapping) else LearnerConfig.task
+    defaults = task_defaults(task) if isinstance(task, str) else ()
+    missing = [a for a in defaults if not _given(data, *a.partition("=")[0].split("."))]
+    if not missing:
+        return dict(data)
+    return _assign({section: dict(table) if isinstance(table, Mapping) else table
+                    for section, table in data.items()}, missing)
+
+
+def _given(data: Mapping[str, Any], section: str, name: str) -> bool:
+    table = data.get(section)
+    return isinstance(table, Mapping) and name in table
 
 
 def section_classes() -> dict[str, type]:

@@ -154,35 +154,24 @@ def _split_csv_header(line: str) -> list[str]:
     return [cell.strip().lower() for cell in line.split(",")]
 
 
-# ---------------------------------------------------------------------------- recommended configs
+# ---------------------------------------------------------------------------- the task of a file
 
-# What docs/choosing-a-configuration.md recommends per stream shape, as dotted overrides
-# of the defaults (each measured by bench/quality.py against the stream's peer).
-RECOMMENDED: dict[str, tuple[str, ...]] = {
-    # text classification: the defaults (depth 0, batch 16)
-    "classify": (),
-    # next item over opaque ids (a few thousand items): an own 4,096-bucket output space
-    # instead of the tied 20,000-row one; MovieLens recall@10 1.30x first-order Markov
-    "next-item": ("learner.task=next-item", "hashing.tokenizer=ids", "model.tie_output=false",
-                  "model.out_B=4096", "embedding.K=100000", "embedding.B=20000", "optim.dense_lr=0.01",
-                  "learner.batch_size=256"),
-}
 _TASK_OF_FORMAT = {"csv": "classify", "tsv": "classify", "movielens": "next-item", "movielens-csv": "next-item"}
 
 
-def recommended_overrides(path: str | Path, fmt: str | None = None) -> tuple[str, ...]:
-    """The :data:`RECOMMENDED` overrides for a dataset file, by its format (``fmt``, or
-    detected): csv/tsv are text classification, MovieLens is next-item.
+def task_of(path: str | Path, fmt: str | None = None) -> str:
+    """The task a dataset file holds, by its format (``fmt``, or detected): csv/tsv are
+    text classification, MovieLens is next-item. A task brings its own defaults
+    (``streamlearn.tasks.REGISTRY``), so ``learner.task`` is the only setting it needs.
 
-    >>> recommended_overrides("u.data")[:2]
-    ('learner.task=next-item', 'hashing.tokenizer=ids')
+    >>> task_of("u.data")
+    'next-item'
     """
     fmt = fmt or detect_format(path)
     task = _TASK_OF_FORMAT.get(fmt)
     if task is None:
-        raise DatasetError(f"{path}: a {fmt} file can hold any task; pick a config from RECOMMENDED "
-                           f"({', '.join(RECOMMENDED)}) or docs/choosing-a-configuration.md")
-    return RECOMMENDED[task]
+        raise DatasetError(f"{path}: a {fmt} file can hold any task; pass --task (or learner.task)")
+    return task
 
 
 # ---------------------------------------------------------------------------- the reader

@@ -52,9 +52,11 @@ class Encoder(nn.Module):
             )
             self.layers = nn.TransformerEncoder(layer, cfg.layers, norm=nn.LayerNorm(d), enable_nested_tensor=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor | None = None,
+                causal: bool = False) -> torch.Tensor:
         """x (N, T, e), mask (N, T) valid tokens, slots (N, T) positions whose input is
-        replaced by the [MASK] vector -> (N, T, d)."""
+        replaced by the [MASK] vector -> (N, T, d). ``causal``: position t attends to
+        positions <= t only (a language model's states)."""
         h = self.proj(x)  # (N, T, d)
         if slots is not None:
             h = torch.where(slots.unsqueeze(-1), self.mask_vec.to(h.dtype), h)
@@ -64,7 +66,11 @@ class Encoder(nn.Module):
             return h
         pad = ~mask
         pad[:, 0] = False  # a row with no tokens would make attention NaN; its output is unused
-        return self.layers(h, src_key_padding_mask=pad)  # (N, T, d)
+        if not causal:
+            return self.layers(h, src_key_padding_mask=pad)  # (N, T, d)
+        T = h.shape[1]
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=h.device), diagonal=1)  # (T, T)
+        return self.layers(h, mask=future, src_key_padding_mask=pad, is_causal=True)  # (N, T, d)
 
 
 class HashedTransformer(nn.Module):
@@ -87,10 +93,11 @@ class HashedTransformer(nn.Module):
         """Transformer layers (0: a bag of embeddings)."""
         return 0 if self.encoder.layers is None else len(self.encoder.layers.layers)
 
-    def encode(self, feats: dict[str, torch.Tensor], slots: torch.Tensor | None = None) -> torch.Tensor:
-        """Final states (N, T, d) of a featurized batch."""
+    def encode(self, feats: dict[str, torch.Tensor], slots: torch.Tensor | None = None,
+               causal: bool = False) -> torch.Tensor:
+        """Final states (N, T, d) of a featurized batch (``causal``: see :class:`Encoder`)."""
         x = self.embedding(feats)  # (N, T, e)
-        return self.encoder(x, feats["mask"], slots)
+        return self.encoder(x, feats["mask"], slots, causal)
 
     @staticmethod
     def pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

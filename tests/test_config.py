@@ -39,7 +39,8 @@ def test_toml_then_overrides(tmp_path):
         ("store.sync=maybe", "not a valid bool"),
         ("layers=2", "must look like section.key=value"),
         ("embedding.scheme=word2vec", "embedding.scheme must be one of 'hash', 'bloom'"),
-        ("learner.task=regress", "learner.task must be one of 'classify', 'mlm', 'next-item', got 'regress'"),
+        ("learner.task=regress", "learner.task must be one of 'classify', 'mlm', 'next-item', 'next-token', "
+                                 "got 'regress'"),
     ],
 )
 def test_bad_overrides_say_what_to_change(override, message):

@@ -132,10 +132,10 @@ def test_ngram_on_next_item_events_skips_the_keys_own_items(k):
     stream = [("u1", "a"), ("u1", "b"), ("u1", "c"), ("u2", "a"), ("u2", "b"), ("u2", "d"), ("u3", "c"),
               ("u3", "a"), ("u3", "b")]
     for i, (key, item) in enumerate(stream):
-        e = build(i, Record(key=key, item=item))
+        [e] = build(i, Record(key=key, item=item))
         if key == "u3" and item == "b":
             assert e.left == ("c", "a")
         ng.learn([e])
-    query = build(len(stream), Record(key="u3", item="?"))  # u3 had c, a, b: after (a, b) came c and d
+    [query] = build(len(stream), Record(key="u3", item="?"))  # u3 had c, a, b: after (a, b) came c and d
     got = ng.predict([query])[0]
     assert got[0] == "d" and not set(got) & {"a", "b", "c"} and len(got) == min(k, 1)

@@ -43,3 +43,14 @@ def test_every_config_key_is_documented_with_what_it_allows():
     documented, declared = _documented(), _declared()
     stale = {key: (documented[key][1], want) for key, (_, want) in declared.items() if documented[key][1] != want}
     assert not stale, f"set the allowed column of docs/configuration.md to the rule's text: {stale}"
+
+
+def test_every_tasks_defaults_are_documented():
+    from streamlearn.tasks import REGISTRY
+
+    text = DOC.read_text()
+    for name, entry in REGISTRY.items():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/configuration.md: give task {name} a row under Task defaults"
+        for assignment in entry.defaults:
+            assert f"`{assignment}`" in row, (name, assignment)

@@ -314,6 +314,8 @@ ROUND_TRIPS = {  # task: (overrides, stream, queries)
             [{"tokens": ["id1_0", "id1_1", "[MASK]"]}]),
     "next-item": (("learner.task=next-item", "optim.sparse=lazy-adam", "model.tie_output=false"),
                   lambda n: cycle_stream(n)[0], [{"key": "u1"}, {"key": "u3"}]),
+    "next-token": (("learner.task=next-token", "model.layers=1", "model.dropout=0.1"), topic_stream,
+                   [{"text": "goal match"}, {"tokens": []}]),
 }
 
 
@@ -376,7 +378,8 @@ def test_restore_refuses_a_store_without_a_learner(store):
         checkpoint.read_full(store)
 
 
-STREAMS = {"classify": topic_stream, "mlm": set_stream, "next-item": lambda n: cycle_stream(n)[0]}
+STREAMS = {"classify": topic_stream, "mlm": set_stream, "next-item": lambda n: cycle_stream(n)[0],
+           "next-token": topic_stream}
 
 
 @pytest.mark.parametrize("task", TASKS)

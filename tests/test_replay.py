@@ -11,7 +11,7 @@ from river import utils as river_utils
 
 from streamlearn.cli import main
 from streamlearn.config import Config
-from streamlearn.datasets import RECOMMENDED, DatasetError, recommended_overrides
+from streamlearn.datasets import DatasetError, task_of
 from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
@@ -63,8 +63,14 @@ def cfg(*extra: str, base=TINY) -> Config:
 
 
 def events_of(config: Config):
-    """The task's replay event builder, ``build(position, record) -> Event``."""
-    return Learner(config).task.events(seed=0)
+    """The task's replay event builder for one-event records: ``build(position, record) -> Event``."""
+    build = Learner(config).task.events(seed=0)
+    return lambda position, record: single(build(position, record))
+
+
+def single(events: list):
+    assert len(events) == 1
+    return events[0]
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -129,7 +135,7 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
     build = learner.task.events(seed=0)
     stream = [Record(key=f"u{(i * 7) % 5}", item=str((i * 3) % 11 + (i % 4))) for i in range(160)]
     for start in range(0, len(stream), 16):
-        events = [build(start + i, r) for i, r in enumerate(stream[start:start + 16])]
+        events = [single(build(start + i, r)) for i, r in enumerate(stream[start:start + 16])]
         asked = [e for e in events if e.evaluate]
         got = model.predict(asked)
         assert got == filtered_beam_lists(learner, asked, k=5)
@@ -281,18 +287,18 @@ def test_next_item_file_replay_with_top_k_baselines(tmp_path):
     assert 0 <= report["metrics"]["mrr"] <= report["metrics"]["recall@3"] <= 1
 
 
-def test_recommended_config_per_file_shape_replays_it(tmp_path):
-    """bench/streams.py takes each dataset's config from datasets.RECOMMENDED: MovieLens
-    files get the next-item settings, which replay their events (ids, own output space)."""
+def test_the_task_of_a_file_brings_its_defaults_and_replays_it(tmp_path):
+    """bench/streams.py sets only learner.task from the file's shape: MovieLens files are
+    next-item, whose defaults (ids, an own output space) replay their events."""
     path = movielens(tmp_path / "u.data")
-    overrides = recommended_overrides(path)
-    assert overrides == RECOMMENDED["next-item"] and recommended_overrides(tmp_path / "x.tsv", "tsv") == ()
-    report = replay(FileSource(path), ReplayOptions(k=3, window=30, limit=48),
-                    config=Config().override(*overrides, "store.shards=2", "store.map_size_gb=0.05"))
+    assert task_of(path) == "next-item" and task_of(tmp_path / "x.tsv", "tsv") == "classify"
+    config = Config().override(f"learner.task={task_of(path)}", "store.shards=2", "store.map_size_gb=0.05")
+    report = replay(FileSource(path), ReplayOptions(k=3, window=30, limit=48), config=config)
     assert report["task"] == "next-item" and report["config"]["model"]["model"]["out_B"] == 4096
+    assert report["config"]["model"]["hashing"]["tokenizer"] == "ids"
     assert report["evaluated"] == 36  # 48 events of 12 users: each user's first is not scored
     with pytest.raises(DatasetError, match="can hold any task"):
-        recommended_overrides(write_jsonl(tmp_path / "r.jsonl", [{"text": "a", "label": "b"}]))
+        task_of(write_jsonl(tmp_path / "r.jsonl", [{"text": "a", "label": "b"}]))
 
 
 def test_mlm_file_replay(tmp_path):

@@ -19,18 +19,36 @@ RECORDS = {
     "classify": [{"text": f"word{i % 5} other{i % 3}", "label": f"l{i % 3}"} for i in range(20)],
     "mlm": [{"text": f"word{i % 5} other{i % 3} third{i % 7}"} for i in range(20)],
     "next-item": [{"key": f"u{i % 4}", "item": f"i{i % 9}"} for i in range(20)],
+    "next-token": [{"text": f"word{i % 5} other{i % 3} third{i % 7}"} for i in range(20)],
 }
 
 
 def test_every_task_module_is_registered_and_nothing_else():
     """Adding a task is one module in streamlearn/tasks and one registry line."""
     modules = {m.name for m in pkgutil.iter_modules(tasks.__path__)} - {"base"}
-    registered = {entry.partition(":")[0] for entry in tasks.REGISTRY.values()}
+    registered = {entry.path.partition(":")[0] for entry in tasks.REGISTRY.values()}
     assert modules == registered
     assert TASKS == tuple(tasks.REGISTRY)
     for name in tasks.REGISTRY:
         cls = tasks.task_class(name)
         assert issubclass(cls, Task) and cls.name == name and cls.answers in ("labels", "tokens")
+
+
+def test_a_tasks_defaults_apply_to_the_keys_not_set():
+    """learner.task brings the task's defaults; a key given in the same call, in a file or
+    set earlier to another value keeps its value; switching back restores the others."""
+    for name, entry in tasks.REGISTRY.items():
+        cfg = Config().override(f"learner.task={name}")
+        for assignment in entry.defaults:
+            dotted, _, value = assignment.partition("=")
+            section, key = dotted.split(".")
+            assert str(getattr(getattr(cfg, section), key)).lower() == value.lower(), (name, assignment)
+    assert Config().override("learner.task=next-item", "model.out_B=1000").model.out_B == 1000
+    assert Config().override("model.out_B=1000").override("learner.task=next-item").model.out_B == 1000
+    back = Config().override("learner.task=next-item").override("learner.task=classify")
+    assert back == Config()
+    stored = Config.from_dict(Config().override("learner.task=next-item", "model.out_B=777").to_dict())
+    assert stored.model.out_B == 777 and stored.hashing.tokenizer == "ids"
 
 
 def test_ingest_modules_import_no_torch():

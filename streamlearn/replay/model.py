@@ -94,9 +94,10 @@ class ModelContestant:
         records the learner rejected (e.g. a label beyond model.max_labels)."""
         if not self.learning or not events:
             return {}
-        report = self.learner.learn_batch(self._take_prepared(events))
+        firsts = _first_of_each_record(events)  # a record with several events is learned once
+        report = self.learner.learn_batch(self._take_prepared(firsts))
         self.steps += 1
-        return {events[i].position: str(err) for i, err in report.rejected}
+        return {firsts[i].position: str(err) for i, err in report.rejected}
 
     def _take_prepared(self, events: Sequence[Event]) -> Any:
         prepared, self._prepared = self._prepared, None
@@ -105,6 +106,16 @@ class ModelContestant:
         if prepared[0] != tuple(e.position for e in events):
             raise StreamlearnError("replay: a fused batch was not learned as predicted (internal order error)")
         return prepared[1]
+
+
+def _first_of_each_record(events: Sequence[Event]) -> list[Event]:
+    """The first event of each record (events of one record share its position)."""
+    out, last = [], None
+    for e in events:
+        if e.position != last:
+            out.append(e)
+            last = e.position
+    return out
 
 
 class _KeyItems:

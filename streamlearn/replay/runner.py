@@ -143,7 +143,8 @@ def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
 
 
 class _Loop:
-    def __init__(self, result: ReplayResult, build: Callable[[int, Record], Event], batch_size: int, progress: Any):
+    def __init__(self, result: ReplayResult, build: Callable[[int, Record], list[Event]], batch_size: int,
+                 progress: Any):
         self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
         self.pending: deque[Event] = deque()  # arrived, label not yet revealed to the model
         self.unlearned: deque[Event] = deque()  # arrived, not yet learned by the baselines
@@ -174,7 +175,7 @@ class _Loop:
                 self._bad(item.origin, item.error)
                 continue
             try:
-                events.append(self.build(self.position, item.record))
+                events.extend(self.build(self.position, item.record))
             except RecordError as exc:
                 self._bad(item.origin, str(exc))
         return events

@@ -6,37 +6,60 @@ tasks: what a record must hold and what a batch of them becomes (its
 read out, how answers are decoded, and what a replay asks and scores. The learner,
 the model, the snapshot and replay call it and never ask which task it is.
 
-Adding a task is one new module here and one line in :data:`REGISTRY`
-(tests/test_tasks.py checks that every module is registered). This package's
-``__init__`` imports nothing heavy: the config reads the task names from it.
+Adding a task is one new module here and one entry in :data:`REGISTRY`
+(tests/test_tasks.py checks that every module is registered). An entry also holds the
+task's defaults: the settings that suit the task better than the global defaults, which
+the config applies to every key the user did not set (:func:`task_defaults`). This
+package's ``__init__`` imports nothing heavy: the config reads it.
 
 >>> sorted(REGISTRY)
-['classify', 'mlm', 'next-item']
+['classify', 'mlm', 'next-item', 'next-token']
+>>> task_defaults("next-item")[0]
+'hashing.tokenizer=ids'
 """
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..featurize import Featurizer
     from .base import Task
 
-__all__ = ["REGISTRY", "build_task", "task_class"]
+__all__ = ["REGISTRY", "Entry", "build_task", "task_class", "task_defaults"]
 
-# task name -> "module:Class" in this package (imported when first used)
-REGISTRY: dict[str, str] = {
-    "classify": "classify:Classify",
-    "mlm": "mlm:MaskedToken",
-    "next-item": "next_item:NextItem",
+
+class Entry(NamedTuple):
+    """A task: ``path`` "module:Class" in this package (imported when first used), and
+    ``defaults``, dotted ``section.key=value`` settings (docs/choosing-a-configuration.md
+    says why each)."""
+
+    path: str
+    defaults: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, Entry] = {
+    "classify": Entry("classify:Classify"),
+    "mlm": Entry("mlm:MaskedToken"),
+    # opaque ids, not words; an own output space smaller than the tied input table
+    "next-item": Entry("next_item:NextItem", (
+        "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=4096", "embedding.K=100000",
+        "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=256")),
+    "next-token": Entry("next_token:NextToken", ("model.positions=true",)),
 }
 
 
 def task_class(name: str) -> type["Task"]:
     """The class of task ``name`` (a key of :data:`REGISTRY`)."""
-    module, _, cls = REGISTRY[name].partition(":")
+    module, _, cls = REGISTRY[name].path.partition(":")
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def task_defaults(name: str) -> tuple[str, ...]:
+    """Task ``name``'s defaults (``()`` for a name that is no task: the config refuses it)."""
+    entry = REGISTRY.get(name)
+    return entry.defaults if entry is not None else ()
 
 
 def build_task(cfg: "Config", featurizer: "Featurizer") -> "Task":

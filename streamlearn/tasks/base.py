@@ -173,9 +173,11 @@ class Task:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ evaluation
-    def events(self, seed: int) -> Callable[[int, Record], Event]:
-        """A replay's event builder: ``build(position, record) -> Event`` in stream
-        order; RecordError for a record this task cannot use."""
+    def events(self, seed: int) -> Callable[[int, Record], list[Event]]:
+        """A replay's event builder: ``build(position, record) -> [Event, ...]`` in stream
+        order (one event per answer the record asks for: one for most tasks, one per
+        position for next-token; they share the record's position); RecordError for a
+        record this task cannot use."""
         raise NotImplementedError
 
 

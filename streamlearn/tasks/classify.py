@@ -215,9 +215,9 @@ class Classify(Task):
     def events(self, seed: int):
         """The record's tokens (the model's tokenizer, so bag-of-words baselines see the
         same words); the answer is its label."""
-        def build(position: int, rec: Record) -> Event:
+        def build(position: int, rec: Record) -> list[Event]:
             tokens = self.prep.text_tokens(rec)
             if rec.label is None:
                 raise RecordError("missing-field: label (task classify)")
-            return Event(position, rec, rec.label, True, rec, tokens=tuple(tokens))
+            return [Event(position, rec, rec.label, True, rec, tokens=tuple(tokens))]
         return build

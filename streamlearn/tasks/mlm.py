@@ -93,15 +93,15 @@ class MaskedToken(TokenTask):
         mask_seed = derive_seed(seed, "replay/mlm-mask")
         max_tokens = self.cfg.hashing.max_tokens
 
-        def build(position: int, rec: Record) -> Event:
+        def build(position: int, rec: Record) -> list[Event]:
             tokens = self.prep.text_tokens(rec)[:max_tokens]
             pos = xxhash.xxh64_intdigest(position.to_bytes(8, "big"), mask_seed) % len(tokens)
             query = tokens[:pos] + [QUERY_MASK] + tokens[pos + 1:]
             padded = [BOS_TOKEN, BOS_TOKEN, *tokens, EOS_TOKEN]  # tokens[i] is padded[i + 2]
-            return Event(position, rec, tokens[pos], True, {"tokens": query}, tokens=tuple(tokens),
-                         prev=tokens[pos - 1] if pos else None, left=tuple(padded[pos:pos + 2]),
-                         right=padded[pos + 3], counts=tuple(tokens), transitions=tuple(zip(tokens, tokens[1:])),
-                         ngrams=tuple(zip(padded[1:], padded[2:], padded[3:])))
+            return [Event(position, rec, tokens[pos], True, {"tokens": query}, tokens=tuple(tokens),
+                          prev=tokens[pos - 1] if pos else None, left=tuple(padded[pos:pos + 2]),
+                          right=padded[pos + 3], counts=tuple(tokens), transitions=tuple(zip(tokens, tokens[1:])),
+                          ngrams=tuple(zip(padded[1:], padded[2:], padded[3:])))]
         return build
 
 

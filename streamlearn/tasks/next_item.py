@@ -93,7 +93,7 @@ class NextItem(TokenTask):
         stored, length = self.prep.histories, self.cfg.learner.history
         keys: dict[str, _Key] = {}
 
-        def build(position: int, rec: Record) -> Event:
+        def build(position: int, rec: Record) -> list[Event]:
             if rec.key is None or rec.item is None:
                 raise RecordError("missing-field: key and item (task next-item)")
             item = canonical_id(rec.item)
@@ -109,7 +109,7 @@ class NextItem(TokenTask):
                           _n_seen=len(ctx.order))
             ctx.recent = (history + (item,))[-length:]
             ctx.add(item)
-            return event
+            return [event]
         return build
 
 

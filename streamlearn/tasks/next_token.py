@@ -1,0 +1,81 @@
+"""``next-token``: causal language modelling over the stream's tokens (T-Free's decoder
+objective): each token of a record given the tokens before it in that record.
+
+A record of tokens ``t_0 .. t_{n-1}`` is read as the inputs ``[BOS], t_0 .. t_{n-2}`` and
+the answers ``t_0 .. t_{n-1}``: position j sees inputs 0..j only (causal attention) and
+predicts ``t_j``; the first token is predicted from ``[BOS]`` alone. One record teaches
+n examples in one forward pass. A query asks "what comes next" after a prefix (its
+``tokens`` or ``text``; an empty prefix asks for a first token).
+
+In a replay every position of a record is an event (recall at every position): the
+model is asked the prefix before each token, the Markov baseline the token before it,
+the n-gram baseline the two before it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..batching import Batch
+from ..model import HashedTransformer
+from ..objectives import BOS_TOKEN
+from ..records import Record
+from .base import Event, TokenPreparer, TokenTask
+
+__all__ = ["NextToken", "NextTokenPreparer"]
+
+
+class NextTokenPreparer(TokenPreparer):
+    """Records need tokens; a training batch holds every position's answer."""
+
+    task = "next-token"
+
+    def validate(self, rec: Record) -> list[str]:
+        return self.text_tokens(rec)
+
+    def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
+        if not accepted:
+            return
+        lists = [self.cut(t) for _, t in accepted]  # each n <= max_tokens answers
+        batch.feats = self.featurize([[BOS_TOKEN, *t[:-1]] for t in lists])
+        lengths = np.array([len(t) for t in lists], dtype=np.int64)
+        batch.rows = np.repeat(np.arange(len(lists), dtype=np.int64), lengths)  # (n,)
+        batch.cols = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])  # (n,)
+        answers = [token for t in lists for token in t]
+        batch.targets = self.code.targets(answers)
+        weights = np.array([r.weight for r, _ in accepted], dtype=np.float32)
+        batch.weight = weights[batch.rows]
+        batch.candidates = answers
+
+    def fill_query(self, batch: Batch, records: list) -> None:
+        keep = self.cfg.hashing.max_tokens - 1  # the prefix's last tokens, after [BOS]
+        lists = [[BOS_TOKEN, *self.query_tokens(obj, i)[-keep:]] for i, obj in enumerate(records)]
+        batch.feats = self.featurize(lists, grow=False)
+        batch.rows = np.arange(len(lists), dtype=np.int64)
+        batch.cols = np.array([len(t) - 1 for t in lists], dtype=np.int64)  # what follows the last input
+
+
+class NextToken(TokenTask):
+    """The next-token task (see the module docstring)."""
+
+    name = "next-token"
+    target_field = None
+    Preparer = NextTokenPreparer
+
+    def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
+        """The causal state (n, d) at each answered position."""
+        h = model.encode(feats, causal=True)  # (N, T, d)
+        return h[dev.tensor(batch.rows), dev.tensor(batch.cols)]  # (n, d)
+
+    def events(self, seed: int):
+        """One event per position (module docstring)."""
+        max_tokens = self.cfg.hashing.max_tokens
+
+        def build(position: int, rec: Record) -> list[Event]:
+            tokens = self.prep.text_tokens(rec)[:max_tokens]
+            padded = [BOS_TOKEN, BOS_TOKEN, *tokens]  # tokens[i] is padded[i + 2]
+            return [Event(position, rec, t, True, {"tokens": tokens[:i]}, tokens=tuple(tokens),
+                          prev=tokens[i - 1] if i else None, left=tuple(padded[i:i + 2]), counts=(t,),
+                          transitions=((tokens[i - 1], t),) if i else (), ngrams=((padded[i], padded[i + 1], t),))
+                    for i, t in enumerate(tokens)]
+        return build
