@@ -379,7 +379,7 @@ class LmdbStore(Store):
         if bad.any():
             shown = ", ".join(str(i) for i in ids[bad][:5].tolist())
             what = "fail their checksum" if self._codec.checksums else "have the wrong length"
-            raise damaged(self.path, f"{int(bad.sum())} stored rows of table {spec.name!r} {what} "
+            raise damaged(self.path, f"{int(bad.sum()):,} stored rows of table {spec.name!r} {what} "
                           f"(ids {shown}{', ...' if bad.sum() > 5 else ''}); `streamlearn inspect "
                           f"--verify --state {self.path}` lists every damaged value")
         return values
