@@ -80,7 +80,8 @@ class ChecksumCodec(RawCodec):
         n, row_bytes = len(values), values.shape[1] * values.itemsize
         out = np.empty((n, row_bytes + _DIGEST), np.uint8)  # (n, row bytes + 8)
         out[:, :row_bytes] = values.view(np.uint8).reshape(n, row_bytes)
-        out[:, row_bytes:] = self._digests(memoryview(out.reshape(-1)), row_bytes, _seeds(table, ids))
+        digests = _digests(memoryview(out.reshape(-1)), row_bytes, _seeds(table, ids))
+        out[:, row_bytes:] = digests.view(np.uint8).reshape(n, _DIGEST)
         return out.view(f"V{row_bytes + _DIGEST}").ravel().tolist()
 
     def decode_rows(self, table: str, ids: np.ndarray, stored: list[bytes], width: int,
@@ -91,10 +92,10 @@ class ChecksumCodec(RawCodec):
         buf = bytearray().join(stored)
         if len(buf) != stride * n:  # some value has the wrong length: check row by row
             return self._decode_uneven(table, ids, stored, width, dtype)
+        want = _digests(memoryview(buf), row_bytes, _seeds(table, ids))  # (n,)
         rows = np.frombuffer(buf, np.uint8).reshape(n, stride)  # (n, row bytes + 8)
-        want = self._digests(memoryview(buf), row_bytes, _seeds(table, ids))
-        bad = (rows[:, row_bytes:] != want).any(axis=1)
-        values = np.ascontiguousarray(rows[:, :row_bytes]).view(dtype)  # (n, width)
+        bad = rows[:, row_bytes:].copy().view("<u8")[:, 0] != want
+        values = rows[:, :row_bytes].copy().view(dtype)  # (n, width)
         if bad.any():
             values[bad] = 0
         return values, bad
@@ -110,14 +111,6 @@ class ChecksumCodec(RawCodec):
             fits[np.flatnonzero(fits)[bad_kept]] = False
         return out, ~fits
 
-    @staticmethod
-    def _digests(buf: memoryview, row_bytes: int, seeds: list[int]) -> np.ndarray:
-        """(n, 8) uint8: the little-endian xxh3_64 of each row's first ``row_bytes``."""
-        stride = row_bytes + _DIGEST
-        views = (buf[at:at + row_bytes] for at in range(0, stride * len(seeds), stride))
-        digests = np.fromiter(map(_hash, views, seeds), np.uint64, len(seeds))
-        return digests.astype("<u8").view(np.uint8).reshape(-1, _DIGEST)
-
     def encode_value(self, db: bytes, key: bytes, value: bytes) -> bytes:
         return value + _hash(value, value_seed(db, key)).to_bytes(_DIGEST, "little")
 
@@ -129,7 +122,22 @@ class ChecksumCodec(RawCodec):
 
 
 def _seeds(table: str, ids: np.ndarray) -> list[int]:
-    return (np.asarray(ids, dtype=np.int64).astype(np.uint64) ^ table_seed(table)).tolist()
+    seed = _table_seeds.get(table)
+    if seed is None:
+        seed = _table_seeds.setdefault(table, table_seed(table))
+    return (np.asarray(ids, dtype=np.int64).view(np.uint64) ^ seed).tolist()
+
+
+def _digests(buf: memoryview, row_bytes: int, seeds: list[int]) -> np.ndarray:
+    """(n,) little-endian uint64: the seeded xxh3_64 of each row's first ``row_bytes``;
+    rows lie ``row_bytes + 8`` apart in ``buf``. One Python call per row is the floor here
+    (about 0.15 us a row): xxhash hashes one buffer per call."""
+    stride = row_bytes + _DIGEST
+    views = [buf[at:at + row_bytes] for at in range(0, stride * len(seeds), stride)]
+    return np.fromiter(map(_hash, views, seeds), "<u8", len(seeds))
+
+
+_table_seeds: dict[str, np.uint64] = {}
 
 
 CODECS = {1: RawCodec(), 2: ChecksumCodec()}
