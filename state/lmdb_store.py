@@ -40,6 +40,7 @@ and, depending on the filesystem, damage the file.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import operator
@@ -457,19 +458,28 @@ class LmdbStore(Store):
             "shard_rows": rows, "shard_bytes": sizes,
         }
 
-    def verify(self, batch: int = 65536) -> VerifyReport:
+    def verify(self, batch: int = 65536, skip: Sequence[str] = (),
+               progress: Callable[[str], None] | None = None) -> VerifyReport:
         """Scan every row, blob and kv value (see :mod:`.verify`). Each batch is its own
         short read transaction: a scan of a large state does not pin the writer's pages,
-        and every value is checked on its own, so no single snapshot is needed."""
+        and every value is checked on its own, so no single snapshot is needed.
+        ``skip``: database names not to read; ``progress(name)`` is called before each.
+        LMDB aborts the process on some damaged pages: :func:`.verify.verify_in_child`
+        runs this in child processes and reports such a database instead."""
         report = VerifyReport(self.path, self._meta.schema_version, self._codec.name)
+        codec = self._codec
+        scans: list[tuple[bytes, Callable]] = []
         for name, spec in sorted(self._tables.items()):
             for shard in range(self.shards):
-                self._verify_db(report, row_db_name(name, shard),
-                                lambda pairs: check_row_batch(report, self._codec, spec, shard, self.shards, pairs),
-                                batch)
+                scans.append((row_db_name(name, shard), functools.partial(
+                    check_row_batch, report, codec, spec, shard, self.shards)))
         for db in (BLOBS, KV):
-            self._verify_db(report, db, lambda pairs: [check_value(report, self._codec, db, k, v) for k, v in pairs],
-                            batch)
+            scans.append((db, functools.partial(_check_values, report, codec, db)))
+        for db_name, check in scans:
+            if db_name.decode() not in skip:
+                if progress is not None:
+                    progress(db_name.decode())
+                self._verify_db(report, db_name, check, batch)
         return report
 
     def _verify_db(self, report: VerifyReport, db_name: bytes, check: Callable, batch: int) -> None:
@@ -525,6 +535,11 @@ def _describe(path: str) -> str:
     except StateError as exc:
         return f"unreadable, {size}: {exc}"
     return f"step {m.step}, {m.commits} commits, offsets {m.offsets}, {size}"
+
+
+def _check_values(report: VerifyReport, codec: RawCodec, db: bytes, pairs: list[tuple[bytes, bytes]]) -> None:
+    for key, stored in pairs:
+        check_value(report, codec, db, key, stored)
 
 
 def _pick(seq: list, idx: list[int]) -> Sequence:

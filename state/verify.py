@@ -10,11 +10,17 @@ checksums: their values are checked for length and finiteness only, and the repo
 """
 from __future__ import annotations
 
+import argparse
+import json
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .codec import RawCodec
+from .exceptions import StateError
 from .schema import TableSpec, decode_ids, shard_of
 
 _SHOWN = 5  # ids named per finding
@@ -62,6 +68,10 @@ class VerifyReport:
                 "checksums": self.checksums, "checked": dict(self.checked), "ok": self.ok,
                 "problems": self.lines()}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "VerifyReport":
+        return cls(d["path"], d["schema_version"], d["encoding"], dict(d["checked"]), list(d["problems"]))
+
 
 def check_row_batch(report: VerifyReport, codec: RawCodec, spec: TableSpec, shard: int, shards: int,
                     pairs: list[tuple[bytes, bytes]]) -> None:
@@ -91,3 +101,54 @@ def check_value(report: VerifyReport, codec: RawCodec, db: bytes, key: bytes, st
         name = key.decode(errors="replace") if what == "blobs" else key.replace(b"\x00", b"/")[:60]
         report.add(what, "values fail their checksum", [name])
     report.count(what, 1)
+
+
+# -- in child processes: LMDB may abort instead of reporting ---------------------------------
+def verify_in_child(path: str, timeout_s: float = 3600.0) -> VerifyReport:
+    """``Store.verify()`` of the LMDB state at ``path``, run in a child process.
+
+    LMDB trusts its pages: a cursor that steps onto an overwritten leaf aborts the process
+    (an assertion, SIGABRT) instead of returning an error. A child that dies so is reported
+    as damage of the database it was reading, and the scan goes on in a new child that
+    skips it, so one bad database does not hide the state of the others."""
+    skip: list[str] = []
+    crashes: list[str] = []
+    while True:
+        out = subprocess.run([sys.executable, "-m", "streamlearn.state.verify", path, *skip],
+                             capture_output=True, text=True, timeout=timeout_s)
+        lines = out.stdout.splitlines()
+        if out.returncode == 0 and lines and lines[-1].startswith("report "):
+            report = VerifyReport.from_dict(json.loads(lines[-1][len("report "):]))
+            report.problems[:0] = crashes
+            return report
+        reading = next((line[len("database "):] for line in reversed(lines) if line.startswith("database ")), None)
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        if out.returncode >= 0 or reading is None or reading in skip:
+            raise StateError(f"verifying {path} failed (exit status {out.returncode}): {last}")
+        crashes.append(f"database {reading}: LMDB stopped the process reading it ({signal.Signals(-out.returncode).name}: "
+                       f"{last}): pages overwritten or lost")
+        skip.append(reading)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child of :func:`verify_in_child`: ``database NAME`` before each database, then
+    ``report {json}``."""
+    from ..exceptions import StreamlearnError
+    from .factory import open_store
+
+    parser = argparse.ArgumentParser(prog="python -m streamlearn.state.verify")
+    parser.add_argument("path")
+    parser.add_argument("skip", nargs="*", help="databases not to read")
+    args = parser.parse_args(argv)
+    try:
+        with open_store(args.path, readonly=True, backend="lmdb") as store:
+            report = store.verify(skip=args.skip, progress=lambda name: print("database", name, flush=True))
+    except StreamlearnError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print("report", json.dumps(report.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

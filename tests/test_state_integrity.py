@@ -227,6 +227,29 @@ def test_overwritten_pages_give_a_one_line_error_and_verify_names_the_database(t
     assert "DAMAGED" in out.stdout and "database rows:emb.E:" in out.stdout, out.stdout
 
 
+def test_zeroed_pages_that_make_lmdb_abort_are_named_by_verify_which_goes_on(tmp_path):
+    """LMDB asserts (SIGABRT) when a cursor steps onto a zeroed leaf: verify's child dies,
+    the database is reported, and the other databases are still checked."""
+    path = tmp_path / "s"
+    small_state(path)
+    record = check_readable(path)
+    with open(path / "data.mdb", "r+b") as f:
+        f.seek(record.page_size * (record.last_page // 3))
+        f.write(bytes(record.page_size * 8))
+    env = raw_env(path)
+    with env.begin(write=True) as txn:  # and a blob, in another database
+        blobs = env.open_db(b"blobs", txn=txn)
+        txn.put(b"learner.meta", b"X" + txn.get(b"learner.meta", db=blobs)[1:], db=blobs)
+    env.close()
+    out = subprocess.run([sys.executable, "-c", READ_ALL, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -6, out  # what an in-process walk meets (docs/state.md, "What LMDB does not check")
+    out = cli("inspect", "--state", str(path), "--verify", "--json")
+    assert out.returncode == 1, out.stderr
+    problems = json.loads(out.stdout)["verify"]["problems"]
+    assert any(p.startswith("database rows:emb.E:") and "SIGABRT" in p for p in problems), problems
+    assert "blobs: 1 values fail their checksum (learner.meta)" in problems
+
+
 def nan_rows_in_place(path, table: str, shards: int) -> int:
     """Every value of ``table`` set to NaN through LMDB (keys, lengths and B-tree intact, the
     stored checksum bytes left as they were); returns the rows changed."""
