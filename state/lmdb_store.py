@@ -15,7 +15,8 @@ Commit protocol (:meth:`LmdbStore.commit`):
 1. Validate the whole checkpoint (tables declared, ids in range, shapes, dtypes, names,
    JSON-able config): a bad checkpoint raises here, before anything is written.
 2. Encode: repeated ids keep their last value; each id goes to ``shard_of(id, S)``; rows are
-   sorted by (shard, id); keys are 8-byte big-endian ids, values raw little-endian bytes.
+   sorted by (shard, id); keys are 8-byte big-endian ids, values raw little-endian
+   bytes followed by their checksum (schema 2, :mod:`.codec`).
 3. Begin ONE LMDB write transaction. Readers keep seeing the previous checkpoint.
 4. Read the previous manifest inside this transaction; refuse a step that goes backwards;
    merge offsets and records applied per partition.
@@ -57,7 +58,7 @@ import numpy as np
 from ..config import StoreConfig
 from .base import Store
 from .codec import RawCodec
-from .exceptions import MapFullError, StateError, damaged
+from .exceptions import MapFullError, NotAStoreError, StateError, damaged
 from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
 from .lmdb_env import DAMAGE, SharedEnv, acquire, release, wrap_lmdb, wrap_os
 from .lmdb_file import DATA, check_readable
@@ -153,7 +154,7 @@ class LmdbStore(Store):
     def _db_or_damaged(self, name: bytes) -> Any:
         try:
             return self._shared.db(name)
-        except StateError as exc:
+        except NotAStoreError as exc:
             raise damaged(self.path, f"its database {name.decode()!r} is missing") from exc
 
     @property

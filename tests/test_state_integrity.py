@@ -131,6 +131,18 @@ def test_a_manifest_edited_to_still_parse_fails_its_checksum(tmp_path):
     refused(lambda: open_store(path, readonly=True), DamagedStoreError, "'manifest' fails its checksum")
 
 
+@pytest.mark.parametrize("db", ["blobs", "kv", "rows:emb.E:001"])
+def test_a_missing_database_is_refused(tmp_path, db):
+    path = tmp_path / "s"
+    small_state(path)
+    env = raw_env(path)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(db.encode(), txn=txn), delete=True)
+    env.close()
+    for readonly in (True, False):
+        refused(lambda: open_store(path, CFG, readonly=readonly), DamagedStoreError, f"database '{db}' is missing")
+
+
 # ---------------------------------------------------------------------------- data.mdb itself
 
 def test_an_empty_data_mdb_is_refused_not_started_afresh(tmp_path):
