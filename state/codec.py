@@ -12,9 +12,9 @@ Two encodings, fixed per state directory by its schema version (``meta/schema_ve
   longer matches, nor does one whose bytes changed (every float of ``emb.E`` set to NaN,
   a page overwritten with the B-tree left intact).
 
-Cost (``bench/checkpoint.py``, 64 float32 per row): about 0.2 us a row to encode and to
-check, against 4-5 us a row for a commit and 1.2-1.6 us for a random read; 8 bytes a row
-(3% of a 256-byte row). Checked on every read: restore (``iter_rows``), queries
+Cost (64 float32 a row, 1,024 rows at a time): about 0.2-0.3 us a row to encode and as
+much to check, against 4-5 us a row for a commit and 1.2-1.6 us for a random read; 8 bytes
+a row (3% of a 256-byte row); docs/benchmarks.md has ``bench/checkpoint.py`` before and after. Checked on every read: restore (``iter_rows``), queries
 (``read_rows``), blobs and kv, and by ``Store.verify`` (``streamlearn inspect --verify``).
 """
 from __future__ import annotations
@@ -53,10 +53,9 @@ class RawCodec:
         """``(values (n, width), bad (n,) bool)`` from the stored values of rows ``ids``;
         a bad row (wrong length, checksum mismatch) reads as zeros."""
         row_bytes = width * np.dtype(dtype).itemsize
-        buf = bytearray().join(stored)
-        if len(buf) == row_bytes * len(stored):
-            return np.frombuffer(buf, dtype=dtype).reshape(-1, width), np.zeros(len(stored), bool)
         bad = np.fromiter((len(v) != row_bytes for v in stored), bool, len(stored))
+        if not bad.any():
+            return np.frombuffer(bytearray().join(stored), dtype=dtype).reshape(-1, width), bad
         good = bytearray().join(v for v, b in zip(stored, bad.tolist()) if not b)
         out = np.zeros((len(stored), width), dtype)  # (n, width)
         out[~bad] = np.frombuffer(good, dtype=dtype).reshape(-1, width)
@@ -124,10 +123,10 @@ class ChecksumCodec(RawCodec):
         return value + _hash(value, value_seed(db, key)).to_bytes(_DIGEST, "little")
 
     def decode_value(self, db: bytes, key: bytes, stored: bytes) -> bytes | None:
-        value, digest = bytes(stored[:-_DIGEST]), bytes(stored[-_DIGEST:])
-        if len(stored) < _DIGEST or _hash(value, value_seed(db, key)).to_bytes(_DIGEST, "little") != digest:
+        if len(stored) < _DIGEST:
             return None
-        return value
+        value, digest = bytes(stored[:-_DIGEST]), bytes(stored[-_DIGEST:])
+        return value if _hash(value, value_seed(db, key)).to_bytes(_DIGEST, "little") == digest else None
 
 
 def _seeds(table: str, ids: np.ndarray) -> list[int]:
