@@ -174,10 +174,11 @@ class GroupWorker(Worker):
         return super()._new_fetcher(plan, SyncedFetcher, clock=self.clock)
 
     def _open_store(self):
-        """Rank 0 opens the state for writing first, the others then read the same
-        checkpoint (nobody commits before the first sync, so every replica starts equal)."""
+        """Rank 0 opens the state for writing first (with --reset, after moving the old one
+        aside), the others then read the same checkpoint (nobody commits before the first
+        sync, so every replica starts equal)."""
         if self.rank == 0:
-            store = open_store(self.options.state, self.cfg.store)
+            store = open_store(self.options.state, self.cfg.store, reset=self.options.reset)
             dist.barrier()
             return store, True
         dist.barrier()

@@ -45,6 +45,7 @@ class RunOptions:
     max_records: int | None = None  # stop after this many records (learned or dead-lettered)
     until_idle_s: float | None = None  # stop after this long without a new record
     metrics_port: int = 0  # Prometheus metrics on this port; 0: off
+    reset: bool = False  # discard the state in `state` and start a new model (open_store(reset=True))
 
     def __post_init__(self) -> None:
         rules = [
@@ -105,7 +106,7 @@ class Worker:
         """Open the state directory for writing (``self.store``) and restore the learner
         from its last checkpoint (``self.learner``); on failure nothing stays open."""
         cfg = self.cfg
-        self.store = open_store(self.options.state, cfg.store)
+        self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
             self.learner = open_learner(self.store, cfg)
         except BaseException:
@@ -168,8 +169,8 @@ class Worker:
             seconds = self.checkpointer.commit(self.metrics.snapshot(), self.cfg)
         except StreamlearnError as exc:
             ok = False
-            log.error("%s checkpoint failed, the state is unchanged (the next one writes every row): %s",
-                      request.reason, exc)
+            log.error("%s checkpoint failed, the state is unchanged (the next one writes its %d rows again, "
+                      "with what changes meanwhile): %s", request.reason, self.checkpointer.last_rows, exc)
         self.metrics.checkpointed(seconds, ok)
         if ok:
             self.summary.checkpoints += 1

@@ -16,14 +16,18 @@ See docs/state.md for the layout and the commit protocol.
 from ..config import StoreConfig
 from .base import Store
 from .exceptions import (
-    DiskFullError, MapFullError, NotAStoreError, StateError, StoreBusyError, StorePermissionError,
+    DamagedStoreError, DiskFullError, MapFullError, NotAStoreError, StateError, StoreBusyError,
+    StorePermissionError,
 )
 from .factory import open_store
+from .lmdb_file import check_readable
 from .schema import SCHEMA_VERSION, Checkpoint, Manifest, TableSpec, shard_of
+from .verify import VerifyReport
 
 __all__ = [
     "SCHEMA_VERSION",
     "Checkpoint",
+    "DamagedStoreError",
     "DiskFullError",
     "Manifest",
     "MapFullError",
@@ -34,6 +38,8 @@ __all__ = [
     "StoreConfig",
     "StorePermissionError",
     "TableSpec",
+    "VerifyReport",
+    "check_readable",
     "open_store",
     "shard_of",
 ]

@@ -20,6 +20,7 @@ import numpy as np
 
 from .exceptions import StateError
 from .schema import Checkpoint, Manifest, TableSpec
+from .verify import VerifyReport
 
 
 class Store(abc.ABC):
@@ -29,6 +30,7 @@ class Store(abc.ABC):
     path: str | None = None
     readonly: bool = False
     shards: int = 1
+    discarded: str | None = None  # opened with reset=True: what the reset moved aside
 
     # -- writing ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -77,6 +79,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def compact(self, dest_path: str) -> None:
         """Write a compacted copy of the current state to a new LMDB directory."""
+
+    @abc.abstractmethod
+    def verify(self, batch: int = 65536) -> VerifyReport:
+        """Scan every stored value and report what is damaged (``report.ok``,
+        ``report.lines()``): checksums, keys, lengths, non-finite floats. Reads that meet a
+        damaged value raise :class:`DamagedStoreError` instead."""
 
     @abc.abstractmethod
     def stats(self) -> dict:

@@ -29,3 +29,19 @@ class DiskFullError(StateError, OSError):
 
 class StoreBusyError(StateError):
     """Another writer holds the state directory."""
+
+
+class DamagedStoreError(StateError):
+    """The state directory held a model but cannot be trusted as it is: a file cut short,
+    a meta record missing, a page or a stored value overwritten. Nothing is reset or
+    re-learned silently; the message names the directory, the damage and the way out
+    (restore a copy, or start over explicitly with ``reset=True`` / ``--reset``)."""
+
+
+RECOVER = ("restore the directory from a copy, or start a new model there with "
+           "`streamlearn worker --reset` (it moves this state aside)")
+
+
+def damaged(path: str, problem: str) -> DamagedStoreError:
+    """The one-line error for a damaged state directory: where, what, and the way out."""
+    return DamagedStoreError(f"state {path} is damaged: {problem}; {RECOVER}")

@@ -13,7 +13,6 @@ snapshot reader may live in one process; so stores on the same directory share a
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -22,16 +21,15 @@ from typing import Iterator
 
 import lmdb
 
-from .exceptions import (
-    DiskFullError, NotAStoreError, StateError, StoreBusyError, StorePermissionError,
-)
+from .exceptions import DiskFullError, NotAStoreError, StateError, StorePermissionError, damaged
 from .schema import MAX_DBS
 
 log = logging.getLogger(__name__)
 
-WRITER_LOCK = "streamlearn-writer.lock"
-
 _PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+# What LMDB raises on a page it cannot trust; BadTxnError follows any of them on the same
+# transaction (LMDB marks it failed), so it means the same.
+DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError, lmdb.PanicError)
 
 
 class Gate:
@@ -130,7 +128,7 @@ class SharedEnv:
                 except lmdb.MapResizedError:
                     txn = None
                 except lmdb.Error as exc:
-                    raise wrap_lmdb(exc, self.path, "begin a read transaction") from exc
+                    raise wrap_lmdb(exc, self.path, "read") from exc
                 if txn is not None:
                     with txn:
                         yield txn
@@ -222,7 +220,9 @@ def wrap_lmdb(exc: lmdb.Error, path: str, what: str, need: int = 0) -> StateErro
             f"I/O error while trying to {what} {path}: {exc}; check the disk (dmesg) and its "
             "free space; the last complete checkpoint is intact"
         )
-    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.CorruptedError)):
+    if isinstance(exc, DAMAGE):
+        return damaged(path, f"LMDB reports {exc} while trying to {what} it (pages overwritten or lost)")
+    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError)):
         return NotAStoreError(f"{path} does not hold a readable LMDB environment: {exc}")
     return StateError(f"LMDB error while trying to {what} {path}: {exc}")
 
@@ -244,48 +244,3 @@ def _free_bytes(path: str) -> int:
     except OSError:
         return 0
     return st.f_bavail * st.f_frsize
-
-
-# -- the directory around the environment ----------------------------------------------
-def check_state_dir(path: str) -> None:
-    try:
-        os.stat(os.path.join(path, "data.mdb"))
-    except OSError as exc:
-        if os.path.isfile(path):
-            raise NotAStoreError(f"{path} is a file, not a state directory") from exc
-        if isinstance(exc, FileNotFoundError) and not os.path.isdir(path):
-            raise NotAStoreError(f"state directory {path} does not exist; a worker creates it (--state {path})") from exc
-        if isinstance(exc, FileNotFoundError):
-            raise NotAStoreError(f"{path} is not a streamlearn state directory (no data.mdb)") from exc
-        raise wrap_os(exc, path, "open") from exc
-
-
-def take_writer_lock(path: str) -> int:
-    """One writer per directory: an exclusive flock, released when the process dies."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(os.path.join(path, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except FileExistsError as exc:
-        raise NotAStoreError(f"{path} exists and is not a directory") from exc
-    except OSError as exc:
-        raise wrap_os(exc, path, "open for writing") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        os.close(fd)
-        raise StoreBusyError(
-            f"another writer holds {path} (this or another process): one writer per state "
-            "directory; stop it, or give this one its own --state"
-        ) from exc
-    return fd
-
-
-def empty_dest(dest_path: str) -> str:
-    dest = os.path.abspath(dest_path)
-    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
-        raise StateError(f"compact destination {dest} must be a new or empty directory")
-    try:
-        os.makedirs(dest, exist_ok=True)
-    except OSError as exc:
-        raise wrap_os(exc, dest, "create") from exc
-    return dest

@@ -15,7 +15,8 @@ Commit protocol (:meth:`LmdbStore.commit`):
 1. Validate the whole checkpoint (tables declared, ids in range, shapes, dtypes, names,
    JSON-able config): a bad checkpoint raises here, before anything is written.
 2. Encode: repeated ids keep their last value; each id goes to ``shard_of(id, S)``; rows are
-   sorted by (shard, id); keys are 8-byte big-endian ids, values raw little-endian bytes.
+   sorted by (shard, id); keys are 8-byte big-endian ids, values raw little-endian
+   bytes followed by their checksum (schema 2, :mod:`.codec`).
 3. Begin ONE LMDB write transaction. Readers keep seeing the previous checkpoint.
 4. Read the previous manifest inside this transaction; refuse a step that goes backwards;
    merge offsets and records applied per partition.
@@ -40,6 +41,7 @@ and, depending on the filesystem, damage the file.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import operator
@@ -55,103 +57,119 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
-from .exceptions import MapFullError, NotAStoreError, StateError
-from .lmdb_env import (
-    SharedEnv, acquire, check_state_dir, empty_dest, release, take_writer_lock, wrap_lmdb, wrap_os,
+from .codec import RawCodec
+from .exceptions import MapFullError, NotAStoreError, StateError, damaged
+from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
+from .lmdb_env import DAMAGE, SharedEnv, acquire, release, wrap_lmdb, wrap_os
+from .lmdb_file import DATA, check_readable
+from .lmdb_meta import (
+    BLOBS, KV, META, StoreMeta, get_record, manifest_records, parse_manifest, parse_tables, put_record,
+    read_meta,
+    write_new,
 )
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import (
-    SCHEMA_VERSION, SHARD_FN, Checkpoint, Manifest, TableSpec, decode_ids, encode_ids,
-    kv_key, manifest_record, row_db_name, shard_of, specs_from_json, specs_to_json,
+    Checkpoint, Manifest, TableSpec, decode_ids, encode_ids, kv_key, manifest_record, row_db_name,
+    shard_of, specs_to_json,
 )
+from .verify import VerifyReport, check_row_batch, check_value
 
 log = logging.getLogger(__name__)
 
-FORMAT = b"streamlearn-state"
-_META, _BLOBS, _KV = b"meta", b"blobs", b"kv"
 _GROW_ATTEMPTS = 12
 _PAGE = 4096
 
 
 class LmdbStore(Store):
-    """A state directory on disk. Open with ``open_store(path, cfg, readonly=...)``."""
+    """A state directory on disk. Open with ``open_store(path, cfg, readonly=..., reset=...)``.
+
+    Opening checks, before LMDB maps anything: that ``data.mdb`` is as long as its meta
+    pages say (:func:`~streamlearn.state.check_readable`), then that every meta record is
+    there and parses. A writer creates a state only in an empty or absent directory
+    (:mod:`.lmdb_dir`), or after ``reset=True`` moved the old one aside.
+    """
 
     backend = "lmdb"
 
-    def __init__(self, path: str, cfg: StoreConfig, readonly: bool = False) -> None:
+    def __init__(self, path: str, cfg: StoreConfig, readonly: bool = False, reset: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.readonly = readonly
+        self.discarded: str | None = None  # reset=True: what was moved aside, and where
         self._cfg = cfg
         self._local = threading.local()
         self._tables: dict[str, TableSpec] = {}
-        self._tables_raw = b""  # the stored table list self._tables was parsed from
-        self._manifest_memo: tuple[tuple[bytes, ...], Manifest] | None = None  # stored records, their parse
+        self._tables_raw: bytes | None = None  # the stored table list self._tables was parsed from
+        self._manifest_memo: tuple[tuple[bytes | None, ...], Manifest] | None = None  # stored records, their parse
         self._lock_fd: int | None = None
         self._shared: SharedEnv | None = None
+        self._meta: StoreMeta | None = None
         if readonly:
             check_state_dir(self.path)
         else:
             self._lock_fd = take_writer_lock(self.path)
         try:
+            if not readonly:
+                self._prepare_dir(reset)
+            check_readable(self.path)
             map_size = _round_pages(int(cfg.map_size_gb * 2**30))
             self._shared = acquire(self.path, readonly, map_size, cfg.sync)
-            if readonly:
-                for name in (_META, _BLOBS, _KV):  # handles open before any txn that uses them
-                    self._shared.db(name)
-            self.shards = self._check_meta() if readonly else self._init_meta()
+            self._meta = self._open_meta()
+            self.shards = self._meta.shards
+            if not readonly:
+                self._check_shards()
+                mark(self._lock_fd)  # states created before the mark existed get it here
             self._tables = self._load_tables()
         except BaseException:
             self.close()
             raise
 
     # -- opening ----------------------------------------------------------------------
-    def _init_meta(self) -> int:
-        """Create meta/blobs/kv in a new directory, or check an existing one's format."""
-        env = self._env
+    def _prepare_dir(self, reset: bool) -> None:
+        """Writer only, under the writer lock: move an old state aside if asked, and
+        create a new one if the directory holds none."""
+        if reset:
+            self.discarded = _discard(self.path, self._lock_fd)
+        if needs_creation(self.path, self._lock_fd):
+            map_size = _round_pages(int(self._cfg.map_size_gb * 2**30))
+            create(self.path, self._lock_fd, map_size, lambda env: write_new(env, self._cfg.shards))
+            log.info("created a new state in %s", self.path)
 
-        def work(txn: lmdb.Transaction) -> dict[bytes, Any]:
-            foreign = txn.get(_META) is None and txn.cursor().first()  # main db: named dbs only
-            if foreign:
-                raise NotAStoreError(f"{self.path} holds an LMDB environment that is not a streamlearn state")
-            handles = {name: env.open_db(name, txn=txn, create=True) for name in (_META, _BLOBS, _KV)}
-            meta = handles[_META]
-            if txn.get(b"format", db=meta) is None:
-                _write_new_meta(txn, meta, self._cfg.shards)
-            return handles
+    def _open_meta(self) -> StoreMeta:
+        """Check the meta records; open the blobs and kv handles (before any transaction
+        that uses them: LMDB)."""
+        meta_db = self._shared.db(META)  # NotAStoreError: no streamlearn meta at all
+        with self._read_txn() as txn:
+            meta = read_meta(txn, meta_db, self.path)
+        for name in (BLOBS, KV):
+            self._db_or_damaged(name)
+        return meta
 
-        with self._shared.db_lock:
-            handles = self._write(work, need=0, what="initialise")
-            self._shared.dbs.update(handles)
-        shards = self._check_meta()
-        if shards != self._cfg.shards:
+    def _check_shards(self) -> None:
+        if self.shards != self._cfg.shards:
             raise StateError(
-                f"{self.path} was created with store.shards={shards}; set store.shards={shards} "
+                f"{self.path} was created with store.shards={self.shards}; set store.shards={self.shards} "
                 "to use it (or compact it into a new directory)"
             )
-        return shards
 
-    def _check_meta(self) -> int:
-        meta = self._shared.db(_META)
-        with self._read_txn() as txn:
-            fmt = txn.get(b"format", None, meta)
-            if fmt is None or bytes(fmt) != FORMAT:
-                raise NotAStoreError(f"{self.path} is not a streamlearn state directory")
-            version = int(bytes(txn.get(b"schema_version", None, meta)))
-            shard_fn = bytes(txn.get(b"shard_fn", None, meta)).decode()
-            shards = int(bytes(txn.get(b"shards", None, meta)))
-        if version != SCHEMA_VERSION:
-            raise StateError(
-                f"{self.path} has state schema version {version}; this streamlearn reads "
-                f"version {SCHEMA_VERSION}: use the streamlearn version that wrote it"
-            )
-        if shard_fn != SHARD_FN:
-            raise StateError(f"{self.path} shards rows with {shard_fn!r}; this streamlearn uses {SHARD_FN!r}")
-        return shards
+    def _db_or_damaged(self, name: bytes) -> Any:
+        try:
+            return self._shared.db(name)
+        except NotAStoreError as exc:
+            raise damaged(self.path, f"its database {name.decode()!r} is missing") from exc
+
+    @property
+    def _codec(self) -> RawCodec:
+        return self._meta.codec
+
+    def _stored_tables(self, txn: lmdb.Transaction) -> bytes:
+        raw = txn.get(b"tables", None, self._shared.db(META))
+        if raw is None:
+            raise damaged(self.path, "meta record 'tables' is missing")
+        return bytes(raw)
 
     def _load_tables(self) -> dict[str, TableSpec]:
-        meta = self._shared.db(_META)
         with self._read_txn() as txn:
-            raw = bytes(txn.get(b"tables", None, meta))
+            raw = self._stored_tables(txn)
         return self._adopt_tables(raw)
 
     def _adopt_tables(self, raw: bytes) -> dict[str, TableSpec]:
@@ -159,10 +177,13 @@ class LmdbStore(Store):
         before the transaction that uses them begins (LMDB), hence never inside one."""
         if raw == self._tables_raw:
             return self._tables
-        tables = specs_from_json(json.loads(raw))
+        value = self._codec.decode_value(META, b"tables", raw)
+        if value is None:
+            raise damaged(self.path, "meta record 'tables' fails its checksum")
+        tables = parse_tables(value, self.path)
         for name in tables:
             for shard in range(self.shards):
-                self._shared.db(row_db_name(name, shard))
+                self._db_or_damaged(row_db_name(name, shard))
         self._tables_raw = raw
         return tables
 
@@ -184,10 +205,10 @@ class LmdbStore(Store):
         env = self._env
 
         def work(txn: lmdb.Transaction) -> dict[bytes, Any]:
-            meta = self._shared.db(_META)
-            stored = specs_from_json(json.loads(bytes(txn.get(b"tables", db=meta))))
+            meta = self._shared.db(META)
+            stored = parse_tables(get_record(txn, meta, self._codec, b"tables", self.path), self.path)
             stored.update({spec.name: spec for spec in new})
-            txn.put(b"tables", json.dumps(specs_to_json(stored), sort_keys=True).encode(), db=meta)
+            put_record(txn, meta, self._codec, b"tables", json.dumps(specs_to_json(stored), sort_keys=True).encode())
             return {
                 row_db_name(spec.name, s): env.open_db(row_db_name(spec.name, s), txn=txn, create=True)
                 for spec in new for s in range(self.shards)
@@ -205,15 +226,15 @@ class LmdbStore(Store):
         batches = self._encode_rows(prep)  # 2. encode, shard, sort
 
         def work(txn: lmdb.Transaction) -> None:  # 3. one write transaction (in _write)
-            meta = self._shared.db(_META)
-            prev = _parse_manifest(_manifest_records(txn, meta), self._tables)  # 4. previous manifest, step check
+            meta = self._shared.db(META)  # 4. previous manifest, step check
+            prev = parse_manifest(manifest_records(txn, meta), self._codec, self.path, self._tables)
             manifest = next_manifest(prev, prep, time.time())
             for db, keys, values in batches:  # 5. rows, blobs, kv
                 with txn.cursor(db=db) as cur:
                     cur.putmulti(zip(keys, values))
-            _put_blobs_kv(txn, self._shared.db(_BLOBS), self._shared.db(_KV), prep)
+            self._put_blobs_kv(txn, prep)
             record = json.dumps(manifest_record(manifest), sort_keys=True)  # 6. manifest
-            txn.put(b"manifest", record.encode(), db=meta)
+            put_record(txn, meta, self._codec, b"manifest", record.encode())
 
         self._write(work, need=prep.nbytes, what="commit to")  # 7. commit; 8. grow + retry
         # 9. (caller) commit the same offsets to Kafka: advisory.
@@ -221,7 +242,16 @@ class LmdbStore(Store):
     def _restore_manifest(self, manifest: Manifest) -> None:
         """Overwrite the manifest record as given (a copy keeps its source's history)."""
         record = json.dumps(manifest_record(manifest), sort_keys=True).encode()
-        self._write(lambda txn: txn.put(b"manifest", record, db=self._shared.db(_META)), 0, "restore")
+        self._write(lambda txn: put_record(txn, self._shared.db(META), self._codec, b"manifest", record), 0, "restore")
+
+    def _put_blobs_kv(self, txn: lmdb.Transaction, prep: Prepared) -> None:
+        for db_name, items in ((BLOBS, ((k.encode(), v) for k, v in prep.blobs.items())), (KV, prep.kv.items())):
+            db = self._shared.db(db_name)
+            for key, value in items:
+                if value is None:
+                    txn.delete(key, db=db)
+                else:
+                    txn.put(key, self._codec.encode_value(db_name, key, value), db=db)
 
     def _encode_rows(self, prep: Prepared) -> list[tuple[Any, list[bytes], list[bytes]]]:
         """Per (table, shard): the database handle, its keys (sorted) and values as bytes."""
@@ -231,9 +261,9 @@ class LmdbStore(Store):
             order = np.argsort(shard, kind="stable")  # ids are sorted: (shard, id) order
             bounds = np.searchsorted(shard[order], np.arange(self.shards + 1)).tolist()
             keys = encode_ids(update.ids).tolist()
-            # Each row as one fixed-size void: .tolist() makes one bytes object per row in C.
-            # Shards then pick references from these lists: no second copy of the values.
-            values = update.values.view(f"V{self._tables[table].row_bytes}").ravel().tolist()
+            # One bytes object per row (with its checksum), made once; shards then pick
+            # references from these lists: no second copy of the values.
+            values = self._codec.encode_rows(table, update.ids, update.values)
             for s in range(self.shards):
                 idx = order[bounds[s]:bounds[s + 1]].tolist()
                 if idx:
@@ -274,24 +304,28 @@ class LmdbStore(Store):
 
     @contextmanager
     def _read_txn(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction (this thread's snapshot, if one is open). LMDB errors that
+        mean damaged pages leave as DamagedStoreError, never as raw lmdb errors."""
         txn = self._local_txn()
-        if txn is not None:
-            yield txn
-            return
-        if self._shared is None:
+        if txn is None and self._shared is None:
             raise StateError(f"store {self.path} is closed")
-        with self._shared.read_txn() as txn:
-            yield txn
+        try:
+            if txn is not None:
+                yield txn
+                return
+            with self._shared.read_txn() as txn:
+                yield txn
+        except DAMAGE as exc:
+            raise wrap_lmdb(exc, self.path, "read") from exc
 
     @contextmanager
     def snapshot(self) -> Iterator["LmdbStore"]:
         if self._local_txn() is not None:
             yield self
             return
-        meta = self._shared.db(_META)
         while True:
             with self._read_txn() as txn:
-                raw = bytes(txn.get(b"tables", None, meta))
+                raw = self._stored_tables(txn)
                 if raw == self._tables_raw:  # every table of this snapshot has its handles
                     self._local.txn = txn
                     try:
@@ -313,17 +347,19 @@ class LmdbStore(Store):
     def manifest(self) -> Manifest:
         """The last commit's manifest. A reader polls it on every query (has a new
         checkpoint landed?), so the parse is kept for as long as the stored records are
-        the same: comparing them costs microseconds, parsing the JSON a tenth of a
-        millisecond. The result is shared between calls; treat it as read-only, like any
-        Manifest."""
+        the same: comparing them costs microseconds, parsing the JSON (and checking its
+        checksum) a tenth of a millisecond. The result is shared between calls; treat it as
+        read-only, like any Manifest."""
         with self._read_txn() as txn:
-            records = _manifest_records(txn, self._shared.db(_META))
+            records = manifest_records(txn, self._shared.db(META))
         memo = self._manifest_memo
         if memo is None or memo[0] != records:
-            memo = self._manifest_memo = (records, _parse_manifest(records))
+            memo = self._manifest_memo = (records, parse_manifest(records, self._codec, self.path))
         return memo[1]
 
     def read_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows by key; every value's checksum is checked (a bad one raises
+        DamagedStoreError naming the table and ids)."""
         spec = self._spec(table)
         arr = check_ids(spec, ids)
         keys = encode_ids(arr).tolist()
@@ -332,53 +368,68 @@ class LmdbStore(Store):
         with self._read_txn() as txn:
             get = txn.get
             views = [get(k, None, db) for k, db in zip(keys, shard_dbs)]
-            missing = views.count(None)
-            if missing:
-                found = np.fromiter((v is not None for v in views), bool, len(views))
-                views = [v for v in views if v is not None]
-            # One copy, straight from the map into the result buffer, before the txn ends.
-            buf = bytearray().join(views)
-        values = np.frombuffer(buf, dtype=spec.dtype).reshape(-1, spec.width)  # (n_found, width)
+        missing = views.count(None)
         if not missing:
-            return values, np.ones(len(arr), dtype=bool)
+            return self._decode_rows(spec, arr, views), np.ones(len(arr), dtype=bool)
+        found = np.fromiter((v is not None for v in views), bool, len(views))
         out = np.zeros((len(arr), spec.width), dtype=spec.dtype)  # (n, width)
-        out[found] = values
+        out[found] = self._decode_rows(spec, arr[found], [v for v in views if v is not None])
         return out, found
 
+    def _decode_rows(self, spec: TableSpec, ids: np.ndarray, stored: list[bytes]) -> np.ndarray:
+        values, bad = self._codec.decode_rows(spec.name, ids, stored, spec.width, spec.dtype)  # (n, width)
+        if bad.any():
+            shown = ", ".join(str(i) for i in ids[bad][:5].tolist())
+            what = "fail their checksum" if self._codec.checksums else "have the wrong length"
+            raise damaged(self.path, f"{int(bad.sum()):,} stored rows of table {spec.name!r} {what} "
+                          f"(ids {shown}{', ...' if bad.sum() > 5 else ''}); `streamlearn inspect "
+                          f"--verify --state {self.path}` lists every damaged value")
+        return values
+
     def iter_rows(self, table: str, batch: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every stored row, shard by shard; every value's checksum is checked."""
         spec = self._spec(table)
         if batch <= 0:
             raise StateError(f"iter_rows batch must be > 0, got {batch}")
         for shard in range(self.shards):
-            db = self._shared.db(row_db_name(table, shard))
-            start: bytes | None = b""
-            while start is not None:
-                with self._read_txn() as txn:
-                    pairs, start = _scan(txn, db, start, batch)
-                    keys = b"".join(k for k, _ in pairs)
-                    buf = bytearray().join(v for _, v in pairs)
-                if pairs:
-                    yield decode_ids(keys), np.frombuffer(buf, dtype=spec.dtype).reshape(-1, spec.width)
+            for pairs in self._batches(row_db_name(table, shard), batch):
+                ids = decode_ids(b"".join(k for k, _ in pairs))
+                yield ids, self._decode_rows(spec, ids, [v for _, v in pairs])
 
-    def read_blob(self, name: str) -> bytes | None:
-        with self._read_txn() as txn:
-            value = txn.get(name.encode(), None, self._shared.db(_BLOBS))
-            return None if value is None else bytes(value)
-
-    def read_kv(self, namespace: str, key: bytes) -> bytes | None:
-        with self._read_txn() as txn:
-            value = txn.get(kv_key(namespace, key), None, self._shared.db(_KV))
-            return None if value is None else bytes(value)
-
-    def iter_kv(self, namespace: str, batch: int = 4096) -> Iterator[tuple[bytes, bytes]]:
-        prefix = kv_key(namespace, b"")
-        db = self._shared.db(_KV)
+    def _batches(self, db_name: bytes, batch: int, prefix: bytes = b"") -> Iterator[list[tuple[bytes, bytes]]]:
+        """A database's ``(key, value)`` pairs as bytes, ``batch`` at a time, each batch
+        from its own short read transaction (or this thread's snapshot)."""
+        db = self._shared.db(db_name)
         start: bytes | None = prefix
         while start is not None:
             with self._read_txn() as txn:
                 pairs, start = _scan(txn, db, start, batch, prefix)
-                items = [(bytes(k)[len(prefix):], bytes(v)) for k, v in pairs]
-            yield from items
+            if pairs:
+                yield pairs
+
+    def read_blob(self, name: str) -> bytes | None:
+        key = name.encode()
+        with self._read_txn() as txn:
+            stored = txn.get(key, None, self._shared.db(BLOBS))
+        return None if stored is None else self._decode_value(BLOBS, key, stored, f"blob {name!r}")
+
+    def read_kv(self, namespace: str, key: bytes) -> bytes | None:
+        full = kv_key(namespace, key)
+        with self._read_txn() as txn:
+            stored = txn.get(full, None, self._shared.db(KV))
+        return None if stored is None else self._decode_value(KV, full, stored, f"kv entry {namespace}/{key[:40]!r}")
+
+    def iter_kv(self, namespace: str, batch: int = 4096) -> Iterator[tuple[bytes, bytes]]:
+        prefix = kv_key(namespace, b"")
+        for pairs in self._batches(KV, batch, prefix):
+            for full, stored in pairs:
+                yield full[len(prefix):], self._decode_value(KV, full, stored, f"kv entry {namespace}/{full[len(prefix):][:40]!r}")
+
+    def _decode_value(self, db: bytes, key: bytes, stored: bytes, what: str) -> bytes:
+        value = self._codec.decode_value(db, key, stored)
+        if value is None:
+            raise damaged(self.path, f"{what} fails its checksum")
+        return value
 
     # -- operations ---------------------------------------------------------------------
     def stats(self) -> dict:
@@ -389,12 +440,14 @@ class LmdbStore(Store):
         with self._read_txn() as txn:
             info, stat = env.info(), env.stat()
             tables = {name: self._table_stats(txn, spec, stat["psize"]) for name, spec in self._tables.items()}
-            blobs = {bytes(k).decode(): len(v) for k, v in txn.cursor(db=self._shared.db(_BLOBS))}
-            kv = _kv_counts(txn, self._shared.db(_KV))
+            overhead = self._codec.overhead
+            blobs = {bytes(k).decode(): len(v) - overhead for k, v in txn.cursor(db=self._shared.db(BLOBS))}
+            kv = _kv_counts(txn, self._shared.db(KV))
         return {
             "backend": self.backend, "path": self.path, "shards": self.shards,
+            "schema_version": self._meta.schema_version, "encoding": self._codec.name,
             "map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
-            "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")),
+            "file_bytes": os.path.getsize(os.path.join(self.path, DATA)),
             "sync": bool(env.flags()["sync"]), "tables": tables, "blobs": blobs, "kv": kv,
         }
 
@@ -408,6 +461,37 @@ class LmdbStore(Store):
             "rows": spec.rows, "width": spec.width, "dtype": spec.dtype, "stored": sum(rows),
             "shard_rows": rows, "shard_bytes": sizes,
         }
+
+    def verify(self, batch: int = 65536, skip: Sequence[str] = (),
+               progress: Callable[[str], None] | None = None) -> VerifyReport:
+        """Scan every row, blob and kv value (see :mod:`.verify`). Each batch is its own
+        short read transaction: a scan of a large state does not pin the writer's pages,
+        and every value is checked on its own, so no single snapshot is needed.
+        ``skip``: database names not to read; ``progress(name)`` is called before each.
+        LMDB aborts the process on some damaged pages: :func:`.verify.verify_in_child`
+        runs this in child processes and reports such a database instead."""
+        report = VerifyReport(self.path, self._meta.schema_version, self._codec.name)
+        codec = self._codec
+        scans: list[tuple[bytes, Callable]] = []
+        for name, spec in sorted(self._tables.items()):
+            for shard in range(self.shards):
+                scans.append((row_db_name(name, shard), functools.partial(
+                    check_row_batch, report, codec, spec, shard, self.shards)))
+        for db in (BLOBS, KV):
+            scans.append((db, functools.partial(_check_values, report, codec, db)))
+        for db_name, check in scans:
+            if db_name.decode() not in skip:
+                if progress is not None:
+                    progress(db_name.decode())
+                self._verify_db(report, db_name, check, batch)
+        return report
+
+    def _verify_db(self, report: VerifyReport, db_name: bytes, check: Callable, batch: int) -> None:
+        try:
+            for pairs in self._batches(db_name, batch):
+                check(pairs)
+        except StateError as exc:  # pages LMDB cannot walk: report, go on with the next database
+            report.problems.append(f"database {db_name.decode()}: {exc}")
 
     def compact(self, dest_path: str) -> None:
         dest = empty_dest(dest_path)
@@ -430,40 +514,36 @@ class LmdbStore(Store):
 
 
 # -- helpers (module level: no store state) -----------------------------------------------
-def _write_new_meta(txn: lmdb.Transaction, meta: Any, shards: int) -> None:
-    empty = json.dumps(manifest_record(Manifest()), sort_keys=True)
-    for key, value in (
-        (b"format", FORMAT), (b"schema_version", str(SCHEMA_VERSION).encode()),
-        (b"shards", str(shards).encode()), (b"shard_fn", SHARD_FN.encode()),
-        (b"tables", b"{}"), (b"manifest", empty.encode()),
-    ):
-        txn.put(key, value, db=meta)
+def _discard(path: str, lock_fd: int) -> str | None:
+    """``reset=True``: move the state in ``path`` aside and say what it was (logged, and
+    kept as ``store.discarded``)."""
+    what = _describe(path)
+    dest = move_aside(path, lock_fd)
+    if dest is None:
+        return None
+    note = f"{what}, moved to {dest}"
+    log.warning("reset %s: discarded the previous state (%s); delete that folder once it is no longer needed",
+                path, note)
+    return note
 
 
-def _manifest_records(txn: lmdb.Transaction, meta: Any) -> tuple[bytes, ...]:
-    """The stored records a Manifest is parsed from: manifest, table list, schema version."""
-    return tuple(bytes(txn.get(key, None, meta)) for key in (b"manifest", b"tables", b"schema_version"))
+def _describe(path: str) -> str:
+    """A state in a few words (step, commits, offsets, size), or why it cannot be read."""
+    data = os.path.join(path, DATA)
+    if not os.path.exists(data):
+        return "no data.mdb"
+    size = f"{os.path.getsize(data) / 2**20:.1f} MB"
+    try:
+        with LmdbStore(path, StoreConfig(), readonly=True) as old:
+            m = old.manifest()
+    except StateError as exc:
+        return f"unreadable, {size}: {exc}"
+    return f"step {m.step}, {m.commits} commits, offsets {m.offsets}, {size}"
 
 
-def _parse_manifest(records: tuple[bytes, ...], tables: dict[str, TableSpec] | None = None) -> Manifest:
-    """``tables``: the already parsed table list, or None to parse the stored one."""
-    manifest, table_list, version = records
-    if tables is None:
-        tables = specs_from_json(json.loads(table_list))
-    return Manifest(tables=dict(tables), schema_version=int(version), **json.loads(manifest))
-
-
-def _put_blobs_kv(txn: lmdb.Transaction, blobs_db: Any, kv_db: Any, prep: Prepared) -> None:
-    for name, value in prep.blobs.items():
-        if value is None:
-            txn.delete(name.encode(), db=blobs_db)
-        else:
-            txn.put(name.encode(), value, db=blobs_db)
-    for key, value in prep.kv.items():
-        if value is None:
-            txn.delete(key, db=kv_db)
-        else:
-            txn.put(key, value, db=kv_db)
+def _check_values(report: VerifyReport, codec: RawCodec, db: bytes, pairs: list[tuple[bytes, bytes]]) -> None:
+    for key, stored in pairs:
+        check_value(report, codec, db, key, stored)
 
 
 def _pick(seq: list, idx: list[int]) -> Sequence:

@@ -28,7 +28,8 @@ from ..config import StoreConfig
 from .base import Store
 from .exceptions import NotAStoreError, StateError
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
-from .schema import Checkpoint, Manifest, TableSpec, kv_key, shard_of
+from .schema import SCHEMA_VERSION, Checkpoint, Manifest, TableSpec, kv_key, shard_of
+from .verify import VerifyReport
 
 _CHUNK_BITS = 16
 _CHUNK = 1 << _CHUNK_BITS
@@ -95,16 +96,23 @@ _shared_lock = threading.Lock()
 class MemoryStore(Store):
     backend = "memory"
 
-    def __init__(self, path: str | None, cfg: StoreConfig, readonly: bool = False) -> None:
+    def __init__(self, path: str | None, cfg: StoreConfig, readonly: bool = False, reset: bool = False) -> None:
         self.path = None if path is None else os.path.abspath(path)
         self.readonly = readonly
+        self.discarded: str | None = None
         self._cfg = cfg
-        self._state: _State | None = self._attach(cfg.shards)
+        self._state: _State | None = self._attach(cfg.shards, reset)
         self.shards = self._state.shards
 
-    def _attach(self, shards: int) -> _State:
+    def _attach(self, shards: int, reset: bool) -> _State:
+        """The state shared under ``self.path``; ``reset``: a new one replaces it (stores
+        still open on the old one keep it)."""
         with _shared_lock:
             state = None if self.path is None else _shared.get(self.path)
+            if state is not None and reset:
+                m = state.manifest
+                self.discarded = f"step {m.step}, {m.commits} commits, offsets {m.offsets} (in memory)"
+                state = None
             if state is None:
                 if self.readonly:
                     raise NotAStoreError(f"no in-memory store is open at {self.path} in this process")
@@ -226,9 +234,19 @@ class MemoryStore(Store):
         return {"backend": self.backend, "path": self.path, "shards": s.shards,
                 "tables": tables, "blobs": blobs, "kv": kv}
 
+    def verify(self, batch: int = 65536) -> VerifyReport:
+        """Nothing here is on disk to be damaged: checks only that float rows are finite."""
+        report = VerifyReport(self.path, SCHEMA_VERSION, "memory")
+        for name, t in sorted(self._s.tables.items()):
+            for ids, values in self.iter_rows(name, batch):
+                if values.dtype.kind == "f":
+                    report.add(f"table {name}", "rows hold NaN or infinite values", ids[~np.isfinite(values).all(axis=1)])
+                report.count("rows", len(ids))
+        return report
+
     def compact(self, dest_path: str) -> None:
         """Write this state, manifest included, to a new LMDB directory."""
-        from .lmdb_env import empty_dest
+        from .lmdb_dir import empty_dest
         from .lmdb_store import LmdbStore
 
         empty_dest(dest_path)

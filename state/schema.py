@@ -5,7 +5,8 @@ These are the persisted formats: changing any of them means a new ``SCHEMA_VERSI
 - A table (:class:`TableSpec`) is ``rows`` x ``width`` values of one ``dtype``, split into
   S shards by :func:`shard_of`.
 - A row key is the row id as 8 bytes big-endian (:func:`encode_ids`), so a cursor walks a
-  shard in id order; a row value is the row's raw little-endian bytes (``width * itemsize``).
+  shard in id order; a row value is the row's raw little-endian bytes (``width * itemsize``),
+  followed from schema 2 on by its checksum (:mod:`.codec`).
 - A checkpoint (:class:`Checkpoint`) is what one commit writes; the manifest
   (:class:`Manifest`) is what the store says about the last commit.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every stored value carries a checksum; 1 (read too): none
 SHARD_FN = "splitmix64-mod"  # recorded in the store; readers check it
 MAX_DBS = 2048  # LMDB named databases per environment: 3 + shards * tables must fit
 KEY_LIMIT = 511  # LMDB's default maximum key size, bytes

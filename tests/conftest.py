@@ -5,7 +5,8 @@
 - ``topic`` / ``group``: unique names (the topic is *not* created: Tansu would auto-create it
   with 4 partitions on first use, so create it with ``make_topic`` when the count matters);
 - ``make_topic(partitions=1)``: create a fresh topic and return its name;
-- ``consume(topic, n, timeout_s=10)``: read ``n`` messages from every partition, from the start.
+- ``consume(topic, n, timeout_s=10)``: read ``n`` messages from every partition, from the start;
+- ``tmpfs(size)``: a small tmpfs mounted for the test (a real full disk).
 
 Consumer groups on Tansu: a join waits up to ``max_poll_interval_ms`` for members, so tests
 that use groups set it to about 3000 ms (``GROUP_TIMEOUTS``).
@@ -15,6 +16,7 @@ conftest.py; ``pytest -m "not broker"`` is the fast lane.
 """
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 
@@ -35,6 +37,29 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: mount a tmpfs of ``size`` (``"3m"``) and return its path: a real
+    ENOSPC from the kernel once it is full. Skips where mounting needs privileges we lack."""
+    mounted = []
+
+    def mount(size: str = "3m"):
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            pytest.skip(f"mounting a small tmpfs needs root/CAP_SYS_ADMIN: {out.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture(scope="session")

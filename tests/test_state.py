@@ -17,8 +17,8 @@ from streamlearn.cli import main as cli_main
 from streamlearn.config import StoreConfig
 from streamlearn.exceptions import ConfigError
 from streamlearn.state import (
-    Checkpoint, Manifest, NotAStoreError, StateError, StoreBusyError, TableSpec, open_store,
-    shard_of,
+    SCHEMA_VERSION, Checkpoint, Manifest, NotAStoreError, StateError, StoreBusyError, TableSpec,
+    open_store, shard_of,
 )
 from streamlearn.state.faultcheck import UNIFORM
 
@@ -132,7 +132,7 @@ def test_manifest_merges_offsets_per_partition_and_keeps_config(store):
     assert m.offsets == {"a:0": 5, "a:1": 9, "b:0": 1}
     assert m.records_applied == {"a:0": 5, "a:1": 2}
     assert m.config == {"d": 64} and m.metrics == {"loss": None, "n": 3}
-    assert before <= m.committed_at <= time.time() and m.schema_version == 1
+    assert before <= m.committed_at <= time.time() and m.schema_version == SCHEMA_VERSION == 2
     assert json.loads(json.dumps(m.to_dict()))["tables"]["emb.E"] == {"rows": 1000, "width": 4, "dtype": "float32"}
 
 

@@ -7,7 +7,6 @@ import contextlib
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -85,18 +84,9 @@ def test_a_full_map_fails_with_the_setting_to_raise_and_keeps_the_last_checkpoin
 
 
 @pytest.fixture
-def tiny_fs(tmp_path):
+def tiny_fs(tmpfs):
     """A 3 MB tmpfs: a real ENOSPC from the kernel."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"mounting a small tmpfs needs root/CAP_SYS_ADMIN: {out.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    return tmpfs("3m")
 
 
 def test_a_full_disk_is_reported_and_the_last_checkpoint_survives(tiny_fs):

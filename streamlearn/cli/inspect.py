@@ -1,10 +1,13 @@
-"""``streamlearn inspect --state DIR [--json]``: the snapshot's manifest, tables and sizes.
+"""``streamlearn inspect --state DIR [--json] [--verify]``: the snapshot's manifest, tables
+and sizes; with ``--verify``, a scan of every stored value for damage.
 
 Opens the directory read-only (a consistent snapshot while a worker keeps writing). With
 ``--json`` it prints one JSON object: ``step``, ``offsets`` and ``records_applied`` (keyed
 ``"topic:partition"``), ``tables`` (spec, stored rows, per-shard rows and bytes),
 ``config``, ``metrics``, ``schema_version``, ``committed_at``, ``commits``, ``blobs``,
-``kv`` and ``store`` (path, shards, map and file sizes).
+``kv``, ``store`` (path, shards, value encoding, map and file sizes) and, with
+``--verify``, ``verify`` (what was checked, ``ok``, one line per problem). Exit status: 0;
+1 when ``--verify`` found damage; 2 when the state cannot be opened (one line says why).
 """
 from __future__ import annotations
 
@@ -24,17 +27,24 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--verify", action="store_true",
+                        help="also read every stored row, blob and kv value and check it (checksums, keys, "
+                        "lengths, finite values); list what is damaged and exit 1 if anything is. Reads the "
+                        "whole file: seconds per GB")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..state import open_store  # the CLI imports the store only when it is used
+    from ..state.verify import verify_in_child
 
     with open_store(args.state, readonly=True, backend="lmdb") as store:
         with store.snapshot():
             report = build_report(store.manifest().to_dict(), store.stats())
+    if args.verify:  # in a child: LMDB aborts on some damaged pages rather than report them
+        report["verify"] = verify_in_child(report["store"]["path"]).to_dict()
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report))
-    return 0
+    return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
 def build_report(manifest: dict, stats: dict) -> dict:
@@ -43,7 +53,8 @@ def build_report(manifest: dict, stats: dict) -> dict:
     report["tables"] = {name: {**manifest["tables"][name], **t} for name, t in stats["tables"].items()}
     report["blobs"] = stats["blobs"]
     report["kv"] = stats["kv"]
-    report["store"] = {k: stats[k] for k in ("backend", "path", "shards", "map_size", "used_bytes", "file_bytes")}
+    keys = ("backend", "path", "shards", "encoding", "map_size", "used_bytes", "file_bytes")
+    report["store"] = {k: stats[k] for k in keys}
     return report
 
 
@@ -52,7 +63,7 @@ def format_report(r: dict) -> str:
     when = "never" if r["committed_at"] is None else time.strftime(
         "%Y-%m-%d %H:%M:%S UTC", time.gmtime(r["committed_at"]))
     lines = [
-        f"state    {s['path']}  (schema {r['schema_version']}, {s['shards']} shards, "
+        f"state    {s['path']}  (schema {r['schema_version']}, {_checks(s['encoding'])}, {s['shards']} shards, "
         f"{_size(s['file_bytes'])} on disk, {_size(s['used_bytes'])} used, map {_size(s['map_size'])})",
         f"step     {r['step']}  (commits {r['commits']}, last {when})",
         "offsets  partition            next offset   records applied",
@@ -71,6 +82,8 @@ def format_report(r: dict) -> str:
     accuracy = _accuracy(r["metrics"] or {}, r["config"])
     if accuracy:
         lines.append(f"accuracy {accuracy}")
+    if "verify" in r:
+        lines += _verify_lines(r["verify"])
     return "\n".join(lines)
 
 
@@ -84,6 +97,19 @@ def _accuracy(metrics: dict, config: dict) -> str:
     tail = "" if recent is None else f"; recent (moving average of the last ~20 evaluated batches) {recent:.4f}"
     return (f"prequential, cumulative {correct / evaluated:.4f} over {evaluated:,} records (every "
             f"{every}th batch predicted before it was learned){tail}")
+
+
+def _checks(encoding: str) -> str:
+    return "values checked by xxh3_64" if encoding == "xxh3_64" else "no checksums"
+
+
+def _verify_lines(v: dict) -> list[str]:
+    counts = ", ".join(f"{what} {n:,}" for what, n in sorted(v["checked"].items())) or "nothing stored"
+    how = ("against their xxh3_64 checksums" if v["checksums"] else
+           f"for keys, lengths and finite values only: schema {v['schema_version']} stores no checksums "
+           "(written before streamlearn checked values), so an overwritten value can pass")
+    head = "OK" if v["ok"] else f"DAMAGED ({len(v['problems'])} findings)"
+    return [f"verify   {head}: {counts} checked {how}"] + [f"         {line}" for line in v["problems"]]
 
 
 def _size(n: int) -> str:

@@ -40,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"also every worker.checkpoint_seconds={WorkerConfig.checkpoint_seconds:g})")
     parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                         help="serve Prometheus metrics on this port (default: off)")
+    parser.add_argument("--reset", action="store_true",
+                        help="DISCARD the model in --state and start a new one: everything it learned (rows, "
+                        "weights, optimizer state, histories) and its consumed offsets, so the topic is consumed "
+                        "again from the start. The old files move to DIR/discarded-<UTC time>/ (delete them when "
+                        "no longer needed); a line says what they held. Without --reset a damaged or incomplete "
+                        "state is refused, never replaced")
     _add_group_options(parser)
     parser.set_defaults(func=run)
 
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, overrides(args))
     _check_kafka(cfg)
-    options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port)
+    options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset)
     settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
     worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
     with _stop_on_signals(worker):
