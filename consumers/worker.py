@@ -97,7 +97,8 @@ class Worker:
         self.checkpointer = Checkpointer(self.store, self.learner, options.topic, cfg.worker.audit)
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
-        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
+        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s,
+                         assign=cfg.worker.assignment == "manual")
         self.fetcher = Fetcher(self.learner.prep, cfg.worker, plan, self.handoff, self.checkpointer.positions)
         self.summary = RunSummary()
         self._batches = 0
@@ -173,6 +174,8 @@ class Worker:
         s.records, s.learned, s.dead_letters = m.records, m.learned_records, m.dead_letters
         s.offsets, s.stop_reason = dict(self.checkpointer.positions), finished.reason
         s.saved = self.fetcher.final_ok is not False and finished.error is None
+        if isinstance(finished.error, StreamlearnError):  # already says what to change
+            raise WorkerError(f"{finished.error} (the state keeps its last checkpoint)") from finished.error
         if finished.error is not None:
             raise WorkerError(f"the fetch thread failed: {finished.error!r}; the state keeps its last "
                               "checkpoint") from finished.error

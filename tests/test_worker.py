@@ -252,7 +252,9 @@ def test_revocation_checkpoints_before_the_partitions_move(broker, make_topic, g
     topic = make_topic(2)
     producing = threading.Event()
     producer = threading.Thread(target=trickle, args=(broker, topic, producing))
-    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000")
+    # two lone workers in one group, each with its own state: they share the partitions
+    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000",
+                 "worker.assignment=group")
     a = Worker(cfg, RunOptions(topic, str(tmp_path / "a")))
     b = Worker(cfg, RunOptions(topic, str(tmp_path / "b")))
     runs = {}
