@@ -139,6 +139,8 @@ class Worker:
         every = self.cfg.worker.eval_every
         hits = prequential_hits(self.learner, item.batch) if every and self._batches % every == 0 else None
         report = self.learner.learn_batch(item.batch)
+        if report.records and not self.metrics.learned_records:  # bench/startup.py reads its time
+            log.info("first records learned (%d)", report.records)
         self._batches += 1
         evaluated = report.examples if hits is not None else 0
         self.checkpointer.note(item, report.records, evaluated, hits or 0)
