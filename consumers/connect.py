@@ -69,36 +69,11 @@ def reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-def retry(what: str, cfg: WorkerConfig, attempt: Callable[[], T], stop: threading.Event) -> T | None:
-    """``attempt()`` until it succeeds (its result) or ``stop`` is set (None).
-
-    An unreachable broker and Kafka's retriable errors are retried with backoff and logged;
-    other errors propagate, a :class:`ConfigError` first of all (retrying cannot fix it).
-    """
-    from kafka.errors import KafkaError
-
-    backoff, tries = Backoff(cfg.retry_max_s), 0
-    while not stop.is_set():
-        tries += 1
-        try:
-            if not reachable(cfg.bootstrap):
-                raise ConnectionRefusedError(f"no server of {cfg.bootstrap} accepts connections")
-            return attempt()
-        except ConfigError:
-            raise
-        except (KafkaError, OSError, StreamlearnError) as exc:
-            if isinstance(exc, KafkaError) and not getattr(exc, "retriable", True):
-                raise
-            delay = backoff.next()
-            log.warning("%s failed (broker %s, attempt %d: %s); retrying in %.1f s",
-                        what, cfg.bootstrap, tries, _short(exc), delay)
-            stop.wait(delay)
-    return None
-
-
 class StartUp:
-    """The worker's start-up steps, each retried like :func:`retry`, all within one
-    ``worker.connect_timeout_s`` from construction.
+    """The worker's start-up steps, all within one ``worker.connect_timeout_s`` from
+    construction. A step is tried until it succeeds: an unreachable broker and Kafka's
+    retriable errors are retried with backoff and logged; other errors propagate, a
+    :class:`ConfigError` first of all (retrying cannot fix it).
 
     ``failure`` tells the last failed attempt in an operator's words: whether the broker
     accepted connections, and what failed then. Past the time limit :meth:`step` raises
@@ -125,10 +100,11 @@ class StartUp:
             except (KafkaError, OSError, StreamlearnError) as exc:
                 if isinstance(exc, KafkaError) and not getattr(exc, "retriable", True):
                     raise
-                delay = backoff.next()
-                if time.monotonic() + delay > self.deadline:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
                     raise self._gave_up() from exc
-                log.warning("%s; retrying in %.1f s (attempt %d, giving up %.0f s after start-up)",
+                delay = min(backoff.next(), left)  # the last attempt comes at the deadline
+                log.warning("%s; retrying in %.1f s (attempt %d, giving up %g s after start-up)",
                             self.failure, delay, tries, self.cfg.connect_timeout_s)
                 self.stop.wait(delay)
         return None
