@@ -16,7 +16,9 @@ launch (wall clock, taken just before the fork) to the timestamps of its own log
 - ``worker ready``: "worker on ..." (interpreter, imports, config, state and model built);
 - ``partitions``: "reading all N partitions" / "assigned partitions" (start-up done);
 - ``first learned``: "first records learned" (the first batch's step is done);
-- ``exit``: the process has exited after learning all N records (final checkpoint).
+- ``exit``: the process has exited after learning all N records (final checkpoint);
+- ``cpu to exit``: the process's user + system CPU seconds (all threads), which other
+  jobs on a shared machine disturb far less than the wall-clock figures.
 
 Printed: every run, then the median per path. The process's log has millisecond
 timestamps (``%(asctime)s``), so each figure is +-1 ms plus the clock reads.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,12 +59,15 @@ def one_run(bootstrap: str, topic: str, records: int, extra: list[str], workdir:
     cmd = [sys.executable, "-m", "streamlearn.cli", "worker", "--topic", topic, "--state", str(state),
            "--bootstrap", bootstrap, "--group", f"bench-{uuid.uuid4().hex[:8]}", "--max-records", str(records),
            *extra]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     launched = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     exited = time.time() - launched
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    out = {"exit": exited}
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    out = {"exit": exited, "cpu to exit": cpu}
     for line in done.stderr.splitlines():
         for name, prefixes in MARKS.items():
             message = line.split(": ", 1)[-1]
@@ -97,7 +103,7 @@ def main() -> None:
                 runs[path].append(result)
                 print(f"  {path:6s} run {repeat + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.items()),
                       flush=True)
-    columns = [*MARKS, "exit"]
+    columns = [*MARKS, "exit", "cpu to exit"]
     print(f"\nseconds from process start (median of {args.repeats})")
     print("| path | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))

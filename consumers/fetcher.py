@@ -294,8 +294,13 @@ class Fetcher(threading.Thread):
         """Stop if a log's exact end went below what this worker read, or the partition
         count changed (Kafka logs only grow: the broker lost records, or the topic was
         created again)."""
+        from kafka.errors import KafkaError
+
         beyond = {p: (self.positions[p], end) for p, end in ends.items() if self.positions.get(p, 0) > end}
-        known = self._consumer.partitions_for_topic(self.plan.topic)
+        try:
+            known = self._consumer.partitions_for_topic(self.plan.topic)  # cached metadata, refreshed by the client
+        except KafkaError:
+            known = None  # no answer now: the next probe asks again
         count = len(known) if known else self._partitions
         if beyond or count != self._partitions:
             raise Mismatch(self.plan.topic, beyond, self._partitions, count).error(" while the worker ran")

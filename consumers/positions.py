@@ -79,10 +79,11 @@ class Mismatch:
             parts.append(f"the topic has {self.partitions} partitions, the state recorded {self.recorded}")
         return f"topic {self.topic!r}: " + "; ".join(parts)
 
-    def error(self, state_hint: str = "") -> OffsetsLostError:
+    def error(self, when: str = "") -> OffsetsLostError:
+        """The error to stop with; ``when`` tells when it was found (" while the worker ran")."""
         return OffsetsLostError(
-            f"{self.describe()}: the broker lost records the state had consumed, or the topic was "
-            f"created again, so reading on would skip or mix up records{state_hint}. Refusing to go "
+            f"{self.describe()}{when}: the broker lost records the state had consumed, or the topic was "
+            f"created again, so reading on would skip or mix up records. Refusing to go "
             f"on. To read the affected partitions again from the log's start, restart with "
             f"--on-lost-offsets {RESTART} (worker.on_lost_offsets); to keep this state as it is, "
             f"point the worker at the topic it was trained on")
