@@ -156,7 +156,7 @@ def test_next_item_histories_follow_the_stream_across_a_restart(broker, make_top
 
 def test_waits_for_a_broker_that_is_not_there_yet(tmp_path, group, caplog):
     port = free_port()
-    cfg = config(f"127.0.0.1:{port}", group)
+    cfg = config(f"127.0.0.1:{port}", group, "worker.connect_timeout_s=60")  # start-up gives up after it
     worker = Worker(cfg, RunOptions("late", str(tmp_path / "s"), until_idle_s=1.5))
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
