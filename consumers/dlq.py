@@ -9,8 +9,16 @@ A letter keeps the original message value byte for byte, and says where it came 
   ``truncated-from`` (the original size) when the value was cut to fit
   ``worker.dlq_max_bytes`` or the broker's message size limit; the full value stays in
   the source topic at the named offset.
-- partition: the source partition (modulo the dead-letter topic's partition count), so a
-  partition's letters stay in source order.
+- partition: the source partition (modulo the dead-letter topic's partition count).
+
+Order: within a source partition, letters are written in source-offset order. The fetch
+thread sends a chunk's letters sorted by offset (decoding and the learner reject records
+at different stages); the producer keeps one request in flight, so its own retries
+cannot overtake; and a letter the worker must send again (the broker was down) goes
+back to the head of the queue, with every later letter behind it. One exception: a
+letter the broker refuses as too large for its own limit (below ``worker.dlq_max_bytes``)
+is sent again cut to 64 KiB after the letters behind it; its key and ``source`` header
+still give its place.
 
 Delivery is at least once: the worker flushes every letter before it commits a
 checkpoint covering the letter's offset, and a crash between the send and that commit
@@ -89,23 +97,29 @@ class DeadLetters:
         return len(self._unsent) + len(self._in_flight)
 
     def send(self, message: Any, reason: str) -> None:
-        """Dead-letter a consumed ``message`` (asynchronously; see :meth:`flush`)."""
-        self._send(letter_for(message, reason, self.partitions, self.max_bytes))
+        """Dead-letter a consumed ``message`` (asynchronously; see :meth:`flush`). Call it
+        in source order: letters are written in the order they are sent."""
+        letter = letter_for(message, reason, self.partitions, self.max_bytes)
+        if self._unsent:  # an earlier letter waits to be sent again: never overtake it
+            self._unsent.append(letter)
+        else:
+            self._send(letter)
 
-    def _send(self, letter: Letter) -> None:
+    def _send(self, letter: Letter) -> bool:
+        """Hand ``letter`` to the producer (True), or queue it to be sent again (False)."""
         from kafka.errors import KafkaError, MessageSizeTooLargeError
 
         try:
             future = self.producer.send(self.topic, value=letter.value, key=letter.key,
                                         headers=list(letter.headers), partition=letter.partition)
         except MessageSizeTooLargeError:  # over the producer's max_request_size
-            self._send(letter.minimal())
-            return
+            return self._send(letter.minimal())
         except KafkaError as exc:  # e.g. no metadata within max_block_ms: the broker is down
             log.warning("dead letter %s not sent yet (%s); it will be retried", letter.key.decode(), exc)
             self._unsent.append(letter)
-            return
+            return False
         self._in_flight.append((letter, future))
+        return True
 
     def flush(self, timeout_s: float) -> bool:
         """Send what failed before, wait for every letter; True when all are confirmed."""
@@ -114,8 +128,10 @@ class DeadLetters:
         deadline = time.monotonic() + timeout_s
         while self.pending and time.monotonic() < deadline:
             retry, self._unsent = self._unsent, []
-            for letter in retry:
-                self._send(letter)
+            for i, letter in enumerate(retry):
+                if not self._send(letter):
+                    self._unsent.extend(retry[i + 1:])  # the rest stays behind it, in order
+                    break
             try:
                 self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
             except KafkaError as exc:
@@ -126,10 +142,11 @@ class DeadLetters:
         return not self.pending
 
     def _settle(self) -> None:
-        """Move confirmed letters out, failed ones back to ``_unsent``."""
+        """Move confirmed letters out, failed ones back to the head of ``_unsent`` (every
+        letter in flight was sent before every unsent one)."""
         from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
-        waiting = []
+        waiting, failed = [], []
         for letter, future in self._in_flight:
             if not future.is_done:
                 waiting.append((letter, future))
@@ -139,8 +156,9 @@ class DeadLetters:
                 too_large = isinstance(future.exception, (MessageSizeTooLargeError, RecordListTooLargeError))
                 log.warning("dead letter %s failed (%s); sending it again%s", letter.key.decode(),
                             future.exception, " cut to 64 KiB" if too_large else "")
-                self._unsent.append(letter.minimal() if too_large else letter)
+                failed.append(letter.minimal() if too_large else letter)
         self._in_flight = waiting
+        self._unsent = failed + self._unsent
 
     def close(self) -> None:
         self.producer.close(timeout=2)

@@ -7,11 +7,23 @@ when to checkpoint (every ``worker.checkpoint_every`` records or
 loop for one through the :class:`~streamlearn.consumers.handoff.Handoff` (see
 :mod:`streamlearn.consumers.checkpoint` for the commit order).
 
+Start-up (:meth:`Fetcher._connect`, bounded by ``worker.connect_timeout_s``): look up
+the topic (a missing one is an error naming it, never created), set up the dead-letter
+topic and the clients, read the topic's first and end offsets, and check the stored
+offsets against them (:mod:`.positions`: a log that lost records stops the worker). Then
+``plan.assign`` (a lone worker) assigns every partition at once, with no group join to
+wait for; otherwise the consumer joins ``worker.group`` and Kafka shares the partitions.
+Two lone workers cannot write one state: its writer lock refuses the second.
+
 Positions: ``positions`` maps each partition to the next offset to prepare. It starts
-from the checkpoint's offsets and on every assignment the consumer is sought to it (to
-the beginning for a partition the state has never seen); Kafka's committed offsets are
-never used. Records fetched but not yet prepared are dropped on reassignment and fetched
-again after the seek.
+from the checkpoint's offsets (the log's start for a partition the state has never
+seen) and on every assignment the consumer is sought to it; Kafka's committed offsets
+are never used. Every partition's start goes to the training loop at once (an empty
+batch), so the next checkpoint records an offset for each partition of the topic, and
+with them its partition count. Records fetched but not yet prepared are dropped on
+reassignment and fetched again after the seek. While it runs the fetch thread checks
+that no log went below its position (the probe's end offsets, records served below
+it, the partition count): if one did, it checkpoints what it learned and stops.
 
 Rebalance callbacks run on kafka-python's IO thread while this thread is blocked inside
 ``poll()`` (or ``close()``), so the two never touch the fetcher's state at once.
@@ -29,10 +41,13 @@ from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
 from ..batching import Preparer
+from ..broker import create_topic, topic_partitions
 from ..records import Record, decode_many, reason_code
-from .connect import Backoff, close_quietly, dlq_partitions, new_consumer, new_producer, retry
+from . import positions as logs
+from .connect import Backoff, StartUp, close_quietly, new_consumer, new_producer, topic_log
 from .dlq import DeadLetters
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
+from .positions import Mismatch, OffsetsLostError, TopicLog
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +63,16 @@ class FetchPlan:
     """What the fetch thread reads and when it stops on its own.
 
     ``max_records``: stop after this many records (learned or dead-lettered);
-    ``until_idle_s``: stop when no record arrived for this long after the assignment.
+    ``until_idle_s``: stop when no record arrived for this long after the assignment;
+    ``assign``: read every partition without joining the consumer group (only where no
+    other worker can share the topic: a lone worker; its state's writer lock fences it).
     """
 
     topic: str
     batch_size: int
     max_records: int | None = None
     until_idle_s: float | None = None
+    assign: bool = False
 
 
 class Fetcher(threading.Thread):
@@ -89,6 +107,7 @@ class Fetcher(threading.Thread):
         self._probe_at = 0.0
         self._closing = False
         self._backoff = Backoff(cfg.retry_max_s)
+        self._partitions = 0  # the topic's partition count at start-up
 
     @property
     def dlq_topic(self) -> str:
@@ -111,29 +130,79 @@ class Fetcher(threading.Thread):
             self.handoff.put(Finished(error, self.stop_reason))
 
     def _run(self) -> str:
-        if not self._connect():
-            return "stopped before the broker was reachable"
-        while (reason := self._why_stop()) is None:
-            self._cycle()
-        if self._unsaved and not self.handoff.closed:
-            self.final_ok = self.checkpoint("shutdown", blocking_commit=True)
+        startup = StartUp(self.cfg, self._stopping)
+        if not self._connect(startup):
+            return f"stopped during start-up, before reading {self.plan.topic!r} ({startup.failure or 'nothing tried yet'})"
+        try:
+            while (reason := self._why_stop()) is None:
+                self._cycle()
+        except OffsetsLostError:
+            self._final_checkpoint()  # what was learned from the old log is kept
+            raise
+        self._final_checkpoint()
         return reason
 
-    def _connect(self) -> bool:
+    def _final_checkpoint(self) -> None:
+        if self._unsaved and not self.handoff.closed:
+            self.final_ok = self.checkpoint("shutdown", blocking_commit=True)
+
+    def _connect(self, startup: StartUp) -> bool:
+        """Start-up, each step retried within ``worker.connect_timeout_s`` (see the module
+        docstring); False when asked to stop first."""
         cfg, topic, security = self.cfg, self.plan.topic, self.prep.cfg.kafka
-        partitions = retry(f"setting up dead-letter topic {self.dlq_topic!r}", cfg,
-                           lambda: dlq_partitions(cfg, topic, self.dlq_topic, security), self._stopping)
-        producer = partitions and retry("connecting the dead-letter producer", cfg,
-                                        lambda: new_producer(cfg, security), self._stopping)
+        partitions = startup.step(f"looking up topic {topic!r}",
+                                  lambda: topic_partitions(cfg.bootstrap, topic, security=security))
+        dlq = partitions and startup.step(f"setting up dead-letter topic {self.dlq_topic!r}",
+                                          lambda: create_topic(cfg.bootstrap, self.dlq_topic, partitions,
+                                                               security=security))
+        producer = dlq and startup.step("connecting the dead-letter producer", lambda: new_producer(cfg, security))
         if not producer:
             return False
-        self._dlq = DeadLetters(producer, self.dlq_topic, partitions, cfg.dlq_max_bytes)
-        self._consumer = retry("connecting the consumer", cfg, lambda: new_consumer(cfg, security), self._stopping)
-        if self._consumer is None:
+        self._dlq = DeadLetters(producer, self.dlq_topic, dlq, cfg.dlq_max_bytes)
+        self._consumer = startup.step("connecting the consumer", lambda: new_consumer(cfg, security))
+        found = self._consumer and startup.step(f"reading the offsets of {topic!r}",
+                                                lambda: topic_log(self._consumer, topic, partitions, self.positions))
+        if not found:
             return False
-        self._consumer.subscribe([topic], listener=_Rebalance(self))
-        log.info("joining group %r on %s for topic %r", cfg.group, cfg.bootstrap, topic)
+        self._start_from(found)
+        if self.plan.assign:
+            self._assign_all()
+        else:
+            self._consumer.subscribe([topic], listener=_Rebalance(self))
+            log.info("joining group %r on %s for topic %r", cfg.group, cfg.bootstrap, topic)
         return True
+
+    def _assign_all(self) -> None:
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(self.plan.topic, p) for p in range(self._partitions)]
+        self._consumer.assign(tps)
+        log.info("reading all %d partitions of %r on %s (worker.assignment=manual: no group join)",
+                 self._partitions, self.plan.topic, self.cfg.bootstrap)
+        self.on_assigned(tps)
+
+    def _start_from(self, found: TopicLog) -> None:
+        """Check the stored offsets against the log (stop, or restart the partitions that
+        lost theirs), then hand every partition's start to the training loop."""
+        stored = dict(self.positions)
+        mismatch = logs.compare(stored, found)
+        restart: list[int] = []
+        if mismatch is not None:
+            if self.cfg.on_lost_offsets != logs.RESTART:
+                raise mismatch.error()
+            restart = mismatch.restart()
+            log.error("%s. worker.on_lost_offsets=%s: reading partitions %s again from the log's start; the "
+                      "model keeps what it learned from the old log", mismatch.describe(), logs.RESTART, restart)
+        for p, (offset, first) in logs.deleted(stored, found).items():
+            log.warning("partition %d of %r: retention deleted offsets %d to %d before they were learned; "
+                        "reading on from %d", p, found.topic, offset, first - 1, first)
+        self.positions = logs.starts(stored, found, restart)
+        self._partitions = found.partitions
+        spans = {p: (offset, offset - 1, 0) for p, offset in self.positions.items()}
+        self.handoff.put(Prepared(self.prep.train([]), spans))
+        if mismatch is not None:
+            self._unsaved = max(self._unsaved, 1)  # the new offsets reach the state now, records or not
+            self.checkpoint(logs.RESTART)
 
     def _close(self) -> None:
         self._closing = True  # the close-time revocation needs no checkpoint: it is done
@@ -191,6 +260,10 @@ class Fetcher(threading.Thread):
             self._stopping.wait(delay)
             return []
         self._backoff.reset()
+        if polled:  # the ends cover every record handed on, so the learned lag never reads < 0
+            ends = {tp.partition: max(self.end_offsets.get(tp.partition, 0), self._consumer.highwater(tp) or 0,
+                                      records[-1].offset + 1) for tp, records in polled.items()}
+            self.end_offsets = {**self.end_offsets, **ends}  # one rebinding: the training loop reads it
         return [m for records in polled.values() for m in records]
 
     def _probe(self) -> None:
@@ -209,7 +282,28 @@ class Fetcher(threading.Thread):
             log.warning("broker %s unreachable (%s); the client reconnects with backoff up to %g s, "
                         "nothing is lost meanwhile", self.cfg.bootstrap, type(exc).__name__, self.cfg.retry_max_s)
             return
-        self.end_offsets = {tp.partition: offset for tp, offset in ends.items()}
+        # A fetch response's high watermark is exact where a broker's ListOffsets is not
+        # (Tansu 0.6: the last batch's base offset + 1; see connect.topic_log): only a
+        # partition fetched since its assignment can be checked.
+        fetched = {tp.partition: (max(offset, self._consumer.highwater(tp)))
+                   for tp, offset in ends.items() if self._consumer.highwater(tp) is not None}
+        self.end_offsets = {**{tp.partition: offset for tp, offset in ends.items()}, **fetched}
+        self._check_log(fetched)
+
+    def _check_log(self, ends: dict[int, int]) -> None:
+        """Stop if a log's exact end went below what this worker read, or the partition
+        count changed (Kafka logs only grow: the broker lost records, or the topic was
+        created again)."""
+        from kafka.errors import KafkaError
+
+        beyond = {p: (self.positions[p], end) for p, end in ends.items() if self.positions.get(p, 0) > end}
+        try:
+            known = self._consumer.partitions_for_topic(self.plan.topic)  # cached metadata, refreshed by the client
+        except KafkaError:
+            known = None  # no answer now: the next probe asks again
+        count = len(known) if known else self._partitions
+        if beyond or count != self._partitions:
+            raise Mismatch(self.plan.topic, beyond, self._partitions, count).error(" while the worker ran")
 
     # ------------------------------------------------------------------ preparing
     def _emit(self, flush: bool) -> None:
@@ -225,12 +319,14 @@ class Fetcher(threading.Thread):
                 self.checkpoint("interval")
 
     def _prepare(self, chunk: list[Any]) -> None:
+        spans = _spans(chunk)
+        self._check_order(spans)
         decoded, errors = decode_many([m.value for m in chunk], self.cfg.max_record_bytes)
-        dead = [self._dead_letter(chunk[i], reason) for i, reason in errors]
         records = [_with_event_time(record, chunk[i]) for i, record in decoded]
         batch = self.prep.train(records)
-        dead += [self._dead_letter(chunk[decoded[j][0]], str(exc)) for j, exc in batch.rejected]
-        spans = _spans(chunk)
+        rejected = [(decoded[j][0], str(exc)) for j, exc in batch.rejected]
+        # source order: decoding and the learner reject at different stages
+        dead = [self._dead_letter(chunk[i], reason) for i, reason in sorted(errors + rejected)]
         for partition, (_, last, _) in spans.items():
             self.positions[partition] = last + 1
         self.consumed += len(chunk)
@@ -241,6 +337,20 @@ class Fetcher(threading.Thread):
         times = [r.ts for r in records if r.ts is not None and r.ts <= horizon]
         self.handoff.put(Prepared(batch, spans, dead, max(times) if times else None))
         self._idle_since = time.monotonic()  # waiting for queue space is not idleness
+
+    def _check_order(self, spans: dict[int, tuple[int, int, int]]) -> None:
+        """A record below the position means the client went back on its own (Kafka
+        answered "offset out of range" for a position past the log's end, and the client
+        reset to the earliest offset): the log lost records, stop before learning any."""
+        back = {p: (self.positions[p], first) for p, (first, _, _) in spans.items()
+                if first < self.positions.get(p, first)}
+        if back:
+            each = ", ".join(f"partition {p} served offset {first:,} after offset {at - 1:,} was read"
+                             for p, (at, first) in sorted(back.items()))
+            raise OffsetsLostError(f"topic {self.plan.topic!r}: {each}: the broker's log went back below what this "
+                                   "worker read (records were lost, or the topic was created again). Refusing to "
+                                   f"go on; restart with --on-lost-offsets {logs.RESTART} to read those partitions "
+                                   "again from the log's start")
 
     def _dead_letter(self, message: Any, reason: str) -> str:
         self._dlq.send(message, reason)
@@ -304,6 +414,7 @@ class Fetcher(threading.Thread):
             else:
                 self._consumer.seek(tp, position)
         self._idle_since = time.monotonic()
+        self._probe_at = 0.0  # check the new partitions' logs on the next cycle
         where = {tp.partition: self.positions.get(tp.partition, "beginning") for tp in partitions}
         log.info("assigned partitions %s of %r; seeking to the checkpoint's offsets %s",
                  _names(partitions), self.plan.topic, where)

@@ -22,7 +22,8 @@ class Prepared:
     """A prepared training batch and the Kafka records it accounts for.
 
     ``spans``: per partition, ``(first offset, last offset, count)`` of every record the
-    batch covers, learned or dead-lettered. ``dead``: the reason code of each record sent
+    batch covers, learned or dead-lettered; ``(o, o - 1, 0)`` covers no record and sets
+    the partition's next offset to ``o`` (the fetch thread's start positions). ``dead``: the reason code of each record sent
     to the dead-letter topic instead (their sends precede this item). ``newest_event_ms``:
     the latest event time among the batch's valid records (``ts``, else the Kafka
     timestamp), None if none has one.

@@ -7,7 +7,7 @@ Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
 ``records_learned_total``                       valid records learned
 ``dead_letters_total{reason}``                  records sent to the dead-letter topic
 ``records_per_second``                          consumption rate over the last interval
-``lag_records{partition}``                      end offset - next offset to learn
+``lag_records{partition}``                      end offset - next offset to learn (< 0: records lost)
 ``loss``                                        training loss, moving average over batches
 ``prequential_accuracy``                        accuracy before learning, moving average
 ``prequential_evaluated_total`` / ``_correct``  evaluated and correct predictions (classify)
@@ -174,13 +174,20 @@ class WorkerMetrics:
                 + (f", SKIPPED STEPS {self.skipped_steps} (non-finite loss or gradient)" if self.skipped_steps else ""))
 
     def _lag(self, positions: dict[int, int], end_offsets: dict[int, int]) -> int | None:
+        """Records behind the ends, summed; never clamped: a negative lag means the log is
+        shorter than what was learned (records lost), an error the fetch thread stops on."""
         if not end_offsets:
             return None
-        total = 0
+        total, negative = 0, {}
         for partition, end in end_offsets.items():
-            lag = max(0, end - positions.get(partition, 0))
+            lag = end - positions.get(partition, 0)
             self.m_lag.labels(str(partition)).set(lag)
             total += lag
+            if lag < 0:
+                negative[partition] = lag
+        if negative:
+            log.error("NEGATIVE lag %s: the log ends before offsets this worker learned; the broker lost "
+                      "records or the topic was created again", negative)
         return total
 
 

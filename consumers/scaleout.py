@@ -41,6 +41,7 @@ records count twice in the model; the offsets and the audit stay exactly-once.)
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -171,7 +172,8 @@ class GroupWorker(Worker):
         return checkpointer
 
     def _new_fetcher(self, plan: FetchPlan) -> Fetcher:
-        return super()._new_fetcher(plan, SyncedFetcher, clock=self.clock)
+        # Group members always join the consumer group: Kafka's protocol shares the partitions.
+        return super()._new_fetcher(dataclasses.replace(plan, assign=False), SyncedFetcher, clock=self.clock)
 
     def _open_store(self):
         """Rank 0 opens the state for writing first (with --reset, after moving the old one

@@ -93,7 +93,8 @@ class Worker:
         self.checkpointer = self._new_checkpointer()
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
-        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s)
+        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s,
+                         assign=cfg.worker.assignment == "manual")
         self.fetcher = self._new_fetcher(plan)
         self.summary = RunSummary()
         self._batches = 0
@@ -158,6 +159,8 @@ class Worker:
         every = self.cfg.worker.eval_every
         hits = prequential_hits(self.learner, item.batch) if every and self._batches % every == 0 else None
         report = self.learner.learn_batch(item.batch)
+        if report.records and not self.metrics.learned_records:  # bench/startup.py reads its time
+            log.info("first records learned (%d)", report.records)
         self._batches += 1
         evaluated = report.examples if hits is not None else 0
         self.checkpointer.note(item, report.records, evaluated, hits or 0)
@@ -193,6 +196,8 @@ class Worker:
         s.records, s.learned, s.dead_letters = m.records, m.learned_records, m.dead_letters
         s.offsets, s.stop_reason = dict(self.checkpointer.positions), finished.reason
         s.saved = self.fetcher.final_ok is not False and finished.error is None
+        if isinstance(finished.error, StreamlearnError):  # already says what to change
+            raise WorkerError(f"{finished.error} (the state keeps its last checkpoint)") from finished.error
         if finished.error is not None:
             raise WorkerError(f"the fetch thread failed: {finished.error!r}; the state keeps its last "
                               "checkpoint") from finished.error

@@ -85,7 +85,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _port_is_free(host: str, port: int) -> bool:
+    """No process listens on ``port``. SO_REUSEADDR as a server sets it (Tansu does): a
+    crashed broker's connections linger in TIME_WAIT for a minute, and without it they
+    would count as "in use" while a listener may already bind the port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -41,6 +41,8 @@ SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
 HASHFORMER_HASHES = ("md5", "xxh3", "lsh")
 SYNC_MODES = ("average", "allreduce")
+ASSIGNMENTS = ("manual", "group")  # how a worker without --world-size gets its partitions
+ON_LOST_OFFSETS = ("stop", "restart-from-start")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 SECRET_KEYS = frozenset({"kafka.ssl_password", "kafka.sasl_plain_password"})
@@ -211,6 +213,13 @@ class WorkerConfig:
     eval_every: int = key(10, at_least(0))  # prequential accuracy on every n-th batch (0: off); one extra forward each
     log_seconds: float = key(5.0, above(0))  # status line interval
     retry_max_s: float = key(5.0, above(0))  # cap of the exponential backoff while the broker is unreachable
+    # at start-up: stop when the broker or the topic cannot be reached for this long
+    connect_timeout_s: float = key(10.0, above(0))
+    # without --world-size: "manual" reads every partition itself (no group join), "group" joins worker.group
+    assignment: str = key("manual", one_of(*ASSIGNMENTS))
+    # a stored offset beyond its partition's end, or a changed partition count: "stop", or
+    # "restart-from-start" those partitions (logged as an error)
+    on_lost_offsets: str = key("stop", one_of(*ON_LOST_OFFSETS))
     session_timeout_ms: int = key(10_000, at_least(1))  # group membership: a killed worker's partitions move after this
     heartbeat_interval_ms: int = key(3_000, at_least(1))
     max_poll_interval_ms: int = key(300_000, at_least(1))

@@ -252,3 +252,27 @@ def test_broker_command_port_in_use_exits_2():
                               capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert f"port {port}" in done.stderr and "in use" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.broker  # it starts brokers of its own
+def test_a_crashed_broker_restarts_on_its_port_at_once():
+    """Killed with clients connected, the broker leaves its port's connections in
+    TIME_WAIT / FIN_WAIT; the free-port check must not take them for a listener."""
+    from kafka import KafkaProducer
+
+    first = EmbeddedBroker().start()
+    port = first.port
+    producer = KafkaProducer(bootstrap_servers=first.bootstrap, reconnect_backoff_max_ms=200)
+    try:
+        create_topic(first.bootstrap, "t", 1)
+        producer.send("t", b"x").get(5)
+        os.kill(first.pid, signal.SIGKILL)
+        first.stop()
+        time.sleep(0.2)  # the client sees the connection close
+        started = time.monotonic()
+        with EmbeddedBroker(port=port) as second:
+            assert second.bootstrap == f"127.0.0.1:{port}" and wait_ready(second.bootstrap, 5) == []
+        assert time.monotonic() - started < 15
+    finally:
+        producer.close(timeout=1)
+        first.stop()

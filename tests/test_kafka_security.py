@@ -33,7 +33,7 @@ from streamlearn.broker import BrokerError, EmbeddedBroker, create_topic, produc
 from streamlearn.cli import main
 from streamlearn.config import REDACTED, Config, load_config
 from streamlearn.consumers import RunOptions, Worker
-from streamlearn.consumers.connect import dlq_partitions, new_consumer, new_producer, retry
+from streamlearn.consumers.connect import StartUp, dlq_partitions, new_consumer, new_producer
 from streamlearn.exceptions import ConfigError
 from streamlearn.replay import KafkaRange, KafkaSource, ReplaySourceError
 
@@ -336,7 +336,7 @@ def test_bad_security_config_stops_the_clis_and_is_never_retried(tls_broker, tmp
     assert capsys.readouterr().err.count("kafka.ssl_cafile='/no/such/ca.pem' is not a file") == 3
     cfg = load_config(overrides=[f"worker.bootstrap={tls_broker}", *bad[1::2]], use_env=False)
     with pytest.raises(ConfigError):  # raised at once, not retried with backoff until stopped
-        retry("connecting", cfg.worker, lambda: new_consumer(cfg.worker, cfg.kafka), threading.Event())
+        StartUp(cfg.worker, threading.Event()).step("connecting", lambda: new_consumer(cfg.worker, cfg.kafka))
 
 
 def test_passwords_never_show(monkeypatch):

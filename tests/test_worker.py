@@ -158,7 +158,7 @@ def test_next_item_histories_follow_the_stream_across_a_restart(broker, make_top
 @pytest.mark.broker
 def test_waits_for_a_broker_that_is_not_there_yet(tmp_path, group, caplog):
     port = free_port()
-    cfg = config(f"127.0.0.1:{port}", group)
+    cfg = config(f"127.0.0.1:{port}", group, "worker.connect_timeout_s=60")  # start-up gives up after it
     worker = Worker(cfg, RunOptions("late", str(tmp_path / "s"), until_idle_s=1.5))
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
@@ -270,7 +270,9 @@ def test_revocation_checkpoints_before_the_partitions_move(broker, make_topic, g
     topic = make_topic(2)
     producing = threading.Event()
     producer = threading.Thread(target=trickle, args=(broker, topic, producing))
-    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000")
+    # two lone workers in one group, each with its own state: they share the partitions
+    cfg = config(broker, group, "worker.checkpoint_every=1000000", "worker.checkpoint_seconds=1000",
+                 "worker.assignment=group")
     a = Worker(cfg, RunOptions(topic, str(tmp_path / "a")))
     b = Worker(cfg, RunOptions(topic, str(tmp_path / "b")))
     runs = {}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..consumers import Worker
 
-from ..config import TASKS, Config, WorkerConfig, load_config
+from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "worker",
         help="run a consumer worker: train from a topic, checkpoint to a state directory",
-        description="Join a consumer group on --topic, decode and validate each record (bad ones go "
+        description="Read every partition of --topic (or, with --world-size or worker.assignment=group, join "
+        "a consumer group), decode and validate each record (bad ones go "
         "to <topic>.dlq with the reason), train the model, and checkpoint it to --state together "
         "with the consumed offsets. Restarted, it resumes from the checkpoint: no record is lost or "
         "applied twice. SIGTERM or Ctrl-C: final checkpoint, exit 0. See docs/operations.md.",
@@ -46,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "again from the start. The old files move to DIR/discarded-<UTC time>/ (delete them when "
                         "no longer needed); a line says what they held. Without --reset a damaged or incomplete "
                         "state is refused, never replaced")
+    parser.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                        help="stop with an error when the broker or the topic cannot be reached at start-up for "
+                        f"this long (worker.connect_timeout_s, default: {WorkerConfig.connect_timeout_s:g}); a "
+                        "broker lost later is retried until it is back")
+    parser.add_argument("--on-lost-offsets", choices=ON_LOST_OFFSETS,
+                        help="when stored offsets are past a partition's end or the partition count changed (the "
+                        "broker lost records, or the topic was created again): stop with an error (default), or "
+                        "read those partitions again from the log's start (worker.on_lost_offsets)")
     _add_group_options(parser)
     parser.set_defaults(func=run)
 
@@ -67,7 +76,8 @@ def _add_group_options(parser: argparse.ArgumentParser) -> None:
 def overrides(args: argparse.Namespace) -> list[str]:
     """--set items, then the dedicated flags (which win)."""
     flags = {"worker.bootstrap": args.bootstrap, "worker.group": args.group, "learner.task": args.task,
-             "worker.checkpoint_every": args.checkpoint_every, "worker.sync": args.sync}
+             "worker.checkpoint_every": args.checkpoint_every, "worker.sync": args.sync,
+             "worker.connect_timeout_s": args.connect_timeout, "worker.on_lost_offsets": args.on_lost_offsets}
     return [*args.set, *(f"{key}={value}" for key, value in flags.items() if value is not None)]
 
 

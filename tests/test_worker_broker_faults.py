@@ -1,0 +1,263 @@
+"""The worker when the broker is not what its state expects, on real Tansu brokers: a broker
+that lost its data never makes the worker skip records silently, a broker or topic that
+is not there ends the start-up with an error saying what was reached, dead letters keep
+source order, and a lone worker reads without waiting for a group join."""
+import doctest
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import pytest
+from test_worker import SMALL, applied_once, config, manifest, offsets_of, produce, stream, wait_for
+
+from streamlearn.broker import BrokerError, EmbeddedBroker, create_topic, free_port
+from streamlearn.consumers import RunOptions, Worker, WorkerError
+from streamlearn.consumers import positions
+from streamlearn.consumers.positions import OffsetsLostError, TopicLog, compare
+from streamlearn.records import encode
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def run(cfg, topic: str, state, **options):
+    return Worker(cfg, RunOptions(topic, str(state), **options)).run()
+
+
+def restarted_empty(broker: EmbeddedBroker) -> EmbeddedBroker:
+    """The broker killed (a crash: memory storage loses everything) and started again
+    on the same port at once."""
+    os.kill(broker.pid, signal.SIGKILL)
+    broker.stop()
+    return EmbeddedBroker(port=broker.port).start()
+
+
+# ---------------------------------------------------------------------------- lost offsets
+
+def test_positions_doctests():
+    assert doctest.testmod(positions).failed == 0
+
+
+def test_a_count_that_only_grew_keeps_the_known_offsets():
+    grown = TopicLog("t", begins={0: 0, 1: 0, 2: 0}, ends={0: 9, 1: 9, 2: 0})
+    mismatch = compare({0: 5, 1: 9}, grown)
+    assert mismatch.count_changed and mismatch.restart() == []  # partition 2 starts at 0 anyway
+    recreated = TopicLog("t", begins={0: 0, 1: 0, 2: 0}, ends={0: 9, 1: 3, 2: 0})
+    assert compare({0: 5, 1: 9}, recreated).restart() == [0, 1, 2]  # no stored offset names the same records
+    assert compare({0: 5, 1: 9, 2: 0}, TopicLog("t", {0: 0, 1: 0, 2: 0}, {0: 9, 1: 9, 2: 0})) is None
+
+
+@pytest.mark.broker  # it starts (or looks for) brokers of its own
+def test_a_broker_that_lost_its_data_stops_the_worker_and_restart_from_start_reads_it_all(group, tmp_path, caplog):
+    state = tmp_path / "s"
+    broker = EmbeddedBroker().start()
+    try:
+        create_topic(broker.bootstrap, "events", 3)
+        before = produce(broker.bootstrap, "events", stream(300, seed=1))
+        cfg = config(broker.bootstrap, group)
+        assert run(cfg, "events", state, until_idle_s=1.0).offsets == before
+        stored = manifest(state)[0]
+
+        broker = restarted_empty(broker)
+        create_topic(broker.bootstrap, "events", 4)  # as Tansu auto-creates it: 4 partitions
+        after = produce(broker.bootstrap, "events", stream(120, seed=2))
+        assert all(after[p] < before[p] for p in before)  # every stored offset is past the new end
+        with pytest.raises(WorkerError, match=r"(?s)partition 0 at .* but the log ends at .*the topic has 4 "
+                                              r"partitions, the state recorded 3.*--on-lost-offsets restart-from-start"):
+            run(cfg, "events", state, until_idle_s=1.0)
+        assert manifest(state)[0] == stored  # refused before anything was written
+
+        with caplog.at_level(logging.ERROR, logger="streamlearn.consumers"):
+            summary = run(cfg.override("worker.on_lost_offsets=restart-from-start"), "events", state, until_idle_s=1.0)
+        assert any("reading partitions [0, 1, 2, 3] again from the log's start" in r.getMessage()
+                   for r in caplog.records if r.levelno == logging.ERROR)
+        assert summary.records == 120 and summary.offsets == after  # every new record, none skipped
+        assert offsets_of(manifest(state)[0].offsets, "events") == after
+        assert run(cfg, "events", state, until_idle_s=1.0).records == 0  # consistent again: no error
+    finally:
+        broker.stop()
+
+
+@pytest.mark.broker  # it starts (or looks for) brokers of its own
+def test_a_broker_that_loses_its_data_while_the_worker_runs_stops_it(group, tmp_path):
+    state = tmp_path / "s"
+    broker = EmbeddedBroker().start()
+    try:
+        create_topic(broker.bootstrap, "events", 2)
+        first = produce(broker.bootstrap, "events", stream(400, seed=3))
+        worker = Worker(config(broker.bootstrap, group, "worker.log_seconds=0.2"), RunOptions("events", str(state)))
+        box = {}
+        thread = threading.Thread(target=lambda: box.update(result=_outcome(worker.run)))
+        thread.start()
+        wait_for(lambda: worker.metrics.records >= 400)
+        broker = restarted_empty(broker)
+        create_topic(broker.bootstrap, "events", 2)  # same count: only the offsets tell
+        produce(broker.bootstrap, "events", stream(20, seed=4))
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        broker.stop()
+    error = box["result"]
+    # which check sees it first varies: the probe's ends, the partition count (Tansu may
+    # create the topic again with 4 partitions on the consumer's metadata request), or a
+    # record served below the position
+    assert isinstance(error, WorkerError) and isinstance(error.__cause__, OffsetsLostError), error
+    assert "--on-lost-offsets restart-from-start" in str(error)
+    m, audit = manifest(state)
+    assert offsets_of(m.offsets, "events") == first and applied_once(audit, first)  # what it learned was kept
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
+def test_the_worker_never_creates_the_topic_it_reads(broker, topic, group, tmp_path):
+    from streamlearn.broker import wait_ready
+
+    cfg = config(broker, group, "worker.connect_timeout_s=1.5")
+    with pytest.raises(WorkerError, match=f"topic {topic!r} does not exist") as refused:
+        run(cfg, topic, tmp_path / "s", until_idle_s=1.0)
+    assert isinstance(refused.value.__cause__, BrokerError)
+    assert topic not in wait_ready(broker) and topic + ".dlq" not in wait_ready(broker)
+
+
+# ---------------------------------------------------------------------------- start-up
+
+@pytest.mark.broker  # it starts (or looks for) brokers of its own
+def test_an_unreachable_broker_ends_the_start_up_with_a_clear_error(tmp_path, group):
+    cfg = config(f"127.0.0.1:{free_port()}", group, "worker.connect_timeout_s=2")
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"cannot reach a Kafka broker within 2 s: no server of 127\.0\.0\.1:\d+ "
+                                          r"accepts connections.*--connect-timeout"):
+        run(cfg, "t", tmp_path / "s", until_idle_s=10)
+    assert time.monotonic() - started < 8
+
+
+def _worker_process(tmp_path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "worker", "--state", str(tmp_path / "s"),
+                             *(f"--set={o}" for o in SMALL), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_the_command_exits_2_naming_the_missing_topic(broker, topic, group, tmp_path):
+    proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
+                           "--until-idle", "10", "--connect-timeout", "2")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("streamlearn worker: error: gave up after 2 s: the broker at ")
+    assert f"accepts connections, but looking up topic {topic!r} failed: topic {topic!r} does not exist" in last
+
+
+def test_sigterm_during_start_up_says_what_was_reached(broker, topic, group, tmp_path):
+    proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
+                           "--connect-timeout", "60")
+    err = []
+    try:
+        for line in proc.stderr:  # start-up retries: the topic is missing
+            err.append(line)
+            if "retrying in" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, rest = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "".join(err) + rest
+    assert "stopped during start-up" in out and f"the broker at {broker} accepts connections" in out
+    assert f"topic {topic!r} does not exist" in out and "before the broker was reachable" not in out
+
+
+def test_a_lone_worker_reads_without_a_group_join(broker, make_topic, group, tmp_path, caplog):
+    """manual assignment: the first record is learned well before a group join could
+    even complete (the join waits worker.max_poll_interval_ms for members on Tansu)."""
+    topic = make_topic(3)
+    ends = produce(broker, topic, stream(200, seed=5))
+    cfg = config(broker, group, "worker.max_poll_interval_ms=20000")
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), max_records=200))
+        summary = worker.run()
+    assert summary.offsets == ends and summary.saved
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("reading all 3 partitions" in m for m in messages)
+    assert not any("joining group" in m for m in messages)
+
+
+# ---------------------------------------------------------------------------- dead letters
+
+def test_dead_letters_of_a_partition_are_in_source_order(broker, make_topic, group, tmp_path, consume):
+    """Records the decoder rejects and records the learner rejects (no label), interleaved
+    in one batch: their letters come out in source order."""
+    from kafka import KafkaProducer
+
+    topic = make_topic(1)
+    values = []
+    for i in range(120):
+        kind = i % 4
+        values.append(b"\xc1 garbage" if kind == 1 else
+                      encode({"text": "goal team"}) if kind == 2 else  # no label: rejected by the learner
+                      encode({"text": "goal match", "label": "sport"}))
+    producer = KafkaProducer(bootstrap_servers=broker, linger_ms=20)
+    for value in values:
+        producer.send(topic, value, partition=0)
+    producer.flush(30)
+    producer.close()
+    summary = run(config(broker, group), topic, tmp_path / "s", max_records=len(values))
+    assert summary.dead_letters == 60
+    letters = consume(topic + ".dlq", 60)
+    sources = [int(m.key.decode().rpartition(":")[2]) for m in letters]
+    assert sources == sorted(i for i in range(120) if i % 4 in (1, 2))
+    reasons = [dict(m.headers)["reason"].split(b":")[0] for m in letters]
+    assert reasons[0] != b"missing-field" and reasons[1] == b"missing-field"
+    assert msgpack.unpackb(letters[1].value) == {"text": "goal team"}
+
+
+class _Future:
+    def __init__(self, error=None):
+        self.is_done, self.exception = True, error
+
+    def succeeded(self):
+        return self.exception is None
+
+
+class _FlakyProducer:
+    """kafka-python's producer as DeadLetters sees it: ``send`` fails while ``down``,
+    and every letter it accepted is recorded in the order it would be written."""
+
+    def __init__(self):
+        self.down, self.written = True, []
+
+    def send(self, topic, value, key, headers, partition):
+        from kafka.errors import KafkaTimeoutError
+
+        if self.down:
+            raise KafkaTimeoutError("no metadata")
+        self.written.append(key)
+        return _Future()
+
+    def flush(self, timeout):
+        pass
+
+
+def test_a_letter_sent_again_is_never_overtaken_by_a_later_one():
+    from types import SimpleNamespace
+
+    from streamlearn.consumers.dlq import DeadLetters
+
+    producer = _FlakyProducer()
+    letters = DeadLetters(producer, "t.dlq", partitions=1, max_bytes=1024)
+    message = lambda offset: SimpleNamespace(topic="t", partition=0, offset=offset, timestamp=0, key=None,  # noqa: E731
+                                             value=b"x")
+    letters.send(message(1), "bad-value: x")  # the broker is down: kept
+    producer.down = False
+    letters.send(message(2), "bad-value: x")  # queued behind the first, not sent ahead of it
+    assert producer.written == [] and letters.pending == 2
+    assert letters.flush(1.0) and producer.written == [b"t:0:1", b"t:0:2"]
