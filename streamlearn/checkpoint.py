@@ -55,7 +55,7 @@ import numpy as np
 import torch
 import xxhash
 
-from .config import Config
+from .config import Config, model_changes
 from .exceptions import CheckpointError, CheckpointMismatchError, CorruptStateError, NoCheckpointError
 from .learner import Learner
 from .state.schema import TableSpec
@@ -263,6 +263,8 @@ def read_full(store, cfg: Config | None = None) -> Learner:
     :class:`CorruptStateError`."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
+    if cfg is not None:
+        _check_restart(store, cfg)
     learner = Learner(cfg if cfg is not None else stored_config(store))
     with store.snapshot():  # one checkpoint: counters, rows, blobs and kv agree
         meta = _read_meta(store)
@@ -429,6 +431,18 @@ def _misfits(learner: Learner, store, dense: dict[str, torch.Tensor]) -> list[st
 def _rule_misfit(learner: Learner, row_optim: dict) -> list[str]:
     rule, ours = row_optim["rule"], learner.cfg.optim.sparse
     return [] if rule == ours else [f"optim.sparse is {rule!r} stored, {ours!r} configured"]
+
+
+def _check_restart(store, cfg: Config) -> None:
+    """Refuse a config that changes a key of :data:`~streamlearn.config.MODEL_KEYS` from
+    the stored one (what stored rows mean); keys of ``RUN_KEYS`` may change."""
+    changes = model_changes(stored_config(store), cfg)
+    if changes:
+        raise CheckpointMismatchError(
+            f"{store.path}: the stored model was trained with other values of keys that change what its rows "
+            f"and weights mean ({'; '.join(changes)}): open it with the stored values (drop them from --set/"
+            "--config), or start a new model (a new --state directory, or `worker --reset` to discard this one)",
+            tuple(changes), ", ".join(changes))
 
 
 def _mismatch(store, cfg: Config, misfits: list[str], compare: bool) -> CheckpointMismatchError:

@@ -420,6 +420,48 @@ class Config:
         return out
 
 
+# ---------------------------------------------------------------------------- restarts
+
+# Which keys may change when a stored model is opened again (a worker restarted on its
+# state, `replay --state` with --set). A MODEL key changes what the stored rows, weights
+# or counts mean, or their shapes: opening a model with another value would silently
+# apply the rows of one function to another (a changed hash seed once took SMS accuracy
+# from 0.997 to 0.003 with exit code 0), so it is refused, naming the keys. A RUN key is
+# safe to change between runs. Every key is in exactly one set (a test checks).
+MODEL_KEYS: frozenset[str] = frozenset({
+    "hashing.seed", "hashing.tokenizer", "hashing.lowercase", "hashing.ngrams", "hashing.max_tokens",
+    "embedding.scheme", "embedding.d", "embedding.K", "embedding.B", "embedding.k", "embedding.m",
+    "embedding.append_p", "embedding.combine", "embedding.init", "embedding.hashformer_hash",
+    "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
+    "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
+    "model.out_B", "model.out_m", "model.tie_output", "model.output",
+    "optim.sparse",
+    "learner.task", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
+    "store.shards",
+})
+RUN_KEYS: frozenset[str] = frozenset({
+    "model.dropout",
+    "optim.sparse_lr", "optim.dense_lr", "optim.weight_decay",
+    "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
+    "learner.nb_alpha", "learner.seed",
+    "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",
+    *(f"{section}.{name}" for section, cls in (("worker", WorkerConfig), ("kafka", KafkaConfig),
+                                                ("service", ServiceConfig)) for name in (f.name for f in fields(cls))),
+})
+
+
+def model_changes(stored: "Config", new: "Config") -> list[str]:
+    """``"hashing.seed: stored 0, now 5"`` for every :data:`MODEL_KEYS` key whose value
+    differs between a stored model's config and the one it is opened with."""
+    a, b = stored.to_dict(), new.to_dict()
+    out = []
+    for dotted in sorted(MODEL_KEYS):
+        section, name = dotted.split(".")
+        if a[section][name] != b[section][name]:
+            out.append(f"{dotted}: stored {a[section][name]!r}, now {b[section][name]!r}")
+    return out
+
+
 def _with_task_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` plus the defaults of its task (``learner.task``, else the default task)
     for the keys it does not set."""
