@@ -54,3 +54,13 @@ def test_every_tasks_defaults_are_documented():
         assert row is not None, f"docs/configuration.md: give task {name} a row under Task defaults"
         for assignment in entry.defaults:
             assert f"`{assignment}`" in row, (name, assignment)
+
+
+def test_the_keys_a_restart_must_keep_are_documented():
+    from streamlearn.config import MODEL_KEYS
+
+    section = DOC.read_text().split("## Changing the config of a stored model", 1)[1]
+    for dotted in MODEL_KEYS:
+        table, name = dotted.split(".")
+        row = next(line for line in section.splitlines() if line.startswith(f"| `[{table}]` |"))
+        assert f"`{name}`" in row, dotted
