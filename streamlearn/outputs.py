@@ -34,6 +34,7 @@ from .config import Config
 from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, exhaustive_topk_many, tfree_topk
 from .featurize import Featurizer, PatternSpace
 from .hashing import multi_hash
+from .prequential import HashedPopularity, PatternPopularity
 
 __all__ = ["HashedCode", "OutputCode", "PatternCode", "output_code"]
 
@@ -59,6 +60,15 @@ class OutputCode:
                exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
         """The k best candidates per row of ``scores`` (the head's decodable scores),
         minus each row's ``exclude`` candidate ids."""
+        raise NotImplementedError
+
+    def score_of(self, scores: np.ndarray, token: str) -> np.ndarray:
+        """The score (n,) each row of ``scores`` gives ``token``, as :meth:`decode` ranks
+        it, whether or not the token is a candidate."""
+        raise NotImplementedError
+
+    def popularity(self) -> HashedPopularity | PatternPopularity:
+        """A counting baseline in this code: how often each output row was an answer."""
         raise NotImplementedError
 
 
@@ -87,6 +97,14 @@ class HashedCode(OutputCode):
         if exclude is not None:
             return exhaustive_topk_many(scores, index, k, exclude)
         return beam_topk_many(scores, index, k, beam)
+
+    def score_of(self, scores, token):
+        """The sum of the token's m bucket log-probabilities."""
+        buckets = self.ids([token])[0]  # (m,)
+        return scores[:, np.arange(self.m), buckets].sum(-1)
+
+    def popularity(self) -> HashedPopularity:
+        return HashedPopularity(self.m, self.size)
 
 
 @dataclass(frozen=True)
@@ -119,6 +137,14 @@ class PatternCode(OutputCode):
                 top = TopK([top.tokens[j] for j in keep], top.scores[keep], top.exact, top.visited)
             out.append(top)
         return out
+
+    def score_of(self, scores, token):
+        """The sum of the logits of the token's distinct pattern rows (``tfree_topk``'s rule)."""
+        ids, _ = self.space.patterns([token])
+        return scores[:, np.unique(ids)].sum(-1)
+
+    def popularity(self) -> PatternPopularity:
+        return PatternPopularity(self.space.v)
 
 
 def output_kind(cfg: Config) -> str:

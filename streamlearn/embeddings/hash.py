@@ -63,6 +63,10 @@ class HashEmbedding(TokenEmbedding):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E, "P": self.P}
 
+    def importance(self, feats: TensorFeats) -> tuple[torch.Tensor, torch.Tensor]:
+        """p_w = P[D1(w)] (N, T, k) and the rows h_1(w)..h_k(w) of E it weighs (N, T, k)."""
+        return F.embedding(feats["d1"], self.P), feats["buckets"]
+
 
 class WeightedLookup(torch.autograd.Function):
     """e = sum_i p[:, i] * E[buckets[:, i]] with p = P[d1], and sparse gradients for E

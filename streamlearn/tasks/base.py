@@ -33,6 +33,7 @@ from ..featurize import Featurizer
 from ..heads import output_head
 from ..model import HashedTransformer
 from ..outputs import OutputCode, output_code
+from ..prequential import Check, TokenCheck
 from ..records import Record
 
 __all__ = ["Event", "Task", "TokenPreparer", "TokenTask"]
@@ -150,6 +151,11 @@ class Task:
         worker's cheap prequential check); None where the task has no such check."""
         return None
 
+    def prequential_check(self) -> Check:
+        """A new :class:`~streamlearn.prequential.Check`: the model's score on a training
+        batch before it is learned and a counting baseline's (the worker's live figures)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ answers
     def predict(self, model: HashedTransformer, batch: Batch, dev: Device) -> list:
         """``predict_many``'s answer per query record."""
@@ -237,13 +243,21 @@ class TokenTask(Task):
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
         return frozenset() if self.code.table is None else frozenset({self.code.table})
 
+    def prequential_check(self) -> TokenCheck:
+        """The loss before the step against popularity in the output code."""
+        return TokenCheck(self)
+
     def predict(self, model, batch, dev) -> list:
         """The best candidate token (None while the candidate index is empty)."""
         return [top.tokens[0] if top.tokens else None
                 for top in self.topk(model, batch, dev, 1, self.cfg.learner.beam)]
 
+    def decodable(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
+        """The scores the output code decodes, per query record: (N, m, size)
+        log-probabilities (hashed) or (N, v) logits (T-Free)."""
+        return model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
+
     def topk(self, model, batch, dev, k, beam, exclude=None) -> list[TopK]:
         if not batch.records:
             return []
-        scores = model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
-        return self.code.decode(scores, self.index, k, beam, exclude)
+        return self.code.decode(self.decodable(model, batch, dev), self.index, k, beam, exclude)
