@@ -30,7 +30,7 @@ setup(
         "streamlearn.consumers": "consumers",
         "streamlearn.state": "state",
     },
-    package_data={"streamlearn": ["data/*"]},
+    package_data={"streamlearn": ["data/*", "web/*"]},
     install_requires=[
         # 2.13 is the CPU wheel on the project machines; the range admits it so pip
         # installs nothing more once the Makefile has put it in place.

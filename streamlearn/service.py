@@ -7,7 +7,9 @@ Endpoints (JSON; the OpenAPI document is at ``/openapi.json``):
 - ``POST /v1/topk``: ``text``/``tokens`` (mlm: the ``[MASK]`` to fill) or ``key``/``tokens``
   (next-item) -> ``tokens``, ``scores`` (log-probabilities) and the ``exact`` certificate;
 - ``POST /v1/embed``: ``text`` or ``tokens`` -> each token's input vector;
-- ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus).
+- ``POST /v1/explain``: per-token contributions to an answer (:mod:`streamlearn.service_explain`);
+- ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus);
+- ``GET /``: the dashboard, and ``GET /v1/dashboard`` its data (:mod:`streamlearn.dashboard`).
 
 Each POST takes one query (its fields at the top level) or a batch (``records``: a list
 of queries, at most ``service.max_batch``); a batch answer lists ``results`` in order.
@@ -57,7 +59,8 @@ MAX_K = 1000
 MAX_BEAM = 10_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COALESCE_RECORDS = 64  # records per coalesced snapshot call (a larger batch request runs alone)
-ENDPOINTS = ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/snapshot", "/healthz", "/metrics")
+ENDPOINTS = ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/explain", "/v1/snapshot", "/v1/dashboard", "/healthz",
+             "/metrics", "/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,11 +252,16 @@ def create_app(settings: Settings) -> FastAPI:
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
+    from .dashboard import Dashboard, add_dashboard_routes  # they import this module's request types
+    from .service_explain import add_explain_route
+
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
+    dashboard = Dashboard(settings.state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
+        dashboard.close()
         snapshot.close()
 
     app = FastAPI(title="streamlearn", version=__version__, lifespan=lifespan,
@@ -264,6 +272,8 @@ def create_app(settings: Settings) -> FastAPI:
     _add_error_handlers(app)
     _add_query_routes(app, snapshot, settings.service)
     _add_status_routes(app, snapshot)
+    add_explain_route(app, snapshot, settings.service)
+    add_dashboard_routes(app, dashboard)
     return app
 
 
