@@ -462,6 +462,19 @@ def model_changes(stored: "Config", new: "Config") -> list[str]:
     return out
 
 
+def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:
+    """``(dotted key, value as a --set writes it)`` of the stored config for each of
+    :func:`model_changes`' lines, for an error message to offer."""
+    data = stored.to_dict()
+    out = []
+    for line in changes:
+        dotted = line.partition(":")[0]
+        section, name = dotted.split(".")
+        value = data[section][name]
+        out.append((dotted, str(value).lower() if isinstance(value, bool) else str(value)))
+    return out
+
+
 def _with_task_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` plus the defaults of its task (``learner.task``, else the default task)
     for the keys it does not set."""
