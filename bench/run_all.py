@@ -1,7 +1,7 @@
 """Run the benchmarks one after another and print a summary: `make bench`.
 
-    python bench/run_all.py                 # every benchmark in its quick form (about 12 minutes)
-    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about 1.5 hours)
+    python bench/run_all.py                 # every benchmark in its quick form (about 9 minutes)
+    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about an hour)
     python bench/run_all.py --only hashing worker --data ../shared/data
     python bench/run_all.py --list          # what would run, with the commands and the usual times
 
@@ -37,8 +37,9 @@ HELPERS = {"data.py", "quality_eval.py", "quality_streams.py", "run_all.py"}  # 
 @dataclass(frozen=True)
 class Benchmark:
     """One script: its quick and full arguments, whether it takes ``--data``, its usual
-    seconds in each form (on the 2-core project machine, shared), and the regex of the
-    output lines that state its result (the summary's headline)."""
+    seconds in each form on the 2-core project machine, shared (quick: measured by `make
+    bench` on 2026-11-25; full: the documented runs'), and the regex of the output lines
+    that state its result (the summary's headline)."""
 
     name: str
     quick: tuple[str, ...]
@@ -61,32 +62,29 @@ class Benchmark:
 
 
 BENCHMARKS = (
-    Benchmark("hashing", ("--repeats", "3"), (), 15, 30, r"TokenHasher / bare loop|SYNTHETIC", data=True,
+    Benchmark("hashing", ("--repeats", "3"), (), 5, 30, r"TokenHasher / bare loop|SYNTHETIC", data=True,
               what="TokenHasher tokens/s against a bare xxh3 loop"),
-    Benchmark("embeddings", ("--repeats", "5"), (), 40, 90, r"fwd\+bwd ratio|table / hash|SYNTHETIC", data=True,
+    Benchmark("embeddings", ("--repeats", "5"), (), 35, 90, r"fwd\+bwd ratio|table / hash|SYNTHETIC", data=True,
               what="hash embedding forward+backward against nn.Embedding; every scheme; memory"),
-    Benchmark("checkpoint", ("--rows", "100000", "--reps", "3"), (), 25, 120, r"ratio|1%-dirty", what=
+    Benchmark("checkpoint", ("--rows", "100000", "--reps", "3"), (), 10, 120, r"^\| (checkpoint|1%|snapshot)", what=
               "incremental checkpoints and snapshot reads against bare py-lmdb"),
-    Benchmark("state_faults", ("--kills", "10", "--chain", "5"), (), 40, 240, r'"wrong_states"',
+    Benchmark("state_faults", ("--kills", "10", "--chain", "5"), (), 20, 120, r'"wrong_states"',
               what="SIGKILL during commits: every reopened state checked"),
-    Benchmark("init_compare", ("--quick",), (), 30, 120, r"^\| |SYNTHETIC", data=True,
+    Benchmark("init_compare", ("--quick",), (), 60, 120, r"^\| |SYNTHETIC", data=True,
               what="hash embedding init paper vs mean, prequential accuracy"),
     Benchmark("quality", ("--quick", "--threads", "1", "--only", "sms", "movielens", "step_cost"),
-              (), 150, 600, r"^\| (SMS|AG|Movie)|step cost|SYNTHETIC", data=True,
+              (), 70, 150, r"^\| (SMS|AG|Movie)|step cost|SYNTHETIC", data=True,
               what="prequential quality against river NB, VW, Markov, popularity; step cost"),
-    Benchmark("streams", ("--only", "sms-spam,ag-news-581", "--passes", "1", "--dry-run"), (), 60, 420,
-              r"^\| .*\| accuracy \||^\| .*\| recall|Frozen replay", data=True,
+    Benchmark("streams", ("--only", "sms-spam,ag-news-581", "--passes", "1", "--dry-run"), (), 35, 300, r"^\| .*\| accuracy \||^\| .*\| recall|Frozen replay", data=True,
               what="replay of every dataset: model vs baselines, frozen vs prequential speed"),
-    Benchmark("worker", ("--records", "3000", "--rounds", "1"), ("--records", "60000"), 60, 900,
-              r"^median|^targets", data=True,
+    Benchmark("worker", ("--records", "3000", "--rounds", "1"), ("--records", "60000"), 25, 240, r"^median|^targets", data=True,
               what="worker records/s from the embedded broker against in-memory learn_many"),
     Benchmark("serve", ("--windows", "1", "--window-seconds", "3"), ("--windows", "4", "--window-seconds", "6"),
-              60, 150, r"POST /v1/predict|drop|freshness", what="HTTP predict latency while a worker trains"),
-    Benchmark("scaleout", ("--records", "4000", "--repeat", "1", "--skip-quality"), (), 90, 840,
-              r"^records/s|^ratios|prequential / held-out", data=True,
+              90, 150, r"POST /v1/predict|drop|freshness", what="HTTP predict latency while a worker trains"),
+    Benchmark("scaleout", ("--records", "12000", "--checkpoint-every", "1500", "--repeat", "1", "--skip-quality"),
+              (), 120, 840, r"^records/s|^ratios|prequential / held-out", data=True,
               what="1 worker vs 2 workers averaging vs all-reduce, speed and quality"),
-    Benchmark("depth", ("--quick", "--sets", "30000"), ("--seeds", "2", "--control", "--jobs", "2"), 60, 1080,
-              r"^\| ", what="Superbloom's depth claim on heavily hashed synthetic sets"),
+    Benchmark("depth", ("--quick", "--sets", "30000"), ("--seeds", "2", "--control", "--jobs", "2"), 70, 1080, r"^\| ", what="Superbloom's depth claim on heavily hashed synthetic sets"),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 

@@ -206,6 +206,9 @@ def main() -> None:
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.records < 4 * args.checkpoint_every:  # the rate runs from the first sync to the last: 2 a worker
+        parser.error(f"--records {args.records} leaves 2 workers under two syncs each at --checkpoint-every "
+                     f"{args.checkpoint_every}: give at least {4 * args.checkpoint_every} records")
     torch.set_num_threads(1)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:

@@ -24,6 +24,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import sys
 import tempfile
@@ -123,7 +124,8 @@ def section(rows: list[dict], command: str) -> str:
                f"({min(ratios.values()):.1f}x to {max(ratios.values()):.1f}x)." if not missed else
                f"Frozen replay >= {TARGET:.0f}x prequential: **missed** on {', '.join(missed)}.")
     intro = (
-        f"Produced by `{command}` (torch {torch.__version__}, CPU, a shared 2-core machine: compare "
+        f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared 2-core "
+        "machine: compare "
         "figures within this table only). Metrics are prequential over the whole stream (every record "
         "predicted before it is learned, the k best items minus those the user already had for "
         "next-item); baselines learn on the same records in the same run; rec/s counts each "

@@ -301,3 +301,20 @@ def test_operations_md_dead_letter_reader_prints_every_letter_and_ends(broker, m
     assert len(printed) == 3, printed
     assert sorted(line.split()[1] for line in printed) == ["empty-value:", "missing-field:", "not-msgpack-or-json:"]
     assert all(line.startswith(f"{topic}:") for line in printed)  # the key: the source topic:partition:offset
+
+
+# ---------------------------------------------------------------------------- benchmarks.md
+
+def test_every_table_of_benchmarks_md_names_its_command_and_date():
+    """Each section of docs/benchmarks.md that holds a table names the bench/ script that
+    produced it (one that exists) and the date it ran: a current table, not a history."""
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    sections = re.split(r"^#{2,3} ", text, flags=re.M)[1:]
+    with_tables = [s for s in sections if re.search(r"^\|---", s, re.M)]
+    assert len(with_tables) >= 10
+    for section in with_tables:
+        title = section.splitlines()[0]
+        scripts = re.findall(r"bench/(\w+)\.py", section)
+        assert scripts, f"benchmarks.md, {title}: name the command that produced the table"
+        assert all((DOCS.parent / "bench" / f"{s}.py").is_file() for s in scripts), f"{title}: {scripts}"
+        assert re.search(r"20\d\d-\d\d-\d\d", section), f"benchmarks.md, {title}: say when it was measured"
