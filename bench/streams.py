@@ -24,6 +24,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import re
 import sys
@@ -39,7 +40,7 @@ from streamlearn.datasets import recommended_overrides
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
-from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text, write_jsonl
+from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text
 
 DATASETS = [("sms-spam", "sms"), ("ag-news-5000", "ag-news-5000"), ("ag-news-581", "ag-news-581"),
             ("movielens-100k", "movielens")]  # table name, bench/data.py name
@@ -78,10 +79,16 @@ def run(name: str, path: Path, limit: int | None, window: int, passes: int) -> d
 
 
 def stand_in(key: str, folder: Path) -> Path:
-    """A synthetic file of dataset ``key``'s shape and size in ``folder``: JSON lines of
-    text records, or MovieLens ``u.data`` lines (so the next-item configuration applies)."""
+    """A synthetic file of dataset ``key``'s shape and size in ``folder``, in a format whose
+    recommended configuration is the dataset's: a CSV of text and label, or MovieLens
+    ``u.data`` lines (next-item)."""
     if key != "movielens":
-        return write_jsonl(synthetic_text(SIZES[key], 2 if key == "sms" else 4), folder / f"{key}.jsonl")
+        file = folder / f"{key}.csv"
+        with file.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows([r["text"], r["label"]] for r in synthetic_text(SIZES[key], 2 if key == "sms" else 4))
+        return file
     lines = [f"{e['key']}\t{e['item']}\t4\t{e['ts'] // 1000}\n" for e in synthetic_events(SIZES[key])]
     file = folder / "u.data"
     file.write_text("".join(lines))
