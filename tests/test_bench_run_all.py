@@ -10,8 +10,8 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import data as bench_data  # noqa: E402  (bench/data.py)
-import run_all  # noqa: E402
+import data as bench_data
+import run_all
 
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name not in run_all.HELPERS)
 
