@@ -12,7 +12,7 @@ from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
 from streamlearn.embeddings import to_tensors
 from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import LabelCapacityError, Learner, StepReport
-from streamlearn.records import Record
+from streamlearn.records import Record, from_features
 from streamlearn.state import Checkpoint, open_store
 
 SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfree_rows=512",
@@ -121,6 +121,27 @@ def test_river_bag_of_words_feature_dicts_are_token_counts():
     assert_same(params(as_counts), params(as_tokens))
     query = bow.transform_one("goal match chip")
     assert as_counts.predict_proba_one(query) == as_tokens.predict_proba_one({"tokens": list(query)})
+
+
+def test_a_bag_of_words_whose_tokens_are_spelled_like_record_fields_is_still_a_bag_of_words():
+    """SMS text such as "text me the label" gives river's BagOfWords keys named like record
+    fields; a dict of counts is still tokens, so predict_one answers instead of asking
+    for a text field."""
+    from river import feature_extraction
+
+    counts = feature_extraction.BagOfWords().transform_one("text me the label key item")
+    lrn = learner("model.layers=0")
+    lrn.learn_one(counts, "ham")
+    lrn.learn_one({"text": "free prize now"}, "spam")
+    assert lrn.predict_one(counts) in ("ham", "spam")
+    assert from_features(counts) == {"tokens": list(counts)}
+    assert from_features({"key": 3, "item": 7}) == {"key": 3, "item": 7}  # a next-item record of integer ids
+
+
+@pytest.mark.parametrize("x", [{"free": float("nan")}, {"free": float("inf")}])
+def test_a_count_that_is_not_finite_is_refused_saying_what_to_pass(x):
+    with pytest.raises(RecordError, match="counts \\(whole numbers >= 0\\).*pass \\{'text'"):
+        learner().learn_one(x, "spam")
 
 
 @pytest.mark.parametrize("x,message", [
