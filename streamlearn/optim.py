@@ -151,7 +151,7 @@ class DenseAdamW:
     >>> opt = DenseAdamW([w], lr=0.1, weight_decay=0.0)
     >>> w.grad = torch.ones(2, 2)
     >>> opt.step()
-    >>> round(float(w[0, 0]), 4)  # the first step moves each weight by lr
+    >>> round(float(w[0, 0].detach()), 4)  # the first step moves each weight by lr
     0.9
     """
 
