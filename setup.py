@@ -55,6 +55,8 @@ setup(
     extras_require={
         "dev": [
             "pytest>=8", "hypothesis>=6.100", "pyinstrument>=4.6", "schemathesis>=4",
+            # tests/test_docs.py parses the Prometheus configuration shown in docs/operations.md
+            "pyyaml>=6",
             # starlette's TestClient deprecates plain httpx (a warning in every test run)
             "httpx2>=2.16",
             # `make lint`; pinned to a minor release so ruff.toml's rule groups keep their meaning

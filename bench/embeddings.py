@@ -1,9 +1,10 @@
 """HashEmbedding forward+backward against nn.Embedding of the same width, plus memory.
 
-    python bench/embeddings.py [--repeats 20] [--skip-memory]
+    python bench/embeddings.py [--repeats 20] [--skip-memory] [--data DIR]
 
-Time: one batch of N=256 records cut to T=64 tokens (AG News words + bigrams from
-/work/shared/data when present, else a synthetic Zipf stream). HashEmbedding(K=1e6,
+Time: one batch of N=256 records cut to T=64 tokens (AG News words + bigrams from the
+datasets folder, ``--data``, default ../shared/data; else a labelled synthetic text
+stream, bench/data.py). HashEmbedding(K=1e6,
 B=1e5, d=64, k=2) against the reference a trained-from-a-dictionary model would use:
 nn.Embedding(K=1e6, d=64, sparse=True) looked up at the same D1 ids, padding zeroed
 by the mask. Both do forward, a loss and backward to sparse gradients; featurize
@@ -17,12 +18,10 @@ counted from real modules (the 200M table on the meta device, so nothing is allo
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,18 +29,15 @@ from streamlearn.config import SCHEMES, EmbeddingConfig
 from streamlearn.embeddings import HashEmbedding, HashEmbeddingConfig, build_embedding, to_tensors
 from streamlearn.hashing import tokenize
 
-AG_NEWS = Path("/work/shared/data/ag-news-train-samples/train_random5000_text_label.csv")
+from data import add_data_option, data_dir, text_stream
+
 N, T, D = 256, 64, 64
 TARGET = 1.5
 
 
-def token_lists(n: int) -> tuple[list[list[str]], str]:
-    if AG_NEWS.exists():
-        with AG_NEWS.open(encoding="utf-8", newline="") as f:
-            texts = [row["text"] for _, row in zip(range(n), csv.DictReader(f))]
-        return [tokenize(text, max_n=2) for text in texts], "AG News words + bigrams"
-    rng = np.random.default_rng(0)
-    return [[f"tok{r}" for r in rng.zipf(1.2, rng.integers(20, 100))] for _ in range(n)], "synthetic Zipf(1.2)"
+def token_lists(n: int, data: Path) -> tuple[list[list[str]], str]:
+    stream = text_stream("ag-news-5000", data, n)
+    return [tokenize(r["text"], max_n=2) for r in stream.records], f"{stream.source}: words + bigrams"
 
 
 class TableReference(nn.Module):
@@ -155,9 +151,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: the 2 cores are shared, and a busy core "
                              "stalls a 2-thread kernel on its barrier)")
+    add_data_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    batch, source = token_lists(N)
+    batch, source = token_lists(N, data_dir(args.data))
     print(f"tokens: {source}")
     time_section(batch, args.repeats)
     if not args.skip_memory:

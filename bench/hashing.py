@@ -1,10 +1,10 @@
 """TokenHasher throughput against the cheapest possible Python hashing loop.
 
-    python bench/hashing.py [--repeats 7]
+    python bench/hashing.py [--repeats 7] [--data DIR]
 
 Both sides hash the same token stream in the same run: AG News words and bigrams from
-/work/shared/data when present (the paper's bi-gram setting), else a synthetic Zipf
-stream. The reference is one xxh3_64 per token in a bare loop, with no reduction to a
+the datasets folder (``--data``, default ../shared/data; the paper's bi-gram setting),
+else a labelled synthetic text stream of the same size (bench/data.py). The reference is one xxh3_64 per token in a bare loop, with no reduction to a
 range and a single hash; TokenHasher computes D1 in [0, K) and k = 2 buckets in [0, B).
 Target: TokenHasher tokens/s >= 0.4 x the bare loop's.
 
@@ -18,30 +18,23 @@ costing a third of the xxhash pass.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import xxhash
 
+from data import add_data_option, data_dir, text_stream
 from streamlearn.hashing import TokenHasher, tokenize
 
-AG_NEWS = Path("/work/shared/data/ag-news-train-samples/train_random5000_text_label.csv")
 TARGET = 0.4
 
 
-def token_stream(n_synthetic: int = 400_000) -> tuple[list[str], str]:
-    """A realistic token list and a description of where it came from."""
-    if AG_NEWS.exists():
-        with AG_NEWS.open(encoding="utf-8", newline="") as f:
-            texts = [row["text"] for row in csv.DictReader(f)]
-        tokens = [t for text in texts for t in tokenize(text, max_n=2)]
-        return tokens, f"AG News 5000 texts, words + bigrams ({len(set(tokens)):,} distinct)"
-    ranks = np.random.default_rng(0).zipf(1.2, n_synthetic)
-    tokens = [f"tok{r}" for r in ranks]
-    return tokens, f"synthetic Zipf(1.2) ({len(set(tokens)):,} distinct)"
+def token_stream(data: Path) -> tuple[list[str], str]:
+    """AG News 5000 texts as words + bigrams, and where they came from."""
+    stream = text_stream("ag-news-5000", data)
+    tokens = [t for r in stream.records for t in tokenize(r["text"], max_n=2)]
+    return tokens, f"{stream.source}: {len(stream.records):,} texts, words + bigrams ({len(set(tokens)):,} distinct)"
 
 
 def bare_loop(tokens: list[str]) -> None:
@@ -58,8 +51,9 @@ def timed(fn, *args) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    add_data_option(parser)
     args = parser.parse_args()
-    tokens, source = token_stream()
+    tokens, source = token_stream(data_dir(args.data))
     methods = {
         "bare loop: xxh3_64_intdigest(t.encode())": bare_loop,
         "TokenHasher(K=1e7, B=1e6, k=2)": TokenHasher(K=10**7, B=10**6, k=2, seed=0),

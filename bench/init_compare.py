@@ -1,25 +1,21 @@
 """HashEmbedding init "paper" (P ~ N(0, 0.0005)) against "mean" (P ~ N(1/k, 0.0005)) in
 front of the transformer: prequential accuracy over one pass of real streams.
 
-    python bench/init_compare.py
+    python bench/init_compare.py [--quick] [--data DIR]
 
-Needs ../shared/data (SMS Spam Collection, AG News samples); prints a table. Each
-mini-batch of 32 is predicted, then learned; one torch thread.
+Streams: the SMS Spam Collection and the AG News 5000 sample from the datasets folder
+(``--data``, default ../shared/data), each replaced by a labelled synthetic text stream
+of its size when absent (bench/data.py). Each mini-batch of 32 is predicted, then
+learned; one torch thread. ``--quick``: SMS only, 1 layer. Prints a markdown table.
 """
+import argparse
 import time
-from pathlib import Path
 
 import torch
 
+from data import add_data_option, data_dir, text_stream
 from streamlearn.config import load_config
-from streamlearn.datasets import DatasetReader
 from streamlearn.learner import Learner
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-STREAMS = {
-    "SMS Spam": DATA / "sms-spam-collection" / "SMSSpamCollection",
-    "AG News 5000": DATA / "ag-news-train-samples" / "train_random5000_text_label.csv",
-}
 
 
 def prequential(records: list[dict], overrides: list[str]) -> tuple[float, float]:
@@ -33,16 +29,21 @@ def prequential(records: list[dict], overrides: list[str]) -> tuple[float, float
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="SMS only, 1 layer")
+    add_data_option(parser)
+    args = parser.parse_args()
     torch.set_num_threads(1)
+    data = data_dir(args.data)
+    streams = [text_stream("sms", data)] + ([] if args.quick else [text_stream("ag-news-5000", data)])
+    for stream in streams:
+        print(f"{stream.name}: {stream.source}")
     print("| stream | layers | init | prequential accuracy | records/s |\n|---|---:|---|---:|---:|")
-    for name, path in STREAMS.items():
-        if not path.exists():
-            print(f"| {name} | - | - | not found: {path} | - |")
-            continue
-        records = [row.record for row in DatasetReader(path)]
-        for layers in (1, 2):
+    for stream in streams:
+        name = stream.name + (" (SYNTHETIC)" if stream.synthetic else "")
+        for layers in (1,) if args.quick else (1, 2):
             for init in ("paper", "mean"):
-                acc, rate = prequential(records, [f"embedding.init={init}", f"model.layers={layers}"])
+                acc, rate = prequential(stream.records, [f"embedding.init={init}", f"model.layers={layers}"])
                 print(f"| {name} | {layers} | {init} | {acc:.4f} | {rate:,.0f} |", flush=True)
 
 

@@ -1,9 +1,11 @@
 """Prequential quality on real streams, each against its peer measured in the same run.
 
-    python bench/quality.py [--quick] [--out results.json] [--threads 2] [--data /work/shared/data]
+    python bench/quality.py [--quick] [--out results.json] [--threads 2] [--data DIR]
 
 Protocol: for each mini-batch of B records in stream order, predict all of them, then
-learn the batch (one optimizer step); one pass. Streams from --data (skipped when absent):
+learn the batch (one optimizer step); one pass. Streams from the datasets folder (--data,
+default ../shared/data); a stream whose files are absent is replaced by a synthetic one of
+its shape and size, labelled SYNTHETIC in the table and the JSON (bench/data.py):
 
 1. SMS Spam Collection (5,574) and AG News (5,581 = the 5,000-row sample, then the first
    581 rows): accuracy of the library defaults, of defaults + word bigrams and of
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quality_eval as ev
 import quality_streams as streams
+from data import Stream, add_data_option, ag_news, data_dir, events_stream, text_stream
 
 TEXT_BATCH = 16  # the default learner.batch_size
 TEXT_CONFIGS = {  # on top of the library defaults (depth 0, Naive Bayes part 0.2; docs/choosing-a-configuration.md)
@@ -102,7 +105,8 @@ def table(results: dict) -> str:
     m = results.get("movielens")
     if m:
         ratio = m["recall@10_model"] / m["recall@10_markov"]
-        rows.append(f"| MovieLens recall@10 ({m['events']:,} events) | {m['recall@10_model']:.4f} | "
+        synthetic = " (SYNTHETIC)" if results.get("sources", {}).get("movielens", "").startswith("SYNTHETIC") else ""
+        rows.append(f"| MovieLens{synthetic} recall@10 ({m['events']:,} events) | {m['recall@10_model']:.4f} | "
                     f"Markov {m['recall@10_markov']:.4f}, popularity {m['recall@10_popularity']:.4f} | "
                     f"{ratio:.2f} x Markov | >= 1.2 x Markov | {'yes' if ratio >= 1.2 else 'NO'} | "
                     f"{m['learn_records_per_s']:,.0f} |")
@@ -118,43 +122,44 @@ def table(results: dict) -> str:
     return "\n\n".join(lines)
 
 
+def load_streams(data: Path, quick: bool) -> dict[str, Stream]:
+    """SMS, AG News (both samples, labels as class names) and MovieLens, each real or its
+    labelled synthetic stand-in."""
+    return {"sms": text_stream("sms", data), "ag_news": ag_news(data),
+            "movielens": events_stream(data, 30_000 if quick else None)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 30k MovieLens events")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data"))
+    add_data_option(parser)
     parser.add_argument("--only", nargs="*", choices=("sms", "ag_news", "movielens", "step_cost"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     want = set(args.only or ("sms", "ag_news", "movielens", "step_cost"))
     results: dict = {"quick": args.quick, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                      "python": platform.python_version(), "seconds": {}}
-    loaders = {"sms": streams.sms, "ag_news": streams.ag_news}
-    data = {}
-    for key, load in loaders.items():
-        try:
-            data[key] = load(args.data)
-        except Exception as exc:  # a missing or unreadable file skips that stream, said so
-            print(f"skipping {key}: {exc}", file=sys.stderr)
-    try:
-        events = streams.movielens(args.data)
-        data["movielens"] = events[:30_000] if args.quick else events
-    except Exception as exc:
-        print(f"skipping movielens: {exc}", file=sys.stderr)
+    loaded = load_streams(data_dir(args.data), args.quick)
+    results["sources"] = {key: stream.source for key, stream in loaded.items()}
+    for key, stream in loaded.items():
+        print(f"{key}: {len(stream.records):,} records from {stream.source}", file=sys.stderr)
+    data = {key: stream.records for key, stream in loaded.items()}
     for key in ("sms", "ag_news"):
-        if key in want and key in data:
+        if key in want:
             t = time.perf_counter()
-            results[key] = text_results({"sms": "SMS", "ag_news": "AG News"}[key], data[key], args.quick)
+            name = {"sms": "SMS", "ag_news": "AG News"}[key] + (" (SYNTHETIC)" if loaded[key].synthetic else "")
+            results[key] = text_results(name, data[key], args.quick)
             results["seconds"][key] = time.perf_counter() - t
-    if "movielens" in want and "movielens" in data:
+    if "movielens" in want:
         t = time.perf_counter()
         results["movielens"] = ev.next_item(data["movielens"], NEXT_ITEM, NEXT_ITEM_BATCH)
         results["movielens"]["overrides"] = list(NEXT_ITEM)
         results["seconds"]["movielens"] = time.perf_counter() - t
     if "step_cost" in want:
         t = time.perf_counter()
-        results["step_cost"] = step_costs(data.get("ag_news"), data.get("movielens"), args.quick)
+        results["step_cost"] = step_costs(data["ag_news"], data["movielens"], args.quick)
         results["seconds"]["step_cost"] = time.perf_counter() - t
     print(table(results))
     print(f"\ntorch threads {results['torch_threads']}; seconds per part: "

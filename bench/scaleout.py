@@ -3,7 +3,7 @@ allreduce) on the real (embedded) broker, in the same run: records/s, bytes exch
 and the quality of the model they train.
 
     python bench/scaleout.py [--records 40000] [--repeat 3] [--partitions 4] [--checkpoint-every 2000]
-                             [--quality-every 500] [--data ../shared/data] [--skip-quality] [--set KEY=VALUE ...]
+                             [--quality-every 500] [--data DIR] [--skip-quality] [--set KEY=VALUE ...]
 
 Speed: a synthetic stream of ``--records`` (the bench's MODEL, batch 64), each mode
 ``--repeat`` times interleaved, the median kept. Each worker runs
@@ -13,7 +13,8 @@ as any user would see it: from the first committed checkpoint to the checkpoint 
 every record (group joins and the idle tail are start-up costs). With 2 workers every
 checkpoint is a group sync, so the rate includes averaging or the per-step all-reduce.
 
-Quality: SMS spam and AG News (``--data``; skipped when absent), the project's default
+Quality: SMS spam and AG News (the datasets folder, ``--data``, default ../shared/data;
+each replaced by a labelled synthetic text stream of its size when absent), the project's default
 model config, records in file order: the first 80% are the stream, the last 20% are held
 out; ``--quality-seeds`` runs per mode (``learner.seed`` 0, 1, ...), their mean printed. Reported per mode: prequential accuracy over the stream (``worker.eval_every=1``:
 each batch is scored before it is learned, by the replica that learns it) and held-out
@@ -39,11 +40,10 @@ import torch
 
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
 from streamlearn.checkpoint import read_full
-from streamlearn.datasets import DatasetError
 from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quality_streams  # bench/quality_streams.py: the dataset readers
+from data import add_data_option, ag_news, data_dir, text_stream  # bench/data.py: the datasets folder
 
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
          "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")
@@ -170,11 +170,9 @@ def speed(broker: EmbeddedBroker, args, workdir: Path) -> dict:
 
 def quality(broker: EmbeddedBroker, args, workdir: Path) -> dict:
     datasets = {}
-    for key, load in (("sms", quality_streams.sms), ("ag_news", quality_streams.ag_news)):
-        try:
-            datasets[key] = load(args.data)
-        except (DatasetError, OSError) as exc:
-            print(f"quality: {key} skipped ({exc})")
+    for key, stream in (("sms", text_stream("sms", data_dir(args.data))), ("ag_news", ag_news(data_dir(args.data)))):
+        print(f"quality: {key} from {stream.source}")
+        datasets[key + (" (SYNTHETIC)" if stream.synthetic else "")] = stream.records
     out = {}
     for key, records in datasets.items():
         cut = int(len(records) * 0.8)
@@ -203,11 +201,14 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--checkpoint-every", type=int, default=2000, help="speed runs: records per sync per worker")
     parser.add_argument("--quality-every", type=int, default=500, help="quality runs: records per sync per worker")
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    add_data_option(parser)
     parser.add_argument("--quality-seeds", type=int, default=2, help="quality runs per mode (learner.seed 0, 1, ...)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.records < 4 * args.checkpoint_every:  # the rate runs from the first sync to the last: 2 a worker
+        parser.error(f"--records {args.records} leaves 2 workers under two syncs each at --checkpoint-every "
+                     f"{args.checkpoint_every}: give at least {4 * args.checkpoint_every} records")
     torch.set_num_threads(1)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:

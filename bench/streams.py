@@ -1,4 +1,4 @@
-"""Replay every real dataset in ../shared/data: the model against the baselines, and speed.
+"""Replay every real dataset in the datasets folder: the model against the baselines, and speed.
 
 For each dataset, with the configuration recommended for its stream shape
 (the task of the file, ``streamlearn.datasets.task_of``, which brings the task's defaults, ``streamlearn.tasks.REGISTRY``; docs/choosing-a-configuration.md):
@@ -15,10 +15,17 @@ file with those markers; --dry-run only prints it).
     python bench/streams.py                          # every dataset, all of MovieLens
     python bench/streams.py --movielens-limit 20000  # MovieLens: its first 20,000 events
     python bench/streams.py --only sms-spam --dry-run
+
+The datasets folder is ``--data`` (default ../shared/data beside the repository). A dataset
+missing from it is replayed as a synthetic stand-in of its shape and size (bench/data.py),
+named SYNTHETIC in the output; a table with a synthetic row is printed, never written into
+docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
 import re
 import sys
 import tempfile
@@ -33,14 +40,10 @@ from streamlearn.datasets import task_of
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-DATASETS = [  # name, file under DATA
-    ("sms-spam", "sms-spam-collection/SMSSpamCollection"),
-    ("ag-news-5000", "ag-news-train-samples/train_random5000_text_label.csv"),
-    ("ag-news-581", "ag-news-train-samples/train_first581.csv"),
-    ("movielens-100k", "movielens-100k/u.data"),
-]
+from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text
+
+DATASETS = [("sms-spam", "sms"), ("ag-news-5000", "ag-news-5000"), ("ag-news-581", "ag-news-581"),
+            ("movielens-100k", "movielens")]  # table name, bench/data.py name
 BASELINES = ("river-nb", "river-logreg", "vw", "popularity", "markov")
 BEGIN, END = "<!-- bench/streams.py:begin -->", "<!-- bench/streams.py:end -->"
 TARGET = 2.0  # frozen / prequential records/s
@@ -75,6 +78,23 @@ def run(name: str, path: Path, limit: int | None, window: int, passes: int) -> d
             "rates": rates, "pre_rate": max(rates["pre"]), "frozen_rate": max(rates["frozen"])}
 
 
+def stand_in(key: str, folder: Path) -> Path:
+    """A synthetic file of dataset ``key``'s shape and size in ``folder``, in a format whose
+    recommended configuration is the dataset's: a CSV of text and label, or MovieLens
+    ``u.data`` lines (next-item)."""
+    if key != "movielens":
+        file = folder / f"{key}.csv"
+        with file.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows([r["text"], r["label"]] for r in synthetic_text(SIZES[key], 2 if key == "sms" else 4))
+        return file
+    lines = [f"{e['key']}\t{e['item']}\t4\t{e['ts'] // 1000}\n" for e in synthetic_events(SIZES[key])]
+    file = folder / "u.data"
+    file.write_text("".join(lines))
+    return file
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| dataset | records | metric | model | " + " | ".join(BASELINES)
              + " | model rec/s (prequential) | frozen rec/s | frozen / prequential | frozen metric |",
@@ -86,7 +106,8 @@ def table(rows: list[dict]) -> str:
             if metric == "log_loss":
                 continue
             cells = [_cell(pre["baselines"].get(b), metric) for b in BASELINES]
-            lines.append(f"| {r['name']} | {pre['records']:,} | {metric} | **{pre['metrics'][metric]:.4f}** | "
+            lines.append(f"| {r['name']}{' (SYNTHETIC)' if r['synthetic'] else ''} | {pre['records']:,} | {metric} | "
+                         f"**{pre['metrics'][metric]:.4f}** | "
                          + " | ".join(cells)
                          + f" | {r['pre_rate']:,.0f} | {r['frozen_rate']:,.0f} | {ratio:.1f}x"
                          + f" | {frozen['metrics'][metric]:.4f} |")
@@ -110,7 +131,8 @@ def section(rows: list[dict], command: str) -> str:
                f"({min(ratios.values()):.1f}x to {max(ratios.values()):.1f}x)." if not missed else
                f"Frozen replay >= {TARGET:.0f}x prequential: **missed** on {', '.join(missed)}.")
     intro = (
-        f"Produced by `{command}` (torch {torch.__version__}, CPU, a shared 2-core machine: compare "
+        f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared 2-core "
+        "machine: compare "
         "figures within this table only). Metrics are prequential over the whole stream (every record "
         "predicted before it is learned, the k best items minus those the user already had for "
         "next-item); baselines learn on the same records in the same run; rec/s counts each "
@@ -136,7 +158,7 @@ def write_between_markers(path: Path, text: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
+    add_data_option(parser)
     parser.add_argument("--movielens-limit", type=int, default=0, help="events of MovieLens (0: all)")
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1,
@@ -150,29 +172,30 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not args.data.is_dir():
-        print(f"no data directory {args.data}", file=sys.stderr)
-        return 1
+    data = data_dir(args.data)
     rows = []
-    for name, rel in DATASETS:
-        if args.only and name not in args.only.split(","):
-            continue
-        path = args.data / rel
-        if not path.is_file():
-            print(f"skip {name}: {path} missing", file=sys.stderr)
-            continue
-        limit = (args.movielens_limit or None) if name.startswith("movielens") else None
-        r = run(name, path, limit, args.window, max(1, args.passes))
-        rows.append(r)
-        print(f"{name}: {r['pre']['records']} records, {r['wall']:.0f} s; model {r['pre']['metrics']}; "
-              f"prequential rec/s {r['rates']['pre']}, frozen rec/s {r['rates']['frozen']}",
-              file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, key in DATASETS:
+            if args.only and name not in args.only.split(","):
+                continue
+            file = path(key, data)
+            if file is None:
+                print(f"{name}: {data} has no {key}; replaying a SYNTHETIC stand-in of its shape", file=sys.stderr)
+            limit = (args.movielens_limit or None) if name.startswith("movielens") else None
+            r = run(name, file or stand_in(key, Path(scratch)), limit, args.window, max(1, args.passes))
+            r["synthetic"] = file is None
+            rows.append(r)
+            print(f"{name}: {r['pre']['records']} records, {r['wall']:.0f} s; model {r['pre']['metrics']}; "
+                  f"prequential rec/s {r['rates']['pre']}, frozen rec/s {r['rates']['frozen']}",
+                  file=sys.stderr, flush=True)
     if not rows:
         print("no dataset replayed", file=sys.stderr)
         return 1
     command = " ".join(["python bench/streams.py", *sys.argv[1:]])
     text = section(rows, command)
-    if not args.dry_run:
+    if any(r["synthetic"] for r in rows):
+        print(f"not written to {args.out}: synthetic rows are no benchmark result", file=sys.stderr)
+    elif not args.dry_run:
         write_between_markers(args.out, text)
     print(text)
     return 0

@@ -1,10 +1,11 @@
 """End-to-end worker throughput from the real (embedded) broker, against the Learner's
 in-memory ``learn_many`` on the same records with the same config, in the same run.
 
-    python bench/worker.py [--records 15000] [--partitions 3] [--rounds 3] [--set KEY=VALUE ...]
+    python bench/worker.py [--records 15000] [--partitions 3] [--rounds 3] [--data DIR] [--set KEY=VALUE ...]
 
-Records: the SMS Spam Collection (/work/shared/data/sms-spam-collection, else the copy
-bundled with streamlearn), repeated up to --records. Each round measures, on the same
+Records: the SMS Spam Collection (from the datasets folder, ``--data``, default
+../shared/data; else the copy bundled with streamlearn, the same file), repeated up to
+--records. Each round measures, on the same
 records and config:
 
 1. reference: ``learn_many`` over the records in batches of ``learner.batch_size``
@@ -53,13 +54,13 @@ from streamlearn.device import intra_op_threads
 from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 
-SHARED = Path("/work/shared/data/sms-spam-collection/SMSSpamCollection")
+from data import add_data_option, data_dir, path
 
 
-def load_records(n: int) -> list[dict]:
-    path = SHARED if SHARED.exists() else bundled_path()
-    base = [row.record for row in DatasetReader(path)]
-    return list(itertools.islice(itertools.cycle(base), n))
+def load_records(n: int, data: Path) -> tuple[list[dict], Path]:
+    file = path("sms", data) or bundled_path()
+    base = [row.record for row in DatasetReader(file)]
+    return list(itertools.islice(itertools.cycle(base), n)), file
 
 
 def thread_cpu(thread: threading.Thread) -> float:
@@ -148,10 +149,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    add_data_option(parser)
     args = parser.parse_args()
     cfg = Config().override(*args.set)
-    records = load_records(args.records)
-    print(f"{len(records)} records, batch {cfg.learner.batch_size}, torch threads {intra_op_threads(cfg)}, "
+    records, source = load_records(args.records, data_dir(args.data))
+    print(f"{len(records)} records from {source}, batch {cfg.learner.batch_size}, torch threads {intra_op_threads(cfg)}, "
           f"checkpoint every {cfg.worker.checkpoint_every} records / {cfg.worker.checkpoint_seconds:g} s, "
           f"prequential every {cfg.worker.eval_every} batches, overrides {args.set}")
     no_periodic = cfg.override("worker.checkpoint_every=1000000000", "worker.checkpoint_seconds=1e9")

@@ -239,8 +239,9 @@ class LmdbStore(Store):
         self._write(work, need=prep.nbytes, what="commit to")  # 7. commit; 8. grow + retry
         # 9. (caller) commit the same offsets to Kafka: advisory.
 
-    def _restore_manifest(self, manifest: Manifest) -> None:
-        """Overwrite the manifest record as given (a copy keeps its source's history)."""
+    def restore_manifest(self, manifest: Manifest) -> None:
+        """Overwrite the manifest record as given: a compacted copy keeps its source's
+        history (commits, committed_at). For copies only, right after their one commit."""
         record = json.dumps(manifest_record(manifest), sort_keys=True).encode()
         self._write(lambda txn: put_record(txn, self._shared.db(META), self._codec, b"manifest", record), 0, "restore")
 

@@ -263,7 +263,7 @@ class MemoryStore(Store):
         with LmdbStore(dest_path, cfg) as out:
             out.declare_tables(list(manifest.tables.values()))
             out.commit(ckpt)
-            out._restore_manifest(manifest)  # keep commits and committed_at as they were
+            out.restore_manifest(manifest)  # keep commits and committed_at as they were
 
     def _all_rows(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         t = self._table(table)

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 import xxhash
 
-from .config import Config, model_changes
+from .config import Config, model_changes, stored_values
 from .exceptions import CheckpointError, CheckpointMismatchError, CorruptStateError, NoCheckpointError
 from .learner import Learner
 from .state.schema import TableSpec
@@ -294,8 +294,6 @@ def read_full(store, cfg: Config | None = None) -> Learner:
     :class:`CorruptStateError`."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
-    if cfg is not None:
-        _check_restart(store, cfg)
     learner = Learner(cfg if cfg is not None else stored_config(store))
     with store.snapshot():  # one checkpoint: counters, rows, blobs and kv agree
         meta = _read_meta(store)
@@ -305,6 +303,8 @@ def read_full(store, cfg: Config | None = None) -> Learner:
         misfits = _misfits(learner, store, dense) + _rule_misfit(learner, row_optim)
         if misfits:
             raise _mismatch(store, learner.cfg, misfits, compare=cfg is not None)
+        if cfg is not None:
+            _check_restart(store, cfg)
         _load_rows(learner, store)
         learner.load_dense_state(dense)
         _load_optimizers(learner, store, row_optim)
@@ -466,27 +466,36 @@ def _rule_misfit(learner: Learner, row_optim: dict) -> list[str]:
 
 def _check_restart(store, cfg: Config) -> None:
     """Refuse a config that changes a key of :data:`~streamlearn.config.MODEL_KEYS` from
-    the stored one (what stored rows mean); keys of ``RUN_KEYS`` may change."""
-    changes = model_changes(stored_config(store), cfg)
+    the stored one, even where the tables and weights would fit (a hash seed, the
+    tokenizer, the Naive Bayes part: what stored rows MEAN); keys of ``RUN_KEYS`` may
+    change. (Keys whose change also misfits a table or weight are named by the misfits
+    check before this one, with the shapes.)"""
+    stored = stored_config(store)
+    changes = model_changes(stored, cfg)
     if changes:
+        keep = " ".join(f"--set {dotted}={value}" for dotted, value in stored_values(stored, changes))
         raise CheckpointMismatchError(
             f"{store.path}: the stored model was trained with other values of keys that change what its rows "
-            f"and weights mean ({'; '.join(changes)}): open it with the stored values (drop them from --set/"
-            "--config), or start a new model (a new --state directory, or `worker --reset` to discard this one)",
-            tuple(changes), ", ".join(changes))
+            f"and weights mean ({'; '.join(changes)}): open it with the stored values ({keep}), or start a new "
+            "model (a new --state directory, or `worker --reset` to discard this one)",
+            tuple(changes), config_diff(stored, cfg))
 
 
 def _mismatch(store, cfg: Config, misfits: list[str], compare: bool) -> CheckpointMismatchError:
-    diff = ""
+    diff, keep = "", ""
     if compare:
         try:
-            diff = config_diff(stored_config(store), cfg)
+            stored = stored_config(store)
         except CheckpointError:
-            diff = ""  # the stored config is unreadable: the misfits still say what differs
+            stored = None  # the stored config is unreadable: the misfits still say what differs
+        if stored is not None:
+            diff = config_diff(stored, cfg)
+            keep = " ".join(f"--set {k}={v}" for k, v in stored_values(stored, model_changes(stored, cfg)))
     differs = f"; the config differs from the stored one: {diff}" if diff else ""
+    how = f"open it with the stored values ({keep})" if keep else "restore with the stored config"
     return CheckpointMismatchError(
-        f"{store.path}: the stored model does not fit this config ({'; '.join(misfits)}){differs}: restore with "
-        "the stored config, or train into a new state directory", tuple(misfits), diff)
+        f"{store.path}: the stored model does not fit this config ({'; '.join(misfits)}){differs}: {how}, or "
+        "start a new model (a new --state directory, or `worker --reset` to discard this one)", tuple(misfits), diff)
 
 
 def _some(names: list[str], n: int = 5) -> str:

@@ -36,7 +36,7 @@ SCHEMES = (
     "tfree", "hashing-trick", "plain",
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
-OUTPUTS = ("auto", "hashed", "tfree")
+OUTPUTS = ("auto", "hashed", "sampled", "tfree")
 SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
 HASHFORMER_HASHES = ("md5", "xxh3", "lsh")
@@ -128,8 +128,10 @@ class ModelConfig:
     out_B: int = key(50_000, between(1, HASH_RANGE))  # hashed output space per hash (Superbloom / next-item)
     out_m: int = key(2, at_least(1))
     tie_output: bool = key(True, flag())  # tie hashed output weights to the input table when spaces coincide
-    # mlm/next-item head: "hashed" (Superbloom), "tfree", "auto" (tfree for scheme tfree)
+    # token tasks' head: "hashed" (Superbloom's m softmaxes over buckets), "sampled" (a softmax
+    # over tokens, learned with sampled negatives), "tfree", "auto" (tfree for scheme tfree, else hashed)
     output: str = key("auto", one_of(*OUTPUTS))
+    negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -440,7 +442,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({
-    "model.dropout",
+    "model.dropout", "model.negatives",
     "optim.sparse_lr", "optim.dense_lr", "optim.weight_decay",
     "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
     "learner.nb_alpha", "learner.seed",
@@ -459,6 +461,19 @@ def model_changes(stored: "Config", new: "Config") -> list[str]:
         section, name = dotted.split(".")
         if a[section][name] != b[section][name]:
             out.append(f"{dotted}: stored {a[section][name]!r}, now {b[section][name]!r}")
+    return out
+
+
+def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:
+    """``(dotted key, value as a --set writes it)`` of the stored config for each of
+    :func:`model_changes`' lines, for an error message to offer."""
+    data = stored.to_dict()
+    out = []
+    for line in changes:
+        dotted = line.partition(":")[0]
+        section, name = dotted.split(".")
+        value = data[section][name]
+        out.append((dotted, str(value).lower() if isinstance(value, bool) else str(value)))
     return out
 
 

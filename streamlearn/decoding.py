@@ -437,6 +437,28 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
     return [TopK([tokens[i] for i in ids.tolist()], s, True, view.n) for ids, s in _best_many(scores, int(k), banned)]
 
 
+def candidate_topk_many(scores, index: CandidateIndex, k: int,
+                        exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
+    """The k best candidates per position from their scores given directly, ``scores``
+    (N, n) for the index's n candidates in order (a head that scores candidates itself:
+    the sampled-softmax head's log-probabilities over the candidates). Exact, ties by
+    candidate id, ``exclude`` as :func:`exhaustive_topk_many`'s."""
+    _check_k(k)
+    scores = np.array(scores, dtype=np.float64)  # a copy: excluded entries are set to -inf
+    n = len(index)
+    if scores.ndim != 2 or scores.shape[1] != n:
+        raise DecodingError(f"scores have shape {scores.shape}; expected (N, {n}) for the index's {n} candidates")
+    if not (scores < np.inf).all():
+        raise DecodingError("scores contain NaN or +inf: check the model output")
+    if exclude is not None and len(exclude) != len(scores):
+        raise DecodingError(f"exclude has {len(exclude)} entries for {len(scores)} positions")
+    if not n:
+        return [TopK([], np.empty(0), True, 0) for _ in range(len(scores))]
+    banned = _ban(scores, exclude) if exclude is not None else None
+    tokens = index.tokens
+    return [TopK([tokens[i] for i in ids.tolist()], s, True, n) for ids, s in _best_many(scores, int(k), banned)]
+
+
 def _as_array(x, shape: tuple[int, ...], what: str) -> np.ndarray:
     """numpy view of a numpy array or torch tensor, shape-checked, in its own numeric
     dtype (no copy: batched callers check values where they read them)."""

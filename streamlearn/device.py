@@ -36,7 +36,8 @@ class Device:
 
     def tensor(self, a: np.ndarray) -> torch.Tensor:
         """A numpy array on this device (no copy on the CPU; pinned, non-blocking on CUDA)."""
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        a = np.ascontiguousarray(a)
+        t = torch.from_numpy(a if a.flags.writeable else a.copy())  # torch refuses read-only views
         if self.cuda:
             return t.pin_memory().to(self.torch, non_blocking=True)
         return t

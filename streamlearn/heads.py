@@ -31,9 +31,10 @@ from torch import nn
 
 from .config import NB_ROW
 from .hashing import derive_seed
-from .outputs import HashedCode, OutputCode, PatternCode
+from .outputs import HashedCode, OutputCode, PatternCode, SampledCode
 
-__all__ = ["HashedHead", "LabelHead", "NaiveBayesHead", "ShuffleRandomHead", "TFreeHead", "output_head"]
+__all__ = ["HashedHead", "LabelHead", "NaiveBayesHead", "SampledHead", "ShuffleRandomHead", "TFreeHead",
+           "output_head"]
 
 
 class LabelHead(nn.Module):
@@ -61,6 +62,9 @@ class LabelHead(nn.Module):
 
     def forward(self, x: torch.Tensor, n_labels: int) -> torch.Tensor:
         return F.linear(x, self.weight[:n_labels], self.bias[:n_labels])  # (n, n_labels)
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {}
 
     @torch.no_grad()
     def start_rows(self, ids: Sequence[int], labels: Sequence, seed: int, scale: float = 1.0) -> None:
@@ -125,6 +129,14 @@ class HashedHead(nn.Module):
         """Log-probabilities (n, m, size): what beam search sums per candidate."""
         return F.log_softmax(logits.float(), dim=-1)
 
+    def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                 tied: torch.Tensor | None = None) -> torch.Tensor:
+        """The training loss of the states ``x`` (n, d_model)."""
+        return self.loss(self(x, tied), targets, weight)
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {}
+
 
 class TFreeHead(nn.Module):
     """T-Free's output: sigmoid over v rows, multi-label BCE against the target pattern."""
@@ -155,9 +167,67 @@ class TFreeHead(nn.Module):
         """The logits themselves (n, v): a pattern's score is the sum of its rows'."""
         return logits.float()
 
+    def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                 tied: torch.Tensor | None = None) -> torch.Tensor:
+        """The training loss of the states ``x`` (n, d_model)."""
+        return self.loss(self(x, tied), targets, weight)
 
-def output_head(d_model: int, code: OutputCode, width: int) -> HashedHead | TFreeHead:
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {}
+
+
+class SampledHead(nn.Module):
+    """A softmax over tokens (:class:`~streamlearn.outputs.SampledCode`): token w's vector
+    is the sum of its m hashed rows of the row table ``O`` (size, d_model), its bias the sum
+    of its rows of ``Ob`` (size, 1), and its logit ``transform(x) . o_w + b_w``.
+
+    Learning (:meth:`fit_loss`) takes the softmax over the batch's distinct answers plus
+    negatives drawn from the candidate index, so the gradient reaches only their rows
+    (sparse, like an embedding's): dirty rows per step scale with the batch, never with the
+    table. Answering (:meth:`forward` with every candidate) scores each candidate exactly.
+    Both tables start at zero: every token starts equal, and a row never written needs no
+    init to be rebuilt on restore.
+    """
+
+    def __init__(self, d_model: int, code: OutputCode):
+        super().__init__()
+        self.transform = _Transform(d_model, 1, d_model)
+        self.O = nn.Parameter(torch.zeros(code.rows, d_model))
+        self.Ob = nn.Parameter(torch.zeros(code.rows, 1))
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {"O": self.O, "Ob": self.Ob}
+
+    def _logits(self, x: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
+        """x (n, d_model), tokens' hashes (c, m) -> logits (n, c)."""
+        z = self.transform(x)[:, 0]  # (n, d)
+        o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True)  # (c, d)
+        b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0]  # (c,)
+        return z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+
+    def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
+                candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities (n, c) over the ``candidates`` (c, m): every token the
+        candidate index holds, in its order."""
+        return F.log_softmax(self._logits(x, candidates).float(), dim=-1)
+
+    @staticmethod
+    def decodable(scores: torch.Tensor) -> torch.Tensor:
+        return scores.float()
+
+    def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                 tied: torch.Tensor | None = None) -> torch.Tensor:
+        """Weighted cross-entropy over ``targets["candidates"]`` (c, m) (the answers and the
+        drawn negatives), example i's answer at ``targets["answer"][i]``."""
+        logits = self._logits(x, targets["candidates"]).float()  # (n, c)
+        ce = F.cross_entropy(logits, targets["answer"], reduction="none")
+        return (ce * weight).sum() / len(ce)
+
+
+def output_head(d_model: int, code: OutputCode, width: int) -> HashedHead | TFreeHead | SampledHead:
     """The head of an output code; ``width``: the tied table's width (or d_model)."""
+    if isinstance(code, SampledCode):
+        return SampledHead(d_model, code)
     return HashedHead(d_model, code, width) if isinstance(code, HashedCode) else TFreeHead(d_model, code, width)
 
 

@@ -113,7 +113,10 @@ class HashedTransformer(nn.Module):
         return (h * w).sum(1) / w.sum(1).clamp_min(1.0).sqrt()
 
     def row_tables(self) -> dict[str, nn.Parameter]:
-        return self.embedding.row_tables()
+        """The tables updated row-wise (sparse gradients), by name: the embedding's and the
+        head's own (a sampled-softmax head's output rows)."""
+        head = self.head.row_tables() if self.head is not None else {}
+        return {**self.embedding.row_tables(), **head}
 
     def dense_parameters(self) -> dict[str, nn.Parameter]:
         """Every parameter that is not a row table, by its state_dict name."""

@@ -10,6 +10,11 @@ targets), the learner (the candidate index, decoding) and the head's shape:
   exactness certificate (or exhaustively, with per-record exclusions).
 - :class:`PatternCode` (T-Free): the m hashes of each character trigram into v rows; a
   word's score is the sum of its pattern's logits.
+- :class:`SampledCode`: m hashes of each token into ``size`` rows of an output table of
+  the head's own; a token's vector is the sum of its m rows, and the head's softmax runs
+  over tokens, not buckets: while learning over the batch's answers plus negatives drawn
+  from the candidate index (the gradient reaches those rows only), when answering over
+  every candidate (exact top-k, no beam needed).
 
 Either is *tied* to an input row table (``table``) when the embedding's featurizer
 indexes that table by the same function (Superbloom's ``eta_j = h_j``; T-Free's own
@@ -31,14 +36,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .config import Config
-from .decoding import CandidateIndex, PatternIndex, TopK, beam_topk_many, exhaustive_topk_many, tfree_topk
+from .decoding import (
+    CandidateIndex, PatternIndex, TopK, beam_topk_many, candidate_topk_many, exhaustive_topk_many, tfree_topk,
+)
 from .featurize import Featurizer, PatternSpace
 from .hashing import multi_hash
 from .prequential import HashedPopularity, PatternPopularity
 
-__all__ = ["HashedCode", "OutputCode", "PatternCode", "output_code"]
-
-OUTPUTS = ("auto", "hashed", "tfree")
+__all__ = ["HashedCode", "OutputCode", "PatternCode", "SampledCode", "output_code"]
 
 
 class OutputCode:
@@ -55,6 +60,17 @@ class OutputCode:
     def new_index(self) -> CandidateIndex | PatternIndex:
         """An empty candidate index decoding this code."""
         raise NotImplementedError
+
+    def step_targets(self, targets: dict[str, np.ndarray], index, rng: np.random.Generator
+                     ) -> dict[str, np.ndarray]:
+        """What the head's ``fit_loss`` reads for one training step: the batch's targets
+        as they are, for a code whose loss covers every output row."""
+        return targets
+
+    def scoring_inputs(self, index) -> dict[str, np.ndarray]:
+        """What the head's forward reads besides the states when answering: nothing, for
+        a head that scores every row."""
+        return {}
 
     def decode(self, scores: np.ndarray, index, k: int, beam: int,
                exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
@@ -147,9 +163,55 @@ class PatternCode(OutputCode):
         return PatternPopularity(self.space.v)
 
 
+@dataclass(frozen=True)
+class SampledCode(OutputCode):
+    """m hashes of each token into the ``size`` rows of the sampled head's own table."""
+
+    m: int
+    size: int
+    ids: Callable[[Sequence[str]], np.ndarray]
+    negatives: int  # candidates drawn per training step, besides the batch's own answers
+
+    table = None  # never tied: the head owns its rows (a row table, updated sparsely)
+
+    @property
+    def rows(self) -> int:
+        return self.size
+
+    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
+        return {"hashes": self.ids(tokens)}  # (n, m)
+
+    def new_index(self) -> CandidateIndex:
+        return CandidateIndex(self.m, self.size, self.ids)
+
+    def draw(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
+        """The hashes (s, m) of up to ``negatives`` candidates drawn uniformly (with
+        replacement) from the index: the step's negatives besides the batch's answers."""
+        n = len(index)
+        if not n or not self.negatives:
+            return np.empty((0, self.m), dtype=np.int64)
+        return index.hashes[rng.integers(0, n, size=self.negatives)]
+
+    def step_targets(self, targets, index, rng):
+        """The step's candidates (c, m), its distinct answers and drawn negatives, and
+        each example's ``answer``: its position among them."""
+        hashes = targets["hashes"]
+        both = np.concatenate([hashes, self.draw(index, rng)])
+        candidates, inverse = np.unique(both, axis=0, return_inverse=True)
+        return {"candidates": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
+
+    def scoring_inputs(self, index):
+        """Every candidate's hashes, in the index's order (answers score them all)."""
+        return {"candidates": index.hashes}
+
+    def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
+        """``scores``: log-probabilities (n, candidates), every candidate scored: exact."""
+        return candidate_topk_many(scores, index, k, exclude)
+
+
 def output_kind(cfg: Config) -> str:
-    """"hashed" or "tfree": ``model.output``, with "auto" picking T-Free's head for the
-    tfree scheme and Superbloom's hashed head otherwise."""
+    """"hashed", "sampled" or "tfree": ``model.output``, with "auto" picking T-Free's head
+    for the tfree scheme and Superbloom's hashed head otherwise."""
     if cfg.model.output == "auto":
         return "tfree" if cfg.embedding.scheme == "tfree" else "hashed"
     return cfg.model.output
@@ -159,7 +221,12 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
     """The output code of a token-output task: tied to the featurizer's space when
     ``model.tie_output`` and the scheme has one, else an own code."""
     tie = cfg.model.tie_output
-    if output_kind(cfg) == "tfree":
+    kind = output_kind(cfg)
+    if kind == "sampled":
+        m, size = cfg.model.out_m, cfg.model.out_B
+        return SampledCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"),
+                           cfg.model.negatives)
+    if kind == "tfree":
         space = featurizer.pattern_space() if tie else None
         if space is not None:
             return PatternCode(space, "E")

@@ -294,23 +294,31 @@ RECORD_FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
 
 def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
     """A river-style ``x`` as a record dict: a record (a dict with any of
-    :data:`RECORD_FIELDS`) as it is, or a feature dict ``{token: count}`` (river's
+    :data:`RECORD_FIELDS` and a value that is not a number, or a next-item record of
+    integer ``key`` and ``item`` and no other name) as it is, or a feature dict ``{token: count}`` (river's
     bag-of-words, e.g. ``{"free": 1, "prize": 2}``) as its tokens, each repeated ``count``
-    times, in the dict's order. Counts must be whole numbers >= 0; anything else (TF-IDF
-    floats, strings) is refused with a message that says what to pass.
+    times, in the dict's order. A dict of numbers only is a feature dict even when a
+    token is spelled like a field (``{"text": 1, "me": 1}`` is the message "text me").
+    Counts must be whole numbers >= 0; anything else (TF-IDF floats, strings) is refused
+    with a message that says what to pass.
 
     >>> from_features({"free": 1, "prize": 2})
     {'tokens': ['free', 'prize', 'prize']}
     >>> from_features({"text": "free prize"})
     {'text': 'free prize'}
+    >>> from_features({"text": 1, "me": 1, "label": 1})
+    {'tokens': ['text', 'me', 'label']}
     """
     if not isinstance(x, Mapping):
         raise RecordError(f"wrong-type: x must be a dict (a record or a feature dict), got {type(x).__name__}")
-    if any(name in x for name in RECORD_FIELDS):
+    numbers = all(_is_number(v) for v in x.values())
+    if not numbers and any(name in x for name in RECORD_FIELDS):
         return dict(x)
+    if numbers and "key" in x and "item" in x and set(x) <= set(RECORD_FIELDS):
+        return dict(x)  # a next-item record of integer ids
     tokens: list[Any] = []
     for token, count in x.items():
-        if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 0 or count != int(count):
+        if not _is_number(count) or not math.isfinite(count) or count < 0 or count != int(count):
             raise RecordError(
                 f"wrong-type: a feature dict maps tokens to counts (whole numbers >= 0), got {token!r}: {count!r}; "
                 "streamlearn learns from tokens: pass {'text': '...'}, {'tokens': [...]} or {token: count}")
@@ -319,6 +327,10 @@ def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
         raise RecordError("missing-field: an empty feature dict: pass {'text': '...'}, {'tokens': [...]} "
                           "or {token: count}")
     return {"tokens": tokens}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------------------- encoding

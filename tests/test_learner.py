@@ -12,7 +12,7 @@ from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
 from streamlearn.embeddings import to_tensors
 from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import LabelCapacityError, Learner, StepReport
-from streamlearn.records import Record
+from streamlearn.records import Record, from_features
 from streamlearn.state import Checkpoint, open_store
 
 SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfree_rows=512",
@@ -121,6 +121,27 @@ def test_river_bag_of_words_feature_dicts_are_token_counts():
     assert_same(params(as_counts), params(as_tokens))
     query = bow.transform_one("goal match chip")
     assert as_counts.predict_proba_one(query) == as_tokens.predict_proba_one({"tokens": list(query)})
+
+
+def test_a_bag_of_words_whose_tokens_are_spelled_like_record_fields_is_still_a_bag_of_words():
+    """SMS text such as "text me the label" gives river's BagOfWords keys named like record
+    fields; a dict of counts is still tokens, so predict_one answers instead of asking
+    for a text field."""
+    from river import feature_extraction
+
+    counts = feature_extraction.BagOfWords().transform_one("text me the label key item")
+    lrn = learner("model.layers=0")
+    lrn.learn_one(counts, "ham")
+    lrn.learn_one({"text": "free prize now"}, "spam")
+    assert lrn.predict_one(counts) in ("ham", "spam")
+    assert from_features(counts) == {"tokens": list(counts)}
+    assert from_features({"key": 3, "item": 7}) == {"key": 3, "item": 7}  # a next-item record of integer ids
+
+
+@pytest.mark.parametrize("x", [{"free": float("nan")}, {"free": float("inf")}])
+def test_a_count_that_is_not_finite_is_refused_saying_what_to_pass(x):
+    with pytest.raises(RecordError, match="counts \\(whole numbers >= 0\\).*pass \\{'text'"):
+        learner().learn_one(x, "spam")
 
 
 @pytest.mark.parametrize("x,message", [
@@ -605,15 +626,19 @@ def test_naive_bayes_counts_of_an_older_checkpoint_format_are_refused(store):
     checkpoint.check_format(learner("learner.nb_weight=0"), 1, store)  # counts unused
 
 
-def test_a_state_without_naive_bayes_counts_restores_with_the_part_on(store):
+def test_a_state_without_naive_bayes_counts_keeps_the_part_off(store):
+    """Switching the part on over a model trained without it is a change of the model
+    (config.MODEL_KEYS): refused with the keys and values to pass; the format check alone
+    has nothing to refuse (no counts stored, nothing to misread)."""
     plain = learner("learner.nb_weight=0")
     plain.learn_many(topic_stream(16))
     commit(plain, store)
-    checkpoint.check_format(learner(*NB), 1, store)  # no counts stored: nothing to misread
-    restored = checkpoint.read_full(store, Config().override(*SMALL, *NB))
-    assert restored.task.nb is not None and not restored.task.nb.counts.any()
-    restored.learn_many(topic_stream(16, seed=1))
-    assert restored.task.nb.counts.any()
+    checkpoint.check_format(learner(*NB), 1, store)
+    with pytest.raises(CheckpointMismatchError, match=r"learner.nb_weight: stored 0.0, now 0.5.*--set "
+                                                     r"learner.nb_weight=0.0"):
+        checkpoint.read_full(store, Config().override(*SMALL, *NB))
+    restored = checkpoint.read_full(store)
+    assert restored.task.nb is None
 
 
 @pytest.mark.parametrize("bad", ["learner.nb_cells=1000", "learner.nb_cells=64", "learner.nb_alpha=0",

@@ -10,7 +10,7 @@ from streamlearn.config import Config, OptimConfig
 from streamlearn.device import Device
 from streamlearn.embeddings import build_embedding, to_tensors
 from streamlearn.exceptions import ConfigError, RecordError
-from streamlearn.heads import HashedHead, LabelHead, TFreeHead, multi_hot
+from streamlearn.heads import HashedHead, LabelHead, SampledHead, TFreeHead, multi_hot
 from streamlearn.hashing import multi_hash, tfree_hashes
 from streamlearn.model import HashedTransformer
 from streamlearn.objectives import (
@@ -18,7 +18,7 @@ from streamlearn.objectives import (
     shuffle_random,
 )
 from streamlearn.optim import RowOptimizer
-from streamlearn.outputs import HashedCode, PatternCode, output_code
+from streamlearn.outputs import HashedCode, PatternCode, SampledCode, output_code
 from streamlearn.featurize import PatternSpace
 from streamlearn.tasks import build_task
 
@@ -164,6 +164,61 @@ def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
         w[i] * sum(-torch.log_softmax(logits[i, j], -1)[targets[i, j]] for j in range(2)) for i in range(3)
     ) / 3
     torch.testing.assert_close(head.loss(logits, {"hashes": targets}, w), by_hand)
+
+
+def sampled_code(negatives: int = 4) -> SampledCode:
+    return SampledCode(2, 16, lambda tokens: multi_hash(tokens, 2, 16, 0, "out"), negatives)
+
+
+def test_sampled_head_is_cross_entropy_over_the_candidates_and_reaches_only_their_rows():
+    code = sampled_code()
+    torch.manual_seed(0)
+    head = SampledHead(4, code)
+    with torch.no_grad():
+        head.O.normal_()
+        head.Ob.normal_()
+    index = code.new_index()
+    index.add([f"t{i}" for i in range(10)])
+    targets = code.step_targets(code.targets(["t1", "t2", "t1"]), index, np.random.default_rng(0))
+    cands, answer = targets["candidates"], targets["answer"]
+    assert len(np.unique(cands, axis=0)) == len(cands) <= 2 + code.negatives
+    np.testing.assert_array_equal(cands[answer], code.ids(["t1", "t2", "t1"]))
+    x, w = torch.randn(3, 4), torch.tensor([1.0, 2.0, 0.5])
+    loss = head.fit_loss(x, CPU.tensors(targets), w)
+    z = head.transform(x)[:, 0]
+    vec = head.O[torch.from_numpy(cands)].sum(1)  # a token's vector: the sum of its rows
+    bias = head.Ob[torch.from_numpy(cands)].sum(1)[:, 0]
+    logp = torch.log_softmax(z @ vec.t() + bias, -1)
+    by_hand = -sum(w[i] * logp[i, answer[i]] for i in range(3)) / 3
+    torch.testing.assert_close(loss, by_hand)
+    loss.backward()
+    grad = head.O.grad.coalesce()
+    assert set(grad.indices()[0].tolist()) == set(cands.ravel().tolist())  # sparse: the candidates' rows only
+
+
+def test_sampled_head_answers_over_every_candidate_exactly():
+    code = sampled_code()
+    torch.manual_seed(0)
+    head = SampledHead(4, code)
+    with torch.no_grad():
+        head.O.normal_()
+    index = code.new_index()
+    index.add([f"t{i}" for i in range(10)])
+    scores = head(torch.randn(2, 4), None, **CPU.tensors(code.scoring_inputs(index)))
+    assert scores.shape == (2, 10)
+    torch.testing.assert_close(scores.exp().sum(1), torch.ones(2))
+    top = code.decode(scores.detach().numpy(), index, 3, beam=1)
+    for row, t in zip(scores.detach().numpy(), top):
+        best = np.argsort(-row, kind="stable")[:3]
+        assert t.exact and t.tokens == [f"t{i}" for i in best]
+    excluded = code.decode(scores.detach().numpy(), index, 3, 1, exclude=[np.array([best[0]]), np.array([], int)])
+    assert f"t{best[0]}" not in excluded[0].tokens
+
+
+def test_sampled_head_tables_are_row_tables_a_query_reads_whole():
+    model, task = build("learner.task=next-token", "model.output=sampled")
+    assert set(model.row_tables()) >= {"O", "Ob"} and task.whole_tables(model) == {"O", "Ob"}
+    assert not set(model.dense_parameters()) & {"head.O", "head.Ob"}
 
 
 def test_untied_hasher_matches_the_decoding_index_default():

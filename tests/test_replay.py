@@ -372,6 +372,54 @@ def test_cli_writes_report_and_png_plot(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert REPORT_KEYS <= set(report) and "accuracy" in report["baselines"]["river-nb"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+    assert f"report written to {out}" in text and f"plot written to {png}" in text
+
+
+def test_cli_says_where_it_saved_the_learner(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(32))
+    sets = [a for s in TINY for a in ("--set", s)]
+    assert run_cli("--file", path, *sets, "--save", str(tmp_path / "saved")) == 0
+    assert f"learner saved to {tmp_path / 'saved'} (step 2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lines", ["", "not json\n[1, 2]\n"], ids=["empty file", "all bad"])
+def test_nothing_scored_reads_n_a_not_zero(tmp_path, capsys, lines):
+    """An empty range or a file of bad records has no accuracy: the report says null, the
+    summary n/a, for the model and every baseline (0.0000 would read as a model that is
+    always wrong)."""
+    path = tmp_path / "s.jsonl"
+    path.write_text(lines)
+    sets = [a for s in TINY for a in ("--set", s)]
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert run_cli("--file", str(path), *sets, "--baselines", "river-nb,popularity", "--report", str(out),
+                   "--plot", str(png)) == 0
+    text = capsys.readouterr().out
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("model", "river-nb", "popularity"))]
+    assert len(rows) == 3 and all(row[1:4] == ["n/a", "n/a", "n/a"] for row in rows), text
+    report = json.loads(out.read_text())
+    assert report["evaluated"] == 0 and set(report["metrics"].values()) == {None}
+    assert {report["baselines"]["river-nb"][name] for name in report["metrics"]} == {None}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_plot_and_summary_name_the_two_directories(tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    from streamlearn.replay.plot import figure
+
+    path = write_jsonl(tmp_path / "s.jsonl", wide_words_stream(64))
+    old, new = tmp_path / "old-model", tmp_path / "new-model"
+    replay(FileSource(path), ReplayOptions(), config=cfg(), save=old)
+    replay(FileSource(path), ReplayOptions(), config=cfg("learner.seed=1"), save=new)
+    assert run_cli("--file", path, "--mode", "frozen", "--compare", str(old), str(new), "--baselines", "popularity",
+                   "--report", str(tmp_path / "r.json")) == 0
+    assert f"a = {old}, b = {new}" in capsys.readouterr().out
+    fig = figure(json.loads((tmp_path / "r.json").read_text()))
+    try:
+        legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    finally:
+        plt.close(fig)
+    assert legend == [str(old), str(new), "popularity"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -39,7 +39,7 @@ def commit(store, learner: Learner, step: int) -> None:
 def stream(task: str, n: int, rng: random.Random) -> list[dict]:
     if task == "classify":
         return [{"tokens": rng.sample(WORDS, 5), "label": rng.choice("abc")} for _ in range(n)]
-    if task == "mlm":
+    if task in ("mlm", "next-token"):
         return [{"tokens": rng.sample(WORDS[:40], 5)} for _ in range(n)]
     return [{"key": f"u{rng.randrange(4)}", "item": rng.choice(WORDS[:30])} for _ in range(n)]
 
@@ -47,6 +47,7 @@ def stream(task: str, n: int, rng: random.Random) -> list[dict]:
 QUERIES = {
     "classify": [{"tokens": ["w1", "w2", "w3"]}, {"text": "w4 w5 never-seen"}, {"tokens": [7, "w9"]}],
     "mlm": [{"tokens": ["w1", "[MASK]", "w3"]}, {"text": "w4 w5"}],
+    "next-token": [{"tokens": ["w1", "w2"]}, {"tokens": []}, {"text": "w4 never-seen"}],
     "next-item": [{"key": "u1"}, {"key": "nobody"}, {"tokens": ["w1", "w2"]}, {"key": 3}],
 }
 
@@ -75,6 +76,7 @@ def assert_same(task: str, got: list, want: list) -> None:
     ("hash", "classify", ()), ("hash", "mlm", ()), ("hash", "next-item", ()), ("bloom", "mlm", ()),
     ("plain", "classify", ()), ("hashformer-pool", "next-item", ()), ("tfree", "classify", ()),
     ("hash", "classify", ("learner.nb_weight=1.0", "learner.nb_cells=65536")),  # + the Naive Bayes counts
+    ("hash", "next-token", ("model.output=sampled",)), ("hash", "mlm", ("model.output=sampled",)),
 ])
 def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, extra, tmp_path):
     rng = random.Random(0)

@@ -85,3 +85,18 @@ def test_every_task_learns_predicts_and_refuses_what_it_cannot_answer(task):
     else:
         with pytest.raises(Exception, match="predict_proba is defined for task classify"):
             learner.predict_proba_many(query)
+
+
+def test_next_token_queries_that_share_a_prefix_answer_as_alone():
+    """A batch of the prefixes of one record is read out of one causal sequence: the
+    answers equal each prefix asked alone."""
+    learner = Learner(Config().override(*SMALL, "learner.task=next-token", "model.layers=1"))
+    for _ in range(3):
+        learner.learn_many(RECORDS["next-token"])
+    tokens = RECORDS["next-token"][3]["text"].split()
+    queries = [{"tokens": tokens[:i]} for i in range(len(tokens) + 1)] + [{"tokens": ["other1"]}]
+    together = learner.topk_many(queries, k=3)
+    alone = [learner.topk_many([q], k=3)[0] for q in queries]
+    for a, b in zip(together, alone):
+        assert a.tokens == b.tokens and np.allclose(a.scores, b.scores, atol=1e-5)
+    assert len(learner.prepare(queries, train=False).feats["mask"]) == 2  # two sequences cover them all

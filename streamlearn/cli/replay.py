@@ -9,6 +9,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
                         config=config, overrides=args.set, save=args.save, progress=bar)
     _write(args, report)
     print(summary(report))
+    for line in _written(args, report):
+        print(line)
     for line in report["source"].get("notes", []):
         print(f"note: {line}", file=sys.stderr)
     return 0
@@ -177,11 +180,28 @@ def _write(args: argparse.Namespace, report: dict) -> None:
         plot_report(report, args.plot)
 
 
+def _written(args: argparse.Namespace, report: dict) -> list[str]:
+    """Where this run wrote its files, one line each (absolute paths: the user may have
+    given a relative one from another directory's habit)."""
+    lines = []
+    if args.report:
+        lines.append(f"report written to {os.path.abspath(args.report)}")
+    if args.plot:
+        lines.append(f"plot written to {os.path.abspath(args.plot)}")
+    if args.save:
+        lines.append(f"learner saved to {os.path.abspath(args.save)} (step {report['saved_step']}): "
+                     f"serve --state, replay --state and inspect read it")
+    return lines
+
+
 def summary(report: dict) -> str:
-    """A few lines for the terminal: counts, then one row per model and baseline."""
+    """A few lines for the terminal: counts, then one row per model and baseline. A
+    metric nothing was scored for (an empty range, a file of bad records) reads n/a."""
     bad, rej = report["bad_records"], report["rejected_records"]
     lines = [f"replay {report['task']} {report['mode']}: {report['records']} records, {report['evaluated']} scored, "
              f"{bad['total']} bad{_reasons(bad)}, {rej['total']} rejected{_reasons(rej)}"]
+    if report["compare"]:
+        lines.append(f"  a = {report['compare']['a']['state']}, b = {report['compare']['b']['state']}")
     names = list(report["metrics"])
     lines.append(f"  {'':<14}" + "".join(f"{n:>11}" for n in names) + f"{'records/s':>14}")
     rows = {**report["models"], **report["baselines"]}
@@ -190,9 +210,13 @@ def summary(report: dict) -> str:
             lines.append(f"  {who:<14}skipped: {row['skipped']}")
             continue
         rate = row["records_per_s"]
-        lines.append(f"  {who:<14}" + "".join(f"{row[n]:>11.4f}" for n in names)
+        lines.append(f"  {who:<14}" + "".join(f"{_value(row[n]):>11}" for n in names)
                      + f"{(f'{rate:,.0f}' if rate else '-'):>14}")
     return "\n".join(lines)
+
+
+def _value(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
 
 
 def _reasons(counts: dict) -> str:

@@ -175,8 +175,9 @@ class MetricSet:
     """The metrics of one contestant (the model or a baseline): overall and rolling.
 
     ``update(y_true, y_pred)``: classify takes ``{label: probability}``, top-k tasks take
-    the ranked list. ``overall()`` / ``rolling()``: ``{name: value}`` (NaN-free: a metric
-    with no update yet reads 0.0).
+    the ranked list. ``overall()`` / ``rolling()``: ``{name: value}``, NaN-free; every
+    value is None while nothing has been scored (an empty range or a file of bad records
+    has no accuracy, which 0.0 would claim).
     """
 
     def __init__(self, answers: str, k: int, window: int):
@@ -197,11 +198,11 @@ class MetricSet:
         for y_true, y_pred in pairs:
             self.update(y_true, y_pred)
 
-    def overall(self) -> dict[str, float]:
-        return {name: _finite(m.get()) for name, m in self._overall.items()}
+    def overall(self) -> dict[str, float | None]:
+        return {name: None if not self.count else _finite(m.get()) for name, m in self._overall.items()}
 
-    def rolling(self) -> dict[str, float]:
-        return {name: _finite(m.get()) for name, m in self._rolling.items()}
+    def rolling(self) -> dict[str, float | None]:
+        return {name: None if not self.count else _finite(m.get()) for name, m in self._rolling.items()}
 
 
 def _finite(value: float) -> float:

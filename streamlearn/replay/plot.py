@@ -1,7 +1,8 @@
 """The rolling metrics of a replay over stream position, as a PNG (``--plot FILE``).
 
 One panel per metric, one line per contestant (the model(s) solid, baselines dashed),
-drawn from a report's ``series`` so a saved report can be plotted again.
+drawn from a report's ``series`` so a saved report can be plotted again. With
+``--compare A B`` the two models' lines are named by their state directories.
 """
 from __future__ import annotations
 
@@ -11,11 +12,25 @@ from typing import Any
 
 from ..exceptions import StreamlearnError
 
-__all__ = ["plot_report"]
+__all__ = ["figure", "plot_report"]
 
 
 def plot_report(report: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:
     """Draw ``report["series"]`` into the PNG at ``path`` (matplotlib, Agg backend)."""
+    fig = figure(report, title)  # first: it selects the Agg backend before pyplot loads
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=90)
+    except OSError as exc:
+        raise StreamlearnError(f"cannot write the plot to {path}: {exc.strerror}; check --plot") from exc
+    finally:
+        plt.close(fig)
+
+
+def figure(report: dict[str, Any], title: str | None = None):
+    """The matplotlib Figure :func:`plot_report` saves: one panel per metric; the caller
+    closes it (``matplotlib.pyplot.close``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,19 +47,25 @@ def plot_report(report: dict[str, Any], path: str | os.PathLike, title: str | No
             if who == "positions" or metric not in values:
                 continue
             style = "-" if who in models else "--"
-            ax.plot(positions, values[metric], style, linewidth=1.6 if who in models else 1.1, label=who)
+            ax.plot(positions, values[metric], style, linewidth=1.6 if who in models else 1.1,
+                    label=_label(report, who))
         ax.set_ylabel(metric)
-        if metric == "log_loss":  # a cold start costs -log(1e-15) = 34.5 per record
+        if metric == "log_loss" and positions:  # a cold start costs -log(1e-15) = 34.5 per record
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=3, loc="best")
+    if positions:
+        axes[0, 0].legend(fontsize=8, ncol=3, loc="best")
+    else:
+        axes[0, 0].text(0.5, 0.5, "no record was scored", ha="center", va="center", transform=axes[0, 0].transAxes)
     axes[-1, 0].set_xlabel("stream position (records)")
     window = report.get("rolling", {}).get("window")
     fig.suptitle(title or f"{report['task']} replay, {report['mode']}: rolling metrics (window {window})", fontsize=10)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=90)
-    except OSError as exc:
-        raise StreamlearnError(f"cannot write the plot to {path}: {exc.strerror}; check --plot") from exc
-    finally:
-        plt.close(fig)
+    return fig
+
+
+def _label(report: dict[str, Any], who: str) -> str:
+    """A contestant's legend entry: a compared snapshot by its directory, not "a"/"b"."""
+    compared = report.get("compare") or {}
+    state = compared.get(who, {}).get("state") if who in ("a", "b") else None
+    return state or who

@@ -5,7 +5,7 @@ Keys (all present in every report): ``config``, ``source``, ``task``, ``mode``,
 next-item key's first event: learned, not scored), ``bad_records`` and
 ``rejected_records`` (``total``, ``reasons`` by code, first ``examples``), ``metrics``
 (the model's overall metrics: ``accuracy``, ``macro_f1``, ``log_loss`` for classify;
-``recall@K`` and ``mrr`` for top-k tasks), ``rolling`` (the last rolling-window values),
+``recall@K`` and ``mrr`` for top-k tasks; null when no record was scored), ``rolling`` (the last rolling-window values),
 ``records_per_s`` (the model's throughput: records per second of its own predict and learn
 time), ``baselines`` (per name: the same metrics, ``rolling``, ``records_per_s``; or
 ``skipped`` with the reason), ``models`` (every model by name: one, or ``a`` and ``b`` with
@@ -73,7 +73,8 @@ def _compare(result: ReplayResult, config: dict[str, Any]) -> dict[str, Any]:
     states = config.get("compare") or [None, None]
     overall_a, overall_b = a.metrics.overall(), b.metrics.overall()
     return {"a": {"state": states[0], "metrics": overall_a}, "b": {"state": states[1], "metrics": overall_b},
-            "diff": {name: overall_b[name] - overall_a[name] for name in overall_a}}
+            "diff": {name: None if overall_a[name] is None or overall_b[name] is None
+                     else overall_b[name] - overall_a[name] for name in overall_a}}
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:

@@ -264,7 +264,8 @@ class _Loop:
     def _show(self) -> None:
         model = self.r.models[0]
         name = model.metrics.names[0]
-        self.progress.set_postfix({name: f"{model.metrics.rolling()[name]:.3f}", "bad": sum(self.r.bad.values())},
+        value = model.metrics.rolling()[name]
+        self.progress.set_postfix({name: "n/a" if value is None else f"{value:.3f}", "bad": sum(self.r.bad.values())},
                                   refresh=False)
 
 

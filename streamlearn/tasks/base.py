@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..batching import Batch, Preparer
+from ..batching import Batch, Preparer, seed_of
 from ..config import Config
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
@@ -223,14 +223,20 @@ class TokenTask(Task):
         """The states (n, d) the head reads: one per example."""
         raise NotImplementedError
 
+    def _tied(self, model: HashedTransformer) -> torch.Tensor | None:
+        return model.row_tables()[self.code.table] if self.code.table else None
+
     def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
-        feats = dev.tensors(batch.feats)
-        table = model.row_tables()[self.code.table] if self.code.table else None
-        return model.head(self.readout(model, batch, feats, dev), table)
+        states = self.readout(model, batch, dev.tensors(batch.feats), dev)
+        return model.head(states, self._tied(model), **dev.tensors(self.code.scoring_inputs(self.index)))
 
     def loss(self, model, batch, dev):
-        logits = self.logits(model, batch, dev)
-        return model.head.loss(logits, dev.tensors(batch.targets), dev.tensor(batch.weight))
+        """The head's loss on the batch's states; a sampled head's candidates are drawn
+        from a generator seeded by the batch's sequence number (replays repeat them)."""
+        states = self.readout(model, batch, dev.tensors(batch.feats), dev)
+        rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
+        targets = self.code.step_targets(batch.targets, self.index, rng)
+        return model.head.fit_loss(states, dev.tensors(targets), dev.tensor(batch.weight), self._tied(model))
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
@@ -241,7 +247,9 @@ class TokenTask(Task):
         return {}
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
-        return frozenset() if self.code.table is None else frozenset({self.code.table})
+        """A tied head reads its input table in full, a sampled head its own tables."""
+        own = model.head.row_tables() if model.head is not None else {}
+        return frozenset(own) | (frozenset({self.code.table}) if self.code.table else frozenset())
 
     def prequential_check(self) -> TokenCheck:
         """The loss before the step against popularity in the output code."""

@@ -48,11 +48,35 @@ class NextTokenPreparer(TokenPreparer):
         batch.candidates = answers
 
     def fill_query(self, batch: Batch, records: list) -> None:
+        """Each query is read out at its last input. A query that is a prefix of another
+        query of the batch is read out of that one's sequence (causal states at a position
+        depend on the positions before it only), so a replay's events, the prefixes of one
+        record, cost one sequence, not one each."""
         keep = self.cfg.hashing.max_tokens - 1  # the prefix's last tokens, after [BOS]
         lists = [[BOS_TOKEN, *self.query_tokens(obj, i)[-keep:]] for i, obj in enumerate(records)]
-        batch.feats = self.featurize(lists, grow=False)
-        batch.rows = np.arange(len(lists), dtype=np.int64)
+        sequences, rows = _covering(lists)
+        batch.feats = self.featurize(sequences, grow=False)
+        batch.rows = rows
         batch.cols = np.array([len(t) - 1 for t in lists], dtype=np.int64)  # what follows the last input
+
+
+def _covering(lists: list[list[str]]) -> tuple[list[list[str]], np.ndarray]:
+    """The fewest sequences that hold every list as a prefix (longest first), and the
+    sequence of each list."""
+    order = sorted(range(len(lists)), key=lambda i: -len(lists[i]))
+    sequences: list[list[str]] = []
+    rows = np.empty(len(lists), dtype=np.int64)
+    by_prefix: dict[tuple[str, ...], int] = {}  # every prefix of a chosen sequence -> its row
+    for i in order:
+        key = tuple(lists[i])
+        row = by_prefix.get(key)
+        if row is None:
+            row = len(sequences)
+            sequences.append(lists[i])
+            for n in range(1, len(key) + 1):
+                by_prefix.setdefault(key[:n], row)
+        rows[i] = row
+    return sequences, rows
 
 
 class NextToken(TokenTask):
