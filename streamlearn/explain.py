@@ -9,7 +9,8 @@ What is explained (``Explanation.score``):
   :meth:`~streamlearn.tasks.classify.Classify.logit_parts`: the model's and the Naive Bayes
   part's (times ``learner.nb_weight``).
 - token tasks (mlm, next-item, next-token): the chosen token's score as top-k ranks it
-  (Superbloom: the sum of its m bucket log-probabilities; T-Free: its pattern's logits).
+  (Superbloom: the sum of its m bucket log-probabilities; T-Free: its pattern's logits;
+  a sampled head: its log-probability among the candidates, so it must be one).
 
 How a token's contribution is measured, per part (``Explanation.methods``):
 
@@ -188,7 +189,7 @@ class _TokenExplainer(_Explainer):
             if output is None:
                 out.append(_nothing(tokens, weights[i], rows[i], ranked))
                 continue
-            of = task.code.score_of(scores, str(output))  # (N',)
+            of = task.code.score_of(scores, str(output), task.index)  # (N',)
             per_part = {"model": _left_out(torch.from_numpy(np.asarray(of)), i, len(tokens), plan.variants[i])}
             out.append(_explanation(tokens, str(output), float(of[i]), per_part, {"model": LEAVE_ONE_OUT}, ranked,
                                     weights[i], rows[i]))

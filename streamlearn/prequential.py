@@ -9,9 +9,10 @@ learns every batch. Each task picks its check once (:meth:`Task.prequential_chec
   counts are the model's own, so they survive a restart) or, with ``learner.nb_weight=0``,
   the majority label so far.
 - token tasks (:class:`TokenCheck`): loss, in nats per answer and in the head's own
-  output code (Superbloom's sum of m bucket cross-entropies, T-Free's summed BCE), so
-  model and baseline are in one unit. The baseline is popularity in that code: each
-  bucket's (pattern row's) frequency among the answers so far, add-one smoothed. Top-k
+  output code (Superbloom's sum of m bucket cross-entropies, T-Free's summed BCE, the
+  sampled head's cross-entropy over the step's answers and negatives), so model and
+  baseline are in one unit. The baseline is popularity in that code: each bucket's
+  (pattern row's, token's) frequency among the answers so far, add-one smoothed. Top-k
   recall would need a decode per answer, which costs more than the training step; the
   loss costs one forward.
 
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from .heads import NaiveBayesHead
     from .model import HashedTransformer
 
-__all__ = ["Check", "HashedPopularity", "LabelCheck", "PatternPopularity", "Scores", "TokenCheck"]
+__all__ = ["Check", "HashedPopularity", "LabelCheck", "PatternPopularity", "SampledPopularity", "Scores",
+           "TokenCheck"]
 
 ACCURACY = "accuracy"  # fraction of answers right: higher is better
 LOSS = "loss"  # nats per answer: lower is better
@@ -129,7 +131,7 @@ class TokenCheck(Check):
         if not n:
             return None
         loss = float(self.task.loss(model, batch, dev))  # weighted mean over the n answers
-        return Scores(self.metric, n, loss * n, self._popularity.loss(batch.targets, batch.weight) * n)
+        return Scores(self.metric, n, loss * n, self._popularity.loss(self.task.step_targets(batch), batch.weight) * n)
 
     def learn(self, batch: "Batch") -> None:
         if batch.examples:
@@ -157,6 +159,26 @@ class HashedPopularity:
         for j in range(hashes.shape[1]):
             np.add.at(self.counts[j], hashes[:, j], weight)
         self.total += float(weight.sum())
+
+
+class SampledPopularity:
+    """Token frequencies for a :class:`~streamlearn.outputs.SampledCode`: an answer's loss
+    is the cross-entropy of the step's candidates (its answers and drawn negatives, as the
+    sampled head's loss sees them) weighted by how often each was an answer."""
+
+    def __init__(self) -> None:
+        self.counts: dict[bytes, float] = {}  # a token's m hashes (its identity in the code) -> answers
+
+    def loss(self, targets: dict[str, np.ndarray], weight: np.ndarray) -> float:
+        """Weighted mean loss of ``targets["answer"]`` (n,) among ``targets["candidates"]`` (c, m)."""
+        c = np.array([self.counts.get(row.tobytes(), 0.0) for row in targets["candidates"]]) + _ALPHA  # (c,)
+        ce = -np.log(c[targets["answer"]] / c.sum())  # (n,)
+        return float((ce * weight).sum() / len(weight))
+
+    def learn(self, targets: dict[str, np.ndarray], weight: np.ndarray) -> None:
+        for row, w in zip(targets["hashes"], weight):
+            key = row.tobytes()
+            self.counts[key] = self.counts.get(key, 0.0) + float(w)
 
 
 class PatternPopularity:

@@ -106,9 +106,10 @@ def test_with_layers_the_model_part_is_leave_one_out_and_equals_deleting_the_tok
     assert e.parts["model"][1] == pytest.approx(float((full[c] - full.mean()) - (cut[c] - cut.mean())), abs=1e-5)
 
 
-@pytest.mark.parametrize("task", ["mlm", "next-item", "next-token"])
-def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task):
-    lrn = token_learner(task)
+@pytest.mark.parametrize("task, head", [("mlm", "auto"), ("next-item", "auto"), ("next-token", "auto"),
+                                        ("next-token", "sampled"), ("mlm", "tfree")])
+def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, head):
+    lrn = token_learner(task, f"model.output={head}")
     tokens = {"mlm": ["free", "[MASK]", "noon"], "next-item": ["i1", "i2", "i3"], "next-token": ["see", "you", "at"]}[task]
     e = lrn.explain_many([{"tokens": tokens}], k=3)[0]
     top = lrn.topk_many([{"tokens": tokens}], k=3)[0]
@@ -123,14 +124,17 @@ def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task):
         batch = lrn.prepare([{"tokens": rest}], train=False)
         with torch.inference_mode():
             scores = lrn.task.decodable(lrn.model, batch, lrn.dev)
-        dropped = float(lrn.task.code.score_of(scores, e.output)[0])
+        dropped = float(lrn.task.code.score_of(scores, e.output, lrn.task.index)[0])
         assert e.contributions[i] == pytest.approx(e.score - dropped, abs=1e-4)
 
 
-def test_a_token_not_among_the_candidates_can_be_explained():
+def test_a_token_not_among_the_candidates_can_be_explained_unless_the_head_scores_candidates_only():
     lrn = token_learner("mlm")
     e = lrn.explain_many([{"tokens": ["free", "[MASK]"]}], ["zebra"])[0]
     assert e.output == "zebra" and e.score is not None and e.score < e.top[0][1]
+    sampled = token_learner("next-token", "model.output=sampled")
+    with pytest.raises(RecordError, match="not a candidate"):
+        sampled.explain_many([{"tokens": ["free"]}], ["zebra"])
 
 
 # ---------------------------------------------------------------------------- importance, outputs

@@ -13,7 +13,7 @@ from streamlearn.consumers import RunOptions, Worker
 from streamlearn.consumers.live import Gauges, LiveHistory, merge
 from streamlearn.exceptions import CorruptStateError
 from streamlearn.learner import Learner
-from streamlearn.prequential import ACCURACY, LOSS, HashedPopularity, PatternPopularity
+from streamlearn.prequential import ACCURACY, LOSS, HashedPopularity, PatternPopularity, SampledPopularity
 from streamlearn.service import Settings, create_app
 from streamlearn.state import Checkpoint, open_store
 from test_snapshot import SMALL
@@ -141,7 +141,7 @@ def test_without_naive_bayes_the_baseline_is_the_majority_label():
     assert lrn.prequential(batch, check).baseline == 1.0 and check.baseline == "majority label"
 
 
-@pytest.mark.parametrize("overrides", [(), ("embedding.scheme=tfree", "model.output=tfree")])
+@pytest.mark.parametrize("overrides", [(), ("embedding.scheme=tfree", "model.output=tfree"), ("model.output=sampled",)])
 def test_the_token_check_compares_the_models_loss_with_popularity_in_its_code(overrides):
     lrn = Learner(Config().override(*SMALL, "learner.task=mlm", "learner.mask_prob=0.5", *overrides))
     check = lrn.task.prequential_check()
@@ -163,6 +163,14 @@ def test_hashed_popularity_is_the_heads_loss_of_bucket_frequencies():
     pop.learn({"hashes": np.array([[0, 1], [0, 2]])}, np.ones(2, np.float32))
     p0, p1 = (2 + 1) / (2 + 4), (1 + 1) / (2 + 4)
     assert pop.loss({"hashes": np.array([[0, 1]])}, np.ones(1, np.float32)) == pytest.approx(-np.log(p0) - np.log(p1))
+
+
+def test_sampled_popularity_is_the_cross_entropy_of_the_steps_candidates_by_frequency():
+    pop = SampledPopularity()
+    pop.learn({"hashes": np.array([[1, 2], [1, 2], [3, 4]])}, np.ones(3, np.float32))
+    step = {"candidates": np.array([[1, 2], [3, 4], [5, 6]]), "answer": np.array([1])}
+    want = -np.log((1 + 1) / ((2 + 1) + (1 + 1) + (0 + 1)))
+    assert pop.loss(step, np.ones(1, np.float32)) == pytest.approx(want)
 
 
 def test_pattern_popularity_is_the_summed_bce_of_row_frequencies():

@@ -231,12 +231,17 @@ class TokenTask(Task):
         return model.head(states, self._tied(model), **dev.tensors(self.code.scoring_inputs(self.index)))
 
     def loss(self, model, batch, dev):
-        """The head's loss on the batch's states; a sampled head's candidates are drawn
-        from a generator seeded by the batch's sequence number (replays repeat them)."""
+        """The head's loss on the batch's states (:meth:`step_targets`)."""
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
-        targets = self.code.step_targets(batch.targets, self.index, rng)
+        targets = self.step_targets(batch)
         return model.head.fit_loss(states, dev.tensors(targets), dev.tensor(batch.weight), self._tied(model))
+
+    def step_targets(self, batch: Batch) -> dict[str, np.ndarray]:
+        """What the head's loss reads for a training batch; a sampled head's candidates
+        are drawn from a generator seeded by the batch's sequence number (replays, and
+        the worker's prequential check, repeat them)."""
+        rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
+        return self.code.step_targets(batch.targets, self.index, rng)
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
@@ -262,7 +267,8 @@ class TokenTask(Task):
 
     def decodable(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
         """The scores the output code decodes, per query record: (N, m, size)
-        log-probabilities (hashed) or (N, v) logits (T-Free)."""
+        log-probabilities (hashed), (N, v) logits (T-Free) or (N, candidates)
+        log-probabilities (sampled)."""
         return model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
 
     def topk(self, model, batch, dev, k, beam, exclude=None) -> list[TopK]:
