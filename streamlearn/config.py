@@ -246,6 +246,8 @@ class ServiceConfig:
     port: int = 8000
     max_tokens: int = 512
     max_batch: int = 256
+    max_request_tokens: int = 32_768  # all queries of one request together (413 beyond): max_batch x hashing.max_tokens
+    max_body_bytes: int = 2**20  # one request body (413 beyond)
 
 
 @dataclass(frozen=True)
