@@ -343,6 +343,8 @@ class ServiceConfig:
     port: int = key(8000, between(0, 65535))  # 0: any free port
     max_tokens: int = key(512, at_least(1))
     max_batch: int = key(256, at_least(1))
+    max_request_tokens: int = key(32_768, at_least(1))  # all queries of one request together (413 beyond)
+    max_body_bytes: int = key(2**20, at_least(1))  # one request body (413 beyond)
 
     def __post_init__(self) -> None:
         check_keys(self)

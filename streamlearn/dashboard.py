@@ -7,6 +7,11 @@
   worker committed them: :mod:`streamlearn.consumers.live`) and the model card (task,
   the configuration, tables with their sizes and fill, labels seen).
 
+With a service token (``--token-file``), the page and its data need it like every other
+endpoint: a browser opening ``/`` without it gets a login page (:func:`login_page`), which
+posts the token to ``POST /login`` for a session cookie derived from it
+(:mod:`streamlearn.service_auth`).
+
 The page polls once a second. The history moves when the worker checkpoints (it is
 committed with the checkpoints, so ``serve`` stays a separate process that only reads the
 state, and a restarted worker continues it). Reads use their own read-only handle of the
@@ -19,16 +24,19 @@ import dataclasses
 import threading
 import time
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
-from fastapi import FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from .checkpoint import read_live, stored_labels
 from .config import Config
+from .service_auth import SESSION_COOKIE, BearerToken
+from .service_guard import LOGIN_PATH, JsonRoute, json_error
 from .state import open_store
 
-__all__ = ["CARD_KEYS", "Dashboard", "add_dashboard_routes"]
+__all__ = ["CARD_KEYS", "Dashboard", "add_dashboard_routes", "login_page"]
 
 # The configuration a model card shows first: what the model is and how big (the page
 # lists every other key that differs from the task's defaults after them).
@@ -126,9 +134,18 @@ def _age(at: float | None) -> float | None:
     return None if at is None else max(0.0, time.time() - at)
 
 
-def add_dashboard_routes(app: FastAPI, dashboard: Dashboard) -> None:
-    """``GET /`` (the page), ``GET /ui/{asset}`` (its script and style sheet) and
-    ``GET /v1/dashboard`` (its data)."""
+def login_page() -> bytes:
+    """The page a browser gets instead of the dashboard without the service's token: it
+    posts the token to ``/login`` (:func:`add_dashboard_routes`) and reloads."""
+    return _asset("login.html")
+
+
+def add_dashboard_routes(app: FastAPI, dashboard: Dashboard, check: Callable[[], None],
+                         token: BearerToken | None = None) -> None:
+    """``GET /`` (the page), ``GET /ui/{asset}`` (its script and style sheet),
+    ``GET /v1/dashboard`` (its data, after ``check()``: the state directory is still the
+    one opened) and, with a ``token``, ``POST /login`` (the token in a JSON body -> the
+    session cookie a browser sends instead of a bearer header)."""
     page = _asset("index.html")
 
     @app.get("/", include_in_schema=False)
@@ -146,4 +163,32 @@ def add_dashboard_routes(app: FastAPI, dashboard: Dashboard) -> None:
                                              "history and card are left out when nothing was committed since")) -> dict:
         """The dashboard's data: snapshot step and freshness, the worker's live history
         (``points``) and the model card (``card``)."""
-        return await asyncio.to_thread(dashboard.read, since)
+        return await asyncio.to_thread(_checked, check, dashboard.read, since)
+
+    if token is not None:
+        _add_login(app, token)
+
+
+def _checked(check: Callable[[], None], read: Callable[..., Any], *args: Any) -> Any:
+    check()
+    return read(*args)
+
+
+class _Login(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: StrictStr = Field(max_length=4096)
+
+
+def _add_login(app: FastAPI, token: BearerToken) -> None:
+    router = APIRouter(route_class=JsonRoute)
+
+    @router.post(LOGIN_PATH, include_in_schema=False)
+    async def login(body: _Login) -> JSONResponse:
+        if not token.accepts(b"Bearer " + body.token.encode("utf-8", "replace")):
+            return json_error(401, "unauthorized", "that is not this service's token: give the token streamlearn "
+                              "serve was started with (--token-file or STREAMLEARN_SERVE_TOKEN)")
+        response = JSONResponse({"status": "ok"}, headers=_NO_STORE)
+        response.set_cookie(SESSION_COOKIE, token.session(), httponly=True, samesite="strict", path="/")
+        return response
+
+    app.include_router(router)

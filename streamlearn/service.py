@@ -15,40 +15,51 @@ Each POST takes one query (its fields at the top level) or a batch (``records``:
 of queries, at most ``service.max_batch``); a batch answer lists ``results`` in order.
 Every answer carries ``snapshot_step``: the checkpoint that produced it.
 
-Bad requests get a 4xx with a JSON body ``{"error": CODE, "detail": ...}``, never a 5xx:
-422 for a request that fails validation (limits: ``service.max_tokens`` tokens per
-query, ``service.max_batch`` queries per batch), 409 for a query the model's task
-cannot answer (top-k of a classifier), 413 for a body over ``Settings.max_body_bytes``.
-503 means the state directory became unreadable (the only 5xx).
+Bad requests get a 4xx with a JSON body ``{"error": CODE, "detail": ...}``, never a 5xx
+(docs/serving.md has the table): 400 for a body that is not UTF-8 JSON, 401 without the
+bearer token when one is set (:mod:`streamlearn.service_auth`; ``/healthz`` stays open),
+422 for a request that fails validation (a query without input; limits:
+``service.max_tokens`` tokens per query, ``service.max_batch`` queries per batch), 409 for
+a query the model's task cannot answer (top-k of a classifier), 413 for a body over
+``service.max_body_bytes`` or a request over ``service.max_request_tokens``. 503 means
+the state directory became unreadable (the only 5xx; :mod:`streamlearn.service_health`).
 
-Queries run inline on the event loop: the snapshot serializes them anyway (one model,
-shared tables), and skipping a thread hop per request keeps latency down. Requests that
-arrive together are answered by one snapshot call (:class:`_Coalescer`): under load, the
-per-call costs (read transaction, manifest check, forward pass set-up) are paid once per
-group instead of once per request; an idle service adds no delay.
+Requests that arrive together, or while a call computes, are answered by one snapshot
+call (:class:`_Coalescer`): under load, the per-call costs (read transaction, manifest
+check, forward pass set-up) are paid once per group instead of once per request; an idle
+service adds no delay. A large group (over ``INLINE_TOKENS`` tokens, any top-k, or one
+that must first advance to a new checkpoint) runs on the query thread
+(:class:`_QueryThread`), so it never stalls the event loop: requests keep being read and
+``/healthz`` keeps answering. A small group runs on the loop, which it holds for a few
+milliseconds: handing it to the thread and back cost more than the group itself.
 """
 # No `from __future__ import annotations`: FastAPI must see the request models built in
 # create_app as classes, not as strings it cannot resolve.
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from typing import Annotated, Any, Callable, Union
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ._version import __version__
 from .config import ServiceConfig
 from .decoding import DecodingError
 from .exceptions import RecordError, StreamlearnError
+from .service_auth import BearerToken
+from .service_guard import Guard, JsonRoute, TooLarge, json_error
+from .service_health import StateWatch
 from .snapshot import Answer, Snapshot, TaskMismatchError
 
 __all__ = ["Settings", "create_app"]
@@ -59,18 +70,21 @@ MAX_K = 1000
 MAX_BEAM = 10_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COALESCE_RECORDS = 64  # records per coalesced snapshot call (a larger batch request runs alone)
+INLINE_TOKENS = 1024  # a group this small runs on the event loop (a few ms of predict/embed work)
 ENDPOINTS = ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/explain", "/v1/snapshot", "/v1/dashboard", "/healthz",
-             "/metrics", "/")
+             "/metrics", "/", "/login")
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What one service process needs (picklable: uvicorn workers receive it).
 
-    ``wait``: seconds to wait at start for a first checkpoint. ``device`` overrides the
-    stored ``learner.device``. ``threads``: torch intra-op threads (None leaves torch's
-    default). ``metrics_dir``: prometheus_client's multiprocess directory when several
-    workers share one port (``streamlearn serve --workers N`` sets it).
+    ``wait``: seconds to wait at start for the state directory and its first checkpoint.
+    ``device`` overrides the stored ``learner.device``. ``threads``: torch intra-op
+    threads (None leaves torch's default). ``metrics_dir``: prometheus_client's
+    multiprocess directory when several workers share one port (``streamlearn serve
+    --workers N`` sets it). ``token``: every endpoint but ``/healthz`` needs it as
+    ``Authorization: Bearer ...`` (None: no authentication).
     """
 
     state: str
@@ -78,8 +92,8 @@ class Settings:
     wait: float = 0.0
     device: str | None = None
     threads: int | None = None
-    max_body_bytes: int = 8 * 2**20
     metrics_dir: str | None = None
+    token: BearerToken | None = None
 
 
 # ---------------------------------------------------------------------------- request models
@@ -87,10 +101,19 @@ class Settings:
 Token = Union[Annotated[StrictStr, Field(max_length=MAX_TOKEN_CHARS)], Annotated[StrictInt, Field(ge=-(2**63), lt=2**64)]]
 
 
+def _not_blank(text: str) -> str:
+    if text.isspace() or not text:
+        raise ValueError("text is empty or only whitespace: send at least one word")
+    return text
+
+
 def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
-    """Request models whose limits come from ``cfg`` (max_tokens, max_batch)."""
-    Text = Annotated[StrictStr, Field(max_length=cfg.max_tokens * CHARS_PER_TOKEN)]
-    Tokens = Annotated[list[Token], Field(max_length=cfg.max_tokens)]
+    """Request models whose limits come from ``cfg`` (max_tokens, max_batch). A query
+    without input (blank text, no tokens) fails validation: the model would answer it
+    from nothing (a classifier's label prior), which no caller means to ask."""
+    Text = Annotated[StrictStr, Field(min_length=1, max_length=cfg.max_tokens * CHARS_PER_TOKEN,
+                                      json_schema_extra={"pattern": r"\S"}), AfterValidator(_not_blank)]
+    Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
     forbid = ConfigDict(extra="forbid")
 
     class Query(BaseModel):
@@ -170,6 +193,25 @@ def _records(request: BaseModel, fields: tuple[str, ...]) -> tuple[list[dict], b
 
 def _record(query: BaseModel, fields: tuple[str, ...]) -> dict:
     return {n: getattr(query, n) for n in fields if getattr(query, n) is not None}
+
+
+def _check_size(records: list[dict], limit: int) -> int:
+    """The request's tokens; 413 over ``limit``: the model work of one request, which
+    every other request of the process waits behind, stays bounded."""
+    n = sum(_tokens_in(r) for r in records)
+    if n > limit:
+        raise TooLarge("request-too-large", f"the request carries {n} tokens, over service.max_request_tokens="
+                        f"{limit} (tokens items, words of text, 1 per key): send fewer or shorter queries "
+                        "per request, or raise the limit")
+    return n
+
+
+def _tokens_in(record: dict) -> int:
+    if "tokens" in record:
+        return len(record["tokens"])
+    if "text" in record:
+        return len(record["text"].split())
+    return 1  # a key: its stored history is at most learner.history tokens
 
 
 # ---------------------------------------------------------------------------- response models
@@ -252,78 +294,113 @@ def create_app(settings: Settings) -> FastAPI:
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    from .dashboard import Dashboard, add_dashboard_routes  # they import this module's request types
-    from .service_explain import add_explain_route
+    from .dashboard import Dashboard, add_dashboard_routes, login_page
+    from .service_explain import add_explain_route  # imports this module's request types: not at the top
 
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
+    watch = StateWatch(settings.state)
+    worker = _QueryThread()
     dashboard = Dashboard(settings.state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
+        worker.close()  # the last query ends before the store closes under it
         dashboard.close()
         snapshot.close()
 
     app = FastAPI(title="streamlearn", version=__version__, lifespan=lifespan,
                   description="Queries on the live snapshot of a streamlearn state directory.")
     app.state.snapshot = snapshot
-    app.state.metrics = _Metrics(snapshot, settings.metrics_dir)
-    app.add_middleware(_Guard, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes)
+    app.state.metrics = _Metrics(snapshot, watch, settings.metrics_dir)
+    app.add_middleware(Guard, observe=app.state.metrics.observe, max_body_bytes=settings.service.max_body_bytes,
+                       token=settings.token, login_page=login_page())
     _add_error_handlers(app)
-    _add_query_routes(app, snapshot, settings.service)
-    _add_status_routes(app, snapshot)
-    add_explain_route(app, snapshot, settings.service)
-    add_dashboard_routes(app, dashboard)
+    coalescer = _Coalescer(worker, watch.guard, functools.partial(watch.probe, snapshot.behind),
+                           _coalesce_records(settings))  # every read of the store goes through the watch
+    _add_query_routes(app, snapshot, settings.service, coalescer)
+    _add_status_routes(app, snapshot, worker, watch)
+    limit = settings.service.max_request_tokens
+    add_explain_route(app, snapshot, settings.service, run=functools.partial(worker.run, watch.guard),
+                      check_size=lambda records: _check_size(records, limit))
+    add_dashboard_routes(app, dashboard, check=watch.check, token=settings.token)
     return app
 
 
-def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig) -> None:
+def _coalesce_records(settings: Settings) -> int:
+    return max(settings.service.max_batch, COALESCE_RECORDS)
+
+
+def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig, coalescer: "_Coalescer") -> None:
     models = _request_models(cfg)
     QueryRequest, TopKRequest = models["QueryRequest"], models["TopKRequest"]
-    coalescer = _Coalescer(max(cfg.max_batch, COALESCE_RECORDS))
+    router = APIRouter(route_class=JsonRoute)
 
-    @app.post("/v1/predict", response_model=PredictResponse)
+    @router.post("/v1/predict", response_model=PredictResponse)
     async def predict(request: QueryRequest) -> JSONResponse:
         """Label and probabilities (task classify) for one query or a batch."""
         records, batch = _records(request, ("text", "tokens"))
-        answer = await coalescer.run(("predict",), snapshot.predict_proba, records)
+        cost = _check_size(records, cfg.max_request_tokens)
+        answer = await coalescer.run(("predict",), snapshot.predict_proba, records, cost)
         return _respond(answer, batch, _predict_result)
 
-    @app.post("/v1/topk", response_model=TopKResponse)
+    @router.post("/v1/topk", response_model=TopKResponse)
     async def topk(request: TopKRequest) -> JSONResponse:
         """The k best tokens (task mlm: at the [MASK]; next-item: after the history)."""
         records, batch = _records(request, ("text", "tokens", "key"))
+        _check_size(records, cfg.max_request_tokens)
         k, beam = request.k, request.beam
         answer = await coalescer.run(("topk", k, beam), lambda rs: snapshot.topk(rs, k=k, beam=beam), records)
         return _respond(answer, batch, _topk_result)
 
-    @app.post("/v1/embed", response_model=EmbedResponse)
+    @router.post("/v1/embed", response_model=EmbedResponse)
     async def embed(request: QueryRequest) -> JSONResponse:
         """Each token's input embedding (the scheme's output, before the encoder)."""
         records, batch = _records(request, ("text", "tokens"))
-        answer = await coalescer.run(("embed",), snapshot.embed, records)
+        cost = _check_size(records, cfg.max_request_tokens)
+        answer = await coalescer.run(("embed",), snapshot.embed, records, cost)
         return _respond(answer, batch, _embed_result, dim=snapshot.embedding_dim)
 
+    app.include_router(router)
 
-def _add_status_routes(app: FastAPI, snapshot: Snapshot) -> None:
+
+def _add_status_routes(app: FastAPI, snapshot: Snapshot, worker: "_QueryThread", watch: StateWatch) -> None:
     @app.get("/v1/snapshot")
     async def manifest() -> dict:
         """The store's manifest (step, offsets, tables, config, metrics) and the step
         answers now come from."""
-        step = snapshot.refresh()
-        return {"snapshot_step": step, "task": snapshot.task, "manifest": snapshot.manifest().to_dict()}
+        return await worker.run(watch.guard, _manifest, snapshot)
 
-    @app.get("/healthz")
-    async def healthz() -> dict:
-        """200 while the snapshot can be read: its step and age."""
-        step = snapshot.refresh()
-        return {"status": "ok", "snapshot_step": step, "freshness_seconds": _freshness(snapshot)}
+    @app.get("/healthz", responses={503: {"description": "the state cannot be read: `detail` says why and what to do"}})
+    async def healthz() -> JSONResponse:
+        """200 while the state can be read (its step and age); 503 when the directory is
+        gone or replaced, or the last read of the store failed."""
+        await _refresh_if_idle(snapshot, worker, watch)
+        problem = watch.problem()
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "error": "snapshot-unavailable", "detail": problem,
+                                 "snapshot_step": snapshot.step}, status_code=503)
+        return JSONResponse({"status": "ok", "snapshot_step": snapshot.step, "freshness_seconds": _freshness(snapshot)})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        """Prometheus: request latency histogram, snapshot step, freshness."""
-        snapshot.refresh()
+        """Prometheus: request latency histogram, snapshot step, freshness, availability."""
+        await _refresh_if_idle(snapshot, worker, watch)
         return Response(app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _manifest(snapshot: Snapshot) -> dict:
+    step = snapshot.refresh()
+    return {"snapshot_step": step, "task": snapshot.task, "manifest": snapshot.manifest().to_dict()}
+
+
+async def _refresh_if_idle(snapshot: Snapshot, worker: "_QueryThread", watch: StateWatch) -> None:
+    """Move to the latest checkpoint unless queries are running: they refresh anyway, and
+    a health check must not wait behind a slow query (their outcome is in ``watch``)."""
+    if worker.busy:
+        return
+    with contextlib.suppress(StreamlearnError):  # recorded by the watch: problem() reports it
+        await worker.run(watch.probe, snapshot.refresh)
 
 
 def _freshness(snapshot: Snapshot) -> float | None:
@@ -331,51 +408,121 @@ def _freshness(snapshot: Snapshot) -> float | None:
     return None if at is None else max(0.0, time.time() - at)
 
 
-# ---------------------------------------------------------------------------- coalescing
+# ---------------------------------------------------------------------------- off the event loop
+
+class _QueryThread:
+    """The thread large snapshot calls run on, so their model work (tokenizing,
+    featurizing, row reads, the forward pass, decoding) never blocks the event loop:
+    requests keep being read and /healthz keeps answering while they compute. One thread
+    is enough: the snapshot serializes its calls anyway (one model, shared tables).
+    ``busy``: calls submitted whose end the loop has not yet seen."""
+
+    def __init__(self):
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamlearn-query")
+        self.busy = 0
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        self.busy += 1
+        future = self._executor.submit(fn, *args)
+        # Counted down on the loop when the call has ended, not when its awaiter is
+        # cancelled: while busy, the thread may hold the snapshot's lock.
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._ended))
+        return await asyncio.wrap_future(future)
+
+    def _ended(self) -> None:
+        self.busy -= 1
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
 
 class _Coalescer:
-    """Answers requests that arrive in the same event-loop turn with one snapshot call.
+    """Answers the requests that arrive together, or while a call computes, with one
+    snapshot call per kind (``key``).
 
-    The first request of a kind schedules a flush with ``call_soon``; the requests whose
-    handlers run before it (they arrived together, or while the previous call computed)
-    join the group. Each gets its slice of the one answer, so all carry the same step. A
-    group whose records fail (a bad record, a bad k) is rerun request by request, so an
-    error reaches only the request that caused it.
+    The first request starts a drain task; requests whose handlers run before it starts,
+    or while its call computes, join the next group. Each gets its slice of the one
+    answer, so all carry the same step. A group whose records fail (a bad record, a bad
+    k) is rerun request by request, so an error reaches only the request that caused it.
+    Every call goes through ``guard`` (the state watch).
+
+    Where a group runs: on the query thread, unless it is small (``cost``, its tokens, at
+    most INLINE_TOKENS; top-k has no cost: decoding is never small), the thread is idle
+    and the snapshot has no checkpoint to advance to (``behind``: an advance may read a
+    whole table). Then it runs on the loop, which it holds for a few milliseconds: on
+    the 2-core project machine, handing every group to the thread and back raised the p99
+    of bench/serve.py from 10 - 26 ms to 40 - 48 ms (5 runs) and cut requests/s by a
+    third to a half; with small groups inline it stayed at 11 - 12 ms.
     """
 
-    def __init__(self, max_records: int):
+    def __init__(self, worker: _QueryThread, guard: Callable[..., Any], behind: Callable[[], bool],
+                 max_records: int):
         self.max_records = max_records
-        self._pending: dict[tuple, list[tuple[list, asyncio.Future]]] = {}
+        self._worker, self._guard, self._behind = worker, guard, behind
+        self._pending: dict[tuple, tuple[Callable[[list], Answer], list]] = {}
+        self._cost = 0.0
+        self._drainer: asyncio.Task | None = None
 
-    async def run(self, key: tuple, call: Callable[[list], Answer], records: list) -> Answer:
+    async def run(self, key: tuple, call: Callable[[list], Answer], records: list, cost: float = math.inf) -> Answer:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        queue = self._pending.setdefault(key, [])
-        queue.append((records, future))
-        if len(queue) == 1:
-            loop.call_soon(self._flush, key, call)
+        self._pending.setdefault(key, (call, []))[1].append((records, future))
+        self._cost += cost
+        if self._drainer is None:
+            self._drainer = loop.create_task(self._drain())  # referenced: the loop keeps only a weak one
         return await future
 
-    def _flush(self, key: tuple, call: Callable[[list], Answer]) -> None:
-        for group in _groups(self._pending.pop(key), self.max_records):
-            if len(group) == 1:
-                _settle(group, call)
-                continue
-            try:
-                answer = call([r for records, _ in group for r in records])
-            except (RecordError, DecodingError):
-                for item in group:
-                    _settle([item], call)
-                continue
-            except Exception as exc:  # the store failed: every request in the group gets it
-                for _, future in group:
-                    _set(future, exception=exc)
-                continue
-            start = 0
-            for records, future in group:
-                values = answer.values[start:start + len(records)]
-                start += len(records)
-                _set(future, result=dataclasses.replace(answer, values=values))
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                work, small = list(self._pending.values()), self._cost <= INLINE_TOKENS
+                self._pending, self._cost = {}, 0.0
+                try:
+                    if small and self._inline():
+                        settled = self._answer(work)
+                    else:
+                        settled = await self._worker.run(self._answer, work)
+                except Exception as exc:  # a bug: no request may wait forever
+                    settled = [(future, None, exc) for _, items in work for _, future in items]
+                for future, result, exc in settled:
+                    _set(future, result, exc)
+        finally:
+            self._drainer = None
+
+    def _inline(self) -> bool:
+        if self._worker.busy:
+            return False
+        try:
+            return not self._behind()
+        except Exception:  # the store cannot say: the thread's call records why
+            return False
+
+    def _answer(self, work: list) -> list[tuple]:
+        """Every group of ``work``, as (future, answer, exception)."""
+        settled = []
+        for call, items in work:
+            guarded = functools.partial(self._guard, call)
+            for group in _groups(items, self.max_records):
+                settled.extend(_answer_group(group, guarded))
+        return settled
+
+
+def _answer_group(group: list, call: Callable[[list], Answer]) -> list[tuple]:
+    if len(group) == 1:
+        return [_settle(group[0], call)]
+    try:
+        answer = call([r for records, _ in group for r in records])
+    except (RecordError, DecodingError):
+        return [_settle(item, call) for item in group]
+    except Exception as exc:  # the store failed: every request in the group gets it
+        return [(future, None, exc) for _, future in group]
+    settled, start = [], 0
+    for records, future in group:
+        values = answer.values[start:start + len(records)]
+        start += len(records)
+        settled.append((future, dataclasses.replace(answer, values=values), None))
+    return settled
 
 
 def _groups(items: list, max_records: int) -> list[list]:
@@ -391,12 +538,12 @@ def _groups(items: list, max_records: int) -> list[list]:
     return groups
 
 
-def _settle(group: list, call: Callable[[list], Answer]) -> None:
-    records, future = group[0]
+def _settle(item: tuple, call: Callable[[list], Answer]) -> tuple:
+    records, future = item
     try:
-        _set(future, result=call(records))
+        return future, call(records), None
     except Exception as exc:
-        _set(future, exception=exc)
+        return future, None, exc
 
 
 def _set(future: asyncio.Future, result: Any = None, exception: BaseException | None = None) -> None:
@@ -410,10 +557,6 @@ def _set(future: asyncio.Future, result: Any = None, exception: BaseException | 
 
 # ---------------------------------------------------------------------------- errors
 
-def _error(status: int, code: str, detail: Any) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail}, status_code=status)
-
-
 _ERRORS = (  # library error -> HTTP status, error code
     (RecordError, 422, "bad-record"),
     (DecodingError, 422, "bad-query"),
@@ -424,7 +567,7 @@ _ERRORS = (  # library error -> HTTP status, error code
 
 def _reply_with(status: int, code: str):
     async def handler(request: Request, exc: Exception) -> JSONResponse:
-        return _error(status, code, str(exc))
+        return json_error(status, code, str(exc))
     return handler
 
 
@@ -432,9 +575,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Only loc/msg/type: an error's input or ctx may not be JSON (bytes, exceptions).
+        errors = exc.errors()
+        not_json = [e for e in errors if e.get("type") == "json_invalid"]
+        if not_json:  # malformed syntax is a 400; 422 is for JSON that does not fit the schema
+            reason = (not_json[0].get("ctx") or {}).get("error", "invalid JSON")
+            return json_error(400, "bad-request", f"the body is not JSON ({reason} at character "
+                          f"{not_json[0]['loc'][-1]}): send a JSON object such as {{\"text\": \"...\"}}")
         detail = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                   "type": str(e.get("type", ""))} for e in exc.errors()]
-        return _error(422, "invalid-request", detail)
+                   "type": str(e.get("type", ""))} for e in errors]
+        return json_error(422, "invalid-request", detail)
 
     # Handlers are looked up along the exception's MRO, so the subclasses in _ERRORS win over
     # StreamlearnError: every other library error means the snapshot cannot answer.
@@ -444,7 +593,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         codes = {400: "bad-request", 404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
-        code = codes.get(exc.status_code, "http-error")
+        code = getattr(exc, "code", None) or codes.get(exc.status_code, "http-error")
         return JSONResponse({"error": code, "detail": exc.detail}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
@@ -456,7 +605,7 @@ class _Metrics:
     prometheus_client's multiprocess directory when ``metrics_dir`` is set), and the
     snapshot's step and freshness, computed at scrape time."""
 
-    def __init__(self, snapshot: Snapshot, metrics_dir: str | None):
+    def __init__(self, snapshot: Snapshot, watch: StateWatch, metrics_dir: str | None):
         self.registry = CollectorRegistry()
         own = None if metrics_dir else self.registry
         if metrics_dir:
@@ -466,7 +615,7 @@ class _Metrics:
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=own)
         self.requests = Counter("streamlearn_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "code"], registry=own)
-        self.registry.register(_SnapshotCollector(snapshot))
+        self.registry.register(_SnapshotCollector(snapshot, watch))
 
     def observe(self, path: str, status: int, seconds: float) -> None:
         endpoint = path if path in ENDPOINTS else "other"
@@ -478,11 +627,11 @@ class _Metrics:
 
 
 class _SnapshotCollector:
-    """Step and freshness of this process's snapshot (every worker reads the same store
-    and refreshes per query, so the scraped worker speaks for all)."""
+    """Step, freshness and availability of this process's snapshot (every worker reads
+    the same store and refreshes per query, so the scraped worker speaks for all)."""
 
-    def __init__(self, snapshot: Snapshot):
-        self.snapshot = snapshot
+    def __init__(self, snapshot: Snapshot, watch: StateWatch):
+        self.snapshot, self.watch = snapshot, watch
 
     def collect(self):
         step = GaugeMetricFamily("streamlearn_snapshot_step", "manifest step of the snapshot answering queries")
@@ -491,75 +640,7 @@ class _SnapshotCollector:
                                   "now minus the commit time of the snapshot answering queries")
         age = _freshness(self.snapshot)
         fresh.add_metric([], float("nan") if age is None else age)
-        return [step, fresh]
-
-
-class _Guard:
-    """ASGI middleware: times every request into the metrics and refuses bodies over
-    ``max_body_bytes`` with a JSON 413 (counted as they stream in, so a missing or
-    false Content-Length does not get past it)."""
-
-    def __init__(self, app, metrics: _Metrics, max_body_bytes: int):
-        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        scope = _json_by_default(scope)
-        start, status = time.perf_counter(), [500]
-        received = [0]
-
-        async def limited_receive():
-            message = await receive()
-            if message["type"] == "http.request":
-                received[0] += len(message.get("body", b""))
-                if received[0] > self.max_body_bytes:
-                    raise _TooLarge(self.max_body_bytes)
-            return message
-
-        async def tracking_send(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if _declared_length(scope) > self.max_body_bytes:
-                too_large = _TooLarge(self.max_body_bytes)
-                status[0] = too_large.status_code
-                await _error(too_large.status_code, "body-too-large", too_large.detail)(scope, receive, send)
-            else:
-                await self.app(scope, limited_receive, tracking_send)
-        finally:
-            self.metrics.observe(scope.get("path", ""), status[0], time.perf_counter() - start)
-
-
-class _TooLarge(StarletteHTTPException):
-    """Raised while the body streams in; FastAPI passes HTTP exceptions through its body
-    parsing, so the error handlers answer 413."""
-
-    def __init__(self, limit: int):
-        super().__init__(413, f"request body over {limit} bytes: send smaller batches or raise the limit")
-
-
-_FORM = b"application/x-www-form-urlencoded"
-
-
-def _json_by_default(scope):
-    """Every body this API takes is JSON, so a body sent without a content type, or
-    with the form type that ``curl -d`` sets by default, is read as JSON rather than
-    refused: ``curl localhost:8000/v1/predict -d '{"text": "hi"}'`` works as pasted."""
-    headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]
-    declared = [v for k, v in scope.get("headers", ()) if k == b"content-type"]
-    if declared and not declared[0].startswith(_FORM):
-        return scope
-    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-
-
-def _declared_length(scope) -> int:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return 0
-    return 0
+        up = GaugeMetricFamily("streamlearn_snapshot_available",
+                               "1 while the state directory can be read (/healthz 200), else 0")
+        up.add_metric([], 0.0 if self.watch.problem() else 1.0)
+        return [step, fresh, up]

@@ -8,15 +8,16 @@ queries. Each token's contribution comes with the method that measured it (``exa
 its importance weights over its rows of E (hash embeddings).
 """
 # No `from __future__ import annotations`: FastAPI must see the request models as classes.
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Awaitable, Callable
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from .config import ServiceConfig
 from .explain import Explanation
 from .service import CHARS_PER_TOKEN, Token
+from .service_guard import JsonRoute
 from .snapshot import Answer, Snapshot
 
 __all__ = ["MAX_EXPLAIN_BATCH", "MAX_EXPLAIN_K", "add_explain_route", "explanation_json"]
@@ -102,20 +103,21 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
 
 
 def add_explain_route(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig,
-                      run: Callable[..., Any] | None = None) -> None:
-    """Register ``POST /v1/explain``. ``run(fn, *args)``: how the service runs model work
-    (awaitable; default: inline)."""
+                      run: Callable[..., Awaitable[Any]], check_size: Callable[[list[dict]], Any]) -> None:
+    """Register ``POST /v1/explain``: ``run(fn, *args)`` runs the model work as the
+    service runs every query (off the event loop, through its state watch);
+    ``check_size(records)`` refuses a request over the service's limits (413)."""
     ExplainRequest = _request_model(cfg)
+    router = APIRouter(route_class=JsonRoute)
 
-    @app.post("/v1/explain", response_model=ExplainResponse)
+    @router.post("/v1/explain", response_model=ExplainResponse)
     async def explain(request: ExplainRequest) -> JSONResponse:
         """Per-token contributions to an answer, the best answers, and each token's
         importance weights (one query or a batch of ``records``)."""
         queries = request.records if request.records is not None else [request]
         records = [{n: getattr(q, n) for n in _INPUTS if getattr(q, n) is not None} for q in queries]
-        outputs = [q.output for q in queries]
-        call = lambda: snapshot.explain(records, outputs, k=request.k)  # noqa: E731
-        answer: Answer = await run(call) if run is not None else call()
+        check_size(records)
+        answer: Answer = await run(snapshot.explain, records, [q.output for q in queries], request.k)
         results = [explanation_json(e) for e in answer.values]
         body: dict[str, Any] = {"snapshot_step": answer.step}
         if request.records is not None:
@@ -123,3 +125,5 @@ def add_explain_route(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig,
         else:
             body.update(results[0])
         return JSONResponse(body)
+
+    app.include_router(router)

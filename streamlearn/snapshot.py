@@ -37,6 +37,7 @@ Usage (see docs/serving.md)::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -50,12 +51,15 @@ from .config import Config
 from .exceptions import NoCheckpointError, RecordError, StreamlearnError
 from .hashing import canonical_id
 from .learner import Learner
-from .state import Manifest, Store, open_store
+from .state import Manifest, NotAStoreError, Store, open_store
 
 __all__ = [
     "Answer", "NoCheckpointError", "Snapshot", "SnapshotError", "TaskMismatchError", "TokenVectors",
-    "wait_for_checkpoint",
+    "open_ready_store", "wait_for_checkpoint",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotError(StreamlearnError):
@@ -115,13 +119,13 @@ class Snapshot:
 
     @classmethod
     def open(cls, state_dir: str, wait: float = 0.0, device: str | None = None) -> "Snapshot":
-        """Open ``state_dir`` read-only. ``wait`` seconds: how long to wait for a first
-        checkpoint (a worker just started); 0 raises :class:`NoCheckpointError` at once.
-        A missing directory or one that is not a streamlearn state raises
-        :class:`~streamlearn.state.NotAStoreError`."""
-        store = open_store(state_dir, readonly=True, backend="lmdb")
+        """Open ``state_dir`` read-only. ``wait`` seconds: how long to wait for the
+        directory to become a state and for its first checkpoint (a worker just
+        started); 0 raises at once. A missing directory or one that is not a streamlearn
+        state raises :class:`~streamlearn.state.NotAStoreError`, one without a checkpoint
+        :class:`NoCheckpointError`."""
+        store = open_ready_store(state_dir, wait)
         try:
-            wait_for_checkpoint(store, wait)
             return cls(store, device=device, owns_store=True)
         except BaseException:
             store.close()
@@ -156,6 +160,11 @@ class Snapshot:
     def manifest(self) -> Manifest:
         """The store's current manifest (a fresh read; may be ahead of :attr:`step`)."""
         return self._store.manifest()
+
+    def behind(self) -> bool:
+        """Whether the store committed since the checkpoint answers come from, so the next
+        query advances first. One manifest read; does not wait for a running query."""
+        return self._store.manifest().commits != self._version.commits
 
     def refresh(self) -> int:
         """Move to the latest checkpoint if the store has a newer one; returns the step."""
@@ -365,6 +374,31 @@ def _require_checkpoint(store: Store) -> None:
     """NoCheckpointError, saying how to wait for one, unless ``store`` holds a checkpoint."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
+
+
+def open_ready_store(state_dir: str, wait: float = 0.0) -> Store:
+    """``state_dir`` opened read-only once it is a state directory holding a learner
+    checkpoint, waiting up to ``wait`` seconds for both: ``worker ... &`` then ``serve
+    --wait 60`` may start before the worker has created the directory. Raises the last
+    NotAStoreError or NoCheckpointError when the time is up."""
+    deadline, told = time.monotonic() + wait, False
+    while True:
+        try:
+            store = open_store(state_dir, readonly=True, backend="lmdb")
+            break
+        except NotAStoreError as exc:  # absent, or being created (data.mdb and meta come in turn)
+            if time.monotonic() >= deadline:
+                raise
+            if not told:
+                log.info("waiting up to %.0f s for %s to become a state directory (%s)", wait, state_dir, exc)
+                told = True
+            time.sleep(0.2)
+    try:
+        wait_for_checkpoint(store, max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def wait_for_checkpoint(store: Store, wait: float) -> None:

@@ -170,6 +170,8 @@ KEYS: dict[str, Case] = {
     "service.port": Case(0, 65536),
     "service.max_tokens": Case(64, 0),
     "service.max_batch": Case(8, 0),
+    "service.max_request_tokens": Case(100, 0),
+    "service.max_body_bytes": Case(4096, 0),
 }
 
 

@@ -1,7 +1,8 @@
 """The dashboard as a person uses it: headless Chromium (Playwright) on the page of a real
 `streamlearn serve`, while a real `streamlearn worker` learns the bundled SMS collection
-from the embedded broker. The page loads without console errors, its charts move as the
-worker checkpoints, and the try-it box shows the query's tokens coloured by contribution.
+from the embedded broker. The service runs with a token: the page asks for it first. Then it
+loads without console errors, its charts move as the worker checkpoints, and the try-it
+box shows the query's tokens coloured by contribution.
 
 Needs Debian's chromium (``apt-get install -y chromium``; ``.ci/run`` installs it) and
 the playwright package (the [dev] extra); skipped, saying which is missing, without them.
@@ -40,6 +41,7 @@ pytestmark = [
 ]
 
 SPAM = "WINNER!! You have won a free prize, call now to claim your cash reward"
+TOKEN = "browser-Token_0123456789abcdef"  # serve runs with --token-file: the page logs in first
 
 
 def cli(*args: str, log: Path) -> subprocess.Popen:
@@ -100,7 +102,11 @@ def running(broker, make_topic, tmp_path):
     worker = cli("worker", "--topic", topic, "--state", str(state), "--bootstrap", broker,
                  "--set", "worker.checkpoint_seconds=1", "--set", "worker.eval_every=1",
                  log=tmp_path / "worker.log")
-    serve = cli("serve", "--state", str(state), "--port", str(port), "--wait", "90", log=tmp_path / "serve.log")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    serve = cli("serve", "--state", str(state), "--port", str(port), "--wait", "90", "--token-file", str(token_file),
+                log=tmp_path / "serve.log")
     try:
         wait_until(lambda: healthy(port) or serve.poll() is not None, 120, "serve to answer /healthz")
         assert serve.poll() is None, (tmp_path / "serve.log").read_text()
@@ -134,6 +140,14 @@ def test_the_page_shows_the_worker_learning_and_explains_a_query(running, tmp_pa
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(running)
+            page.fill("#token", "not-the-token-0123456789")  # the login page: a wrong token is refused
+            page.click("button[type=submit]")
+            page.wait_for_selector("#error:not([hidden])")
+            assert "not this service's token" in page.text_content("#error")
+            page.fill("#token", TOKEN)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#chart-quality")
+            errors.clear()  # the login page's refusals were 401s, logged as such: the dashboard starts here
 
             first = wait_until(lambda: chart(page, "quality")["points"] and chart(page, "quality"), 90,
                                "the prequential chart's first points")

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamlearn.config import Config, ServiceConfig
 from streamlearn.learner import Learner
 from streamlearn.exceptions import RecordError
-from streamlearn.service import Settings, _Coalescer, create_app
+from streamlearn.service import Settings, _Coalescer, _QueryThread, create_app
 from streamlearn.snapshot import Answer, NoCheckpointError
 from streamlearn.state import NotAStoreError, open_store
 from test_snapshot import SMALL, commit, stream
@@ -56,15 +56,16 @@ def clients(states):
 
 # ---------------------------------------------------------------------------- answers
 
-@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "application/json"])
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "application/json", "text/plain"])
 def test_json_body_is_read_whatever_curl_declares(clients, content_type):
-    """`curl -d '{...}'` declares a form body; every body here is JSON, so it is read as one."""
+    """`curl -d '{...}'` declares a form body; every body here is JSON, so it is read as one
+    whatever its declared type, and a body that is not JSON is a 400 whatever it claims."""
     headers = {"content-type": content_type} if content_type else {}
     answer = clients["classify"].post("/v1/predict", content=b'{"text": "w1 w2"}', headers=headers)
     assert answer.status_code == 200, answer.text
     assert answer.json()["label"] is not None
-    other = clients["classify"].post("/v1/predict", content=b"text=w1", headers={"content-type": "text/plain"})
-    assert other.status_code == 422
+    other = clients["classify"].post("/v1/predict", content=b"text=w1", headers=headers)
+    assert other.status_code == 400 and other.json()["error"] == "bad-request"
 
 
 def test_predict_single_and_batch_match_the_snapshot(clients):
@@ -159,7 +160,7 @@ def test_a_failing_request_in_a_group_fails_alone():
         return Answer(5, None, [r["n"] * 10 for r in records])
 
     async def group():
-        coalescer = _Coalescer(max_records=64)
+        coalescer = _Coalescer(_QueryThread(), lambda call, records: call(records), lambda: False, max_records=64)
         requests = [[{"n": 1}], [{"n": 2}, {"n": 3}], [{"bad": True}], [{"n": 4}]]
         return await asyncio.gather(*(coalescer.run(("k",), call, r) for r in requests), return_exceptions=True)
 
@@ -217,7 +218,7 @@ def test_limits_are_in_the_openapi_document(clients):
 
 
 def test_malformed_and_oversized_bodies_are_4xx_json(states):
-    client = TestClient(create_app(Settings(state=states["classify"], max_body_bytes=1000)))
+    client = TestClient(create_app(Settings(state=states["classify"], service=ServiceConfig(max_body_bytes=1000))))
     for content in (b"{", b"\xff\xfe", b"null", b""):
         r = client.post("/v1/predict", content=content, headers={"content-type": "application/json"})
         assert 400 <= r.status_code < 500 and "error" in r.json()

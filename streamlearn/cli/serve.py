@@ -1,8 +1,10 @@
 """``streamlearn serve --state DIR``: the HTTP query service on the live snapshot.
 
 The state directory is checked before the server starts: a missing directory, one
-that is not a streamlearn state, or one without a checkpoint (after ``--wait``) stops
-the command with a one-line error. ``--workers N`` runs N processes on one port, each
+that is not a streamlearn state, or one without a checkpoint (each waited for up to
+``--wait`` seconds) stops the command with a one-line error. ``--token-file`` (or the
+``STREAMLEARN_SERVE_TOKEN`` variable, read here and nowhere else) turns on bearer-token
+authentication. ``--workers N`` runs N processes on one port, each
 with its own snapshot; their latency histograms are merged through a temporary
 prometheus_client multiprocess directory (removed at exit).
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from ..config import ServiceConfig
 from ..exceptions import StreamlearnError
+from ..service_auth import TOKEN_ENV, load_token
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +32,8 @@ def register(subparsers: Any) -> None:
         help="HTTP query service on the live snapshot of a state directory",
         description="Serve predictions from the latest checkpoint of --state while a worker "
         "keeps training (each query moves to a newer checkpoint as soon as it is committed). "
-        "Endpoints: POST /v1/predict, /v1/topk, /v1/embed; GET /v1/snapshot, /healthz, "
-        "/metrics; the OpenAPI document is at /openapi.json.",
+        "Endpoints: POST /v1/predict, /v1/topk, /v1/embed, /v1/explain; GET /v1/snapshot, /healthz, "
+        "/metrics; the dashboard at /; the OpenAPI document is at /openapi.json.",
     )
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory a worker writes")
     parser.add_argument("--host", default=None, help=f"bind address (default: service.host, {ServiceConfig.host})")
@@ -41,7 +44,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted override, e.g. --set service.max_batch=64 (repeatable)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                        help="wait this long for a first checkpoint before giving up (default: %(default)s)")
+                        help="wait this long for the state directory and its first checkpoint before giving "
+                        "up (default: %(default)s)")
+    parser.add_argument("--token-file", metavar="FILE", default=None,
+                        help="require 'Authorization: Bearer TOKEN' on every endpoint but /healthz, TOKEN being "
+                        f"this file's content (or set {TOKEN_ENV}; never in a config file); the dashboard at / "
+                        "asks a browser for it once. Default: no token")
     parser.add_argument("--device", default=None, help="torch device for queries (default: the stored learner.device)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per process; 0 keeps torch's default (default: %(default)s: "
@@ -54,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from ..service import Settings  # the CLI imports the service stack only when it is used
 
     settings = Settings(state=args.state, service=_service_config(args), wait=args.wait,
-                        device=args.device, threads=args.threads or None)
+                        device=args.device, threads=args.threads or None,
+                        token=load_token(args.token_file, os.environ))
     if args.workers < 1:
         raise StreamlearnError(f"--workers must be >= 1, got {args.workers}")
     if args.threads < 0:
@@ -93,8 +102,8 @@ def _serve_one(settings, access_log: bool) -> int:
     import uvicorn
 
     app = _Factory(settings)()  # opens the snapshot: a bad --state fails here, before binding
-    log.info("serving %s (task %s, step %d) on http://%s:%d", settings.state, app.state.snapshot.task,
-             app.state.snapshot.step, settings.service.host, settings.service.port)
+    log.info("serving %s (task %s, step %d) on http://%s:%d%s", settings.state, app.state.snapshot.task,
+             app.state.snapshot.step, settings.service.host, settings.service.port, _auth_note(settings))
     uvicorn.run(app, host=settings.service.host, port=settings.service.port, access_log=access_log,
                 log_level="info")
     return 0
@@ -104,11 +113,9 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from ..snapshot import wait_for_checkpoint
-    from ..state import open_store
+    from ..snapshot import open_ready_store
 
-    with open_store(settings.state, readonly=True, backend="lmdb") as store:  # fail before the workers start
-        wait_for_checkpoint(store, settings.wait)
+    open_ready_store(settings.state, settings.wait).close()  # fail before the workers start
     metrics_dir = tempfile.mkdtemp(prefix="streamlearn-metrics-")
     # prometheus_client reads this in each worker process when it is first imported there.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
@@ -117,9 +124,13 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
         config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,
                                 workers=workers, access_log=access_log, log_level="info")
         sock = config.bind_socket()
-        log.info("serving %s with %d workers on http://%s:%d", settings.state, workers,
-                 settings.service.host, settings.service.port)
+        log.info("serving %s with %d workers on http://%s:%d%s", settings.state, workers,
+                 settings.service.host, settings.service.port, _auth_note(settings))
         Multiprocess(config, sockets=[sock]).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _auth_note(settings) -> str:
+    return " (bearer token required but on /healthz)" if settings.token else " (no authentication)"
