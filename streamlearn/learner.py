@@ -54,7 +54,7 @@ from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
-from .optim import RowOptimizer, dense_optimizer
+from .optim import RowOptimizer, dense_optimizer, load_dense_state
 from .records import from_features
 from .sync import Replica
 from .tasks import build_task
@@ -267,6 +267,19 @@ class Learner(river_base.Classifier):
     def learn_batch(self, batch: Batch) -> StepReport:
         """ONE optimizer step over a prepared training batch (none if it holds no
         example, e.g. only first events of next-item keys)."""
+        return self._learn(batch, predict=False)[0]
+
+    def predict_learn_batch(self, batch: Batch) -> tuple[np.ndarray, StepReport]:
+        """classify, prequentially: the label probabilities (examples, label_start) the
+        model gave each example of a training batch before learning it, over the labels
+        known before the batch (one the batch brings cannot be predicted before it is
+        learned), and :meth:`learn_batch`'s step. Where the step is closed-form (depth 0
+        on the CPU) its own forward is the prediction: one forward for both; otherwise
+        a forward in inference mode runs first."""
+        report, outputs = self._learn(batch, predict=True)
+        return self.task.known_probabilities(outputs, batch), report
+
+    def _learn(self, batch: Batch, predict: bool) -> tuple[StepReport, torch.Tensor | None]:
         if not batch.train:
             raise StreamlearnError("learn_batch needs a batch from prepare(records, train=True)")
         if batch.seq != self._applied:
@@ -274,17 +287,18 @@ class Learner(river_base.Classifier):
                 f"batch {batch.seq} learned out of order (expected batch {self._applied}): "
                 "learn batches in the order prepare() made them"
             )
-        loss, changed, skipped = 0.0, {}, False
+        loss, changed, skipped, outputs = 0.0, {}, False, None
         self.task.before_step(self.model, batch)
         if batch.examples:
-            loss, changed, skipped = self._step(batch)
+            loss, changed, skipped, outputs = self._step(batch, predict)
         counted = {} if skipped else self.task.learned(batch)
         if counted:
             changed.update(counted)
             self.mark_dirty(counted)
         self._applied += 1
-        return StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated,
-                          skipped)
+        report = StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated,
+                            skipped)
+        return report, outputs
 
     def start_label_rows(self, ids: Iterable[int], labels: Iterable | None = None) -> None:
         """classify: give the label head rows ``ids`` their starting vectors, a function
@@ -314,29 +328,53 @@ class Learner(river_base.Classifier):
         rows.update(self.task.rows_read(batch))
         return rows
 
-    def _step(self, batch: Batch) -> tuple[float, dict[str, np.ndarray], bool]:
-        """Forward, backward and the optimizers' step; ``(loss, changed rows, skipped)``.
+    def _step(self, batch: Batch, predict: bool) -> tuple[float, dict[str, np.ndarray], bool, torch.Tensor | None]:
+        """Forward, backward and the optimizers' step; ``(loss, changed rows, skipped,
+        outputs)``, ``outputs`` being the task's raw outputs before the step (with
+        ``predict``, or whenever the step is closed-form; else None).
+
+        The task's closed form (:meth:`Task.gradients <streamlearn.tasks.base.Task.gradients>`)
+        replaces autograd where it has one (classify at depth 0 on the CPU; not with
+        Shuffle+Random, whose loss has none); the gradient hook and the optimizers see
+        the same ``.grad`` either way.
 
         A step whose loss or any gradient is not finite, or so large that its square
         would overflow the optimizers' float32 accumulators, is skipped: the gradients
         are dropped and nothing is updated (a NaN or inf once written into the tables or
         the Adagrad sums poisons every later prediction that reads them). Skipped steps
         are counted (``skipped_steps``) and logged."""
+        closed = None
+        if batch.sr_feats is None:
+            with torch.no_grad():
+                closed = self.task.gradients(self.model, batch, self.dev)
+        if closed is not None:
+            value, outputs = closed.loss, closed.outputs
+        else:
+            outputs = self._outputs_before(batch) if predict else None
+            value, loss = self._forward(batch)
+        if not math.isfinite(value) and self.gradient_hook is None:
+            self._skip(f"training batch {batch.seq}: its loss ({value})")  # alone: no backward needed
+            return value, {}, True, outputs
+        if closed is None:
+            loss.backward()
+        if self.gradient_hook is not None:
+            self.gradient_hook(self)  # every rank enters the exchange, even with a bad loss
+        changed = self.apply_gradients(f"training batch {batch.seq}")
+        return value, changed or {}, changed is None, outputs
+
+    def _outputs_before(self, batch: Batch) -> torch.Tensor:
+        with self._inference():
+            return self.task.outputs(self.model, batch, self.dev)
+
+    def _forward(self, batch: Batch) -> tuple[float, torch.Tensor]:
+        """The autograd forward of a step: the loss as a float and as a graph."""
         if not self.model.training:
             self.model.train()
         with self._dropout_rng(batch.seq), self.dev.autocast():
             loss = self.task.loss(self.model, batch, self.dev)
             if batch.sr_feats is not None:
                 loss = loss + self.cfg.learner.shuffle_random * self._sr_loss(batch)
-        value = float(loss.detach())
-        if not math.isfinite(value) and self.gradient_hook is None:
-            self._skip(f"training batch {batch.seq}: its loss ({value})")  # alone: no backward needed
-            return value, {}, True
-        loss.backward()
-        if self.gradient_hook is not None:
-            self.gradient_hook(self)  # every rank enters the exchange, even with a bad loss
-        changed = self.apply_gradients(f"training batch {batch.seq}")
-        return value, changed or {}, changed is None
+        return float(loss.detach()), loss
 
     def _unsafe_gradient(self) -> str | None:
         """The name of a parameter whose gradient is not finite or beyond
@@ -460,7 +498,7 @@ class Learner(river_base.Classifier):
     def load_optimizer_state(self, dense: dict, rows: dict) -> None:
         """Resume both optimizers from :meth:`optimizer_state`'s two parts. AdamW raises
         ValueError for a state dict of other parameter groups."""
-        self.dense_optim.load_state_dict(dense)
+        load_dense_state(self.dense_optim, dense)
         self.row_optim.load_state_dict(rows)
 
     def replace_labels(self, labels: Sequence) -> None:

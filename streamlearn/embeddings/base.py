@@ -12,6 +12,10 @@ A scheme turns a batch of token lists into token vectors in two steps:
 
 Every table lookup uses sparse gradients, so a row-wise optimizer can update just
 the rows of ``featurizer.rows_touched``.
+
+A scheme may also offer :meth:`TokenEmbedding.bag`: the weighted sum of each record's
+token vectors with its gradient in closed form (a :class:`Bag`), which the depth-0 model
+uses instead of autograd (:meth:`~streamlearn.model.HashedTransformer.bag`).
 """
 from __future__ import annotations
 
@@ -39,6 +43,46 @@ class TokenEmbedding(nn.Module):
     def row_tables(self) -> dict[str, nn.Parameter]:
         """The tables updated row-wise (they receive sparse gradients), by name."""
         raise NotImplementedError
+
+    def bag(self, feats: dict[str, np.ndarray], weight: np.ndarray) -> "Bag | None":
+        """The weighted sum of each record's token vectors, ``x_n = sum_t weight[n] *
+        e(t)`` over the valid tokens t of record n, as a :class:`Bag` whose backward is
+        closed-form; ``feats`` the featurizer's numpy arrays, ``weight`` (N,) float32.
+        None: this scheme has none (its callers use autograd)."""
+        return None
+
+
+class Bag:
+    """A batch's summed token vectors ``x`` (N, out_dim) and the gradient they pass on.
+
+    :meth:`backward` takes dL/dx and adds dL/d(table) to each row table's ``.grad`` as
+    autograd would (sparse; here already coalesced: unique ascending rows, so the row
+    optimizer and the gradient checks need not sort them again).
+    """
+
+    x: torch.Tensor
+
+    def backward(self, grad: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+def add_sparse_grad(table: nn.Parameter, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """Add a gradient of ``values`` (n, w) at unique ascending ``rows`` (n,) to ``table.grad``."""
+    grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, table.shape, is_coalesced=True,
+                                   check_invariants=False)
+    table.grad = grad if table.grad is None else table.grad + grad
+
+
+def unique_inverse(ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted distinct values of an int64 array (n,) and each element's position among
+    them, as tensors: how a bag sums its gradient rows per table row."""
+    rows, inverse = np.unique(ids, return_inverse=True)
+    return torch.from_numpy(rows), torch.from_numpy(inverse.reshape(-1))
+
+
+def flat_valid(feats: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """Feature ``name`` (N, T, ...) at the valid cells of ``feats["mask"]``, row-major: (M, ...)."""
+    return feats[name][feats["mask"]]
 
 
 def to_tensors(feats: dict[str, np.ndarray], device: torch.device | str | None = None) -> TensorFeats:
