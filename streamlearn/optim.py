@@ -80,10 +80,14 @@ class RowOptimizer:
         return changed
 
     def _update(self, p: torch.Tensor, state: dict[str, torch.Tensor], idx: torch.Tensor, g: torch.Tensor) -> None:
+        """The rule on rows ``idx`` (unique): gather each table's rows, compute, write
+        them back (index_copy_). index_add_ here cost twice as much on rows spread over
+        a large table: it sorts its index again inside torch."""
         if self.rule == "adagrad":
             G = state["sum"]
-            G.index_add_(0, idx, g * g)
-            p.index_add_(0, idx, g / G.index_select(0, idx).sqrt_().add_(self.eps), alpha=-self.lr)
+            G_rows = G.index_select(0, idx).addcmul_(g, g)  # (n, w)
+            G.index_copy_(0, idx, G_rows)
+            p.index_copy_(0, idx, p.index_select(0, idx).sub_(g / G_rows.sqrt_().add_(self.eps), alpha=self.lr))
             return
         b1, b2 = self.betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -92,7 +96,7 @@ class RowOptimizer:
         m.index_copy_(0, idx, m_rows)
         v.index_copy_(0, idx, v_rows)
         step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
-        p.index_add_(0, idx, m_rows / v_rows.sqrt().add_(self.eps), alpha=-step_size)
+        p.index_copy_(0, idx, p.index_select(0, idx).sub_(m_rows / v_rows.sqrt().add_(self.eps), alpha=step_size))
 
     def _update_all(self, p: torch.Tensor, state: dict[str, torch.Tensor], g: torch.Tensor) -> None:
         """The same rules in place over the whole table, without gathers and scatters."""

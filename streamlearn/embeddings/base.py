@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..featurize import Featurizer
@@ -73,11 +74,33 @@ def add_sparse_grad(table: nn.Parameter, rows: torch.Tensor, values: torch.Tenso
     table.grad = grad if table.grad is None else table.grad + grad
 
 
-def unique_inverse(ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted distinct values of an int64 array (n,) and each element's position among
-    them, as tensors: how a bag sums its gradient rows per table row."""
-    rows, inverse = np.unique(ids, return_inverse=True)
-    return torch.from_numpy(rows), torch.from_numpy(inverse.reshape(-1))
+class RowGroups:
+    """The elements of a batch grouped by the table row each one hits (``ids`` (n,)
+    int64): ``rows``, the distinct rows ascending, and the sums per row of anything
+    indexed like the elements (:meth:`sums`).
+
+    A sum is one ``embedding_bag`` call over the elements in row order (a stable sort
+    in numpy): sequential reads and one write per row. ``index_add_`` into a zeroed
+    buffer, the obvious alternative, sorts its index again inside torch and cost about
+    1.5x as much per step (AG News, batch 16)."""
+
+    def __init__(self, ids: np.ndarray):
+        order = np.argsort(ids, kind="stable")
+        ranked = ids[order]
+        first = np.empty(len(ranked), dtype=bool)
+        first[:1] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        self.rows = torch.from_numpy(ranked[first])  # (U,)
+        self.order = torch.from_numpy(order)  # (n,)
+        self.starts = torch.from_numpy(np.flatnonzero(first))  # (U,): where each row's elements begin in order
+
+    def sums(self, source: torch.Tensor, index: torch.Tensor | None = None,
+             weight: torch.Tensor | None = None) -> torch.Tensor:
+        """(U, w): per row, the sum over its elements e of ``weight[e] * source[index[e]]``
+        (``index`` None: element e is ``source[e]``; ``weight`` None: 1)."""
+        at = self.order if index is None else index.index_select(0, self.order)
+        scale = None if weight is None else weight.index_select(0, self.order)
+        return F.embedding_bag(at, source, self.starts, mode="sum", per_sample_weights=scale)
 
 
 def flat_valid(feats: dict[str, np.ndarray], name: str) -> np.ndarray:

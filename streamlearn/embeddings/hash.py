@@ -28,8 +28,8 @@ from torch import nn
 
 from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
 from .base import (
-    Bag, TensorFeats, TokenEmbedding, add_sparse_grad, flat_valid, gather_valid, normal_table, scatter_valid,
-    unique_inverse, valid_index,
+    Bag, RowGroups, TensorFeats, TokenEmbedding, add_sparse_grad, flat_valid, gather_valid, normal_table,
+    scatter_valid, valid_index,
 )
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
@@ -84,9 +84,9 @@ class HashBag(Bag):
         dL/dP[r, i] = sum over t with D1(t) = r         of  a_n <E[h_i(t)], g_n>
 
     This is WeightedLookup's backward with the pooling folded in, each table's rows
-    summed per distinct row (index_add_ over the batch's distinct ids) instead of left
-    for the optimizer to coalesce. No autograd graph is built: a depth-0 step's forward
-    and backward through autograd cost about twice these few batched ops.
+    summed per distinct row (:class:`RowGroups`) instead of left for the optimizer to
+    coalesce. No autograd graph is built: a depth-0 step's forward and backward
+    through autograd cost about twice these few batched ops.
     """
 
     def __init__(self, emb: HashEmbedding, feats: dict[str, np.ndarray], weight: np.ndarray):
@@ -94,24 +94,25 @@ class HashBag(Bag):
         lengths = feats["mask"].sum(1)  # (N,)
         self.d1 = flat_valid(feats, "d1")  # (M,)
         self.buckets = flat_valid(feats, "buckets").reshape(-1)  # (M * k,), token-major
-        self.owner = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))  # (M,) record of each token
+        self.owner = np.repeat(np.arange(len(lengths)), lengths)  # (M,) record of each token
         self.a = torch.from_numpy(np.repeat(np.asarray(weight, dtype=np.float32), lengths))  # (M,) a_n per token
         self.p = self.P.detach().index_select(0, torch.from_numpy(self.d1))  # (M, k)
+        self.pa = (self.p * self.a.unsqueeze(1)).reshape(-1)  # (M * k,): a_n p_t[i] per slot
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1] * self.p.shape[1], out=offsets[1:])
         self.x = F.embedding_bag(torch.from_numpy(self.buckets), self.E.detach(), torch.from_numpy(offsets),
-                                 mode="sum", per_sample_weights=(self.p * self.a.unsqueeze(1)).reshape(-1))  # (N, d)
+                                 mode="sum", per_sample_weights=self.pa)  # (N, d)
 
     def backward(self, grad: torch.Tensor) -> None:  # grad (N, d)
         M, k = self.p.shape
-        g = grad.index_select(0, self.owner) * self.a.unsqueeze(1)  # (M, d): a_n g_n at each token
-        rows, inverse = unique_inverse(self.buckets)
-        per_slot = (self.p.unsqueeze(2) * g.unsqueeze(1)).reshape(M * k, -1)  # (M * k, d)
-        add_sparse_grad(self.E, rows, g.new_zeros(len(rows), g.shape[1]).index_add_(0, inverse, per_slot))
+        slots = RowGroups(self.buckets)
+        slot_owner = torch.from_numpy(np.repeat(self.owner, k))  # (M * k,)
+        add_sparse_grad(self.E, slots.rows, slots.sums(grad, slot_owner, self.pa))
+        g = grad.index_select(0, torch.from_numpy(self.owner)) * self.a.unsqueeze(1)  # (M, d): a_n g_n per token
         c = self.E.detach().index_select(0, torch.from_numpy(self.buckets)).view(M, k, -1)  # (M, k, d)
         grad_p = torch.bmm(c, g.unsqueeze(2)).squeeze(2)  # (M, k)
-        rows, inverse = unique_inverse(self.d1)
-        add_sparse_grad(self.P, rows, grad_p.new_zeros(len(rows), k).index_add_(0, inverse, grad_p))
+        tokens = RowGroups(self.d1)
+        add_sparse_grad(self.P, tokens.rows, tokens.sums(grad_p))
 
 
 class WeightedLookup(torch.autograd.Function):
