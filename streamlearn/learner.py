@@ -49,7 +49,7 @@ from river import base as river_base
 from .batching import QUERY_MASK, Batch, seed_of
 from .config import Config
 from .decoding import TopK
-from .device import Device
+from .device import Device, adopt_threads
 from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
 from .model import HashedTransformer
@@ -113,6 +113,7 @@ class Learner(river_base.Classifier):
         self.cfg = cfg if cfg is not None else Config()
         c = self.cfg
         self.dev = Device.pick(c.learner.device)
+        adopt_threads(c)  # torch's intra-op threads, unless the program chose a count (device.adopt_threads)
         self.featurizer, embedding = build_embedding(c.embedding, c.hashing.seed)
         self.task = build_task(c, self.featurizer)
         with torch.random.fork_rng(devices=[]):

@@ -34,7 +34,6 @@ import math
 import time
 from typing import Annotated, Any, Callable, Union
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ._version import __version__
 from .config import ServiceConfig
 from .decoding import DecodingError
+from .device import set_threads
 from .exceptions import RecordError, StreamlearnError
 from .snapshot import Answer, Snapshot, TaskMismatchError
 
@@ -248,7 +248,7 @@ def create_app(settings: Settings) -> FastAPI:
     directory, one that is not a streamlearn state, or one without a checkpoint fails
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
-        torch.set_num_threads(settings.threads)
+        set_threads(settings.threads)  # kept: the snapshot's learner does not adjust it
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
 
     @contextlib.asynccontextmanager
