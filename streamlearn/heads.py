@@ -236,6 +236,8 @@ class NaiveBayesHead:
         self.span = self.span_of(cells, max_labels)
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
+        self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
+        self._shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
     # where each torch op's dispatch costs more than its work. Profile at batch 16 (SMS):
@@ -249,15 +251,20 @@ class NaiveBayesHead:
         (the ingest stage hashes tokens into it: ``ClassifyPreparer.nb_tokens``)."""
         return cells - (2 * max_labels + 1)
 
+    def _pair(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """(token, label) cells relative to ``base``: (u + c * STRIDE) % span."""
+        return (tokens + self._shift[labels]) % self.span
+
     def _cells(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        return self.base + (tokens + labels * self.STRIDE) % self.span
+        return self.base + self._pair(tokens, labels)
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
-        n_tc = self.flat[self._cells(tokens[valid][:, None], np.arange(n_labels))]  # (M, n_labels), valid tokens only
+        n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
         rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels
-        ratio = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
+        a32 = np.float32(self.alpha)
+        ratio = np.log((n_tc + a32) / (rest + a32))
         L, a = self.max_labels, self.alpha
         docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
         aV = a * max(float(self.flat[2 * L]), 1.0)
@@ -280,13 +287,12 @@ class NaiveBayesHead:
         cells = self._cells(tokens[valid], labels[rows])  # (M,)
         w = weight.astype(self.flat.dtype)
         fresh = len(_distinct(cells[(self.flat[cells] == 0) & (w[rows] > 0)]))
-        table = torch.from_numpy(self.flat)  # index_add_ sums repeated cells, as np.add.at does 10x slower
-        table.index_add_(0, torch.from_numpy(cells), torch.from_numpy(w[rows]))
         L = self.max_labels
-        table.index_add_(0, torch.from_numpy(labels), torch.from_numpy(w))
-        table.index_add_(0, torch.from_numpy(L + labels), torch.from_numpy(w * valid.sum(1).astype(w.dtype)))
+        at = np.concatenate([cells, labels, L + labels])  # pair cells, records per label, tokens per label
+        add = np.concatenate([w[rows], w, w * valid.sum(1).astype(w.dtype)])
+        torch.from_numpy(self.flat).index_add_(0, torch.from_numpy(at), torch.from_numpy(add))  # sums repeats
         self.flat[2 * L] += fresh
-        return _distinct(np.concatenate([cells, labels, L + labels, [2 * L]]) // self.ROW)
+        return _distinct(np.append(at, 2 * L) // self.ROW)
 
 
 def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
