@@ -288,6 +288,8 @@ class Learner(river_base.Classifier):
         learned), and :meth:`learn_batch`'s step. Where the step is closed-form (depth 0
         on the CPU) its own forward is the prediction: one forward for both; otherwise
         a forward in inference mode runs first."""
+        if self.task.answers != "labels":  # refused before anything is learned
+            raise StreamlearnError(f"predict_learn_batch is defined for task classify, not {self.task.name}")
         report, outputs = self._learn(batch, predict=True)
         return self.task.known_probabilities(outputs, batch), report
 

@@ -307,6 +307,14 @@ def test_predict_learn_batch_scores_each_example_before_learning_it(layers):
     assert_same(params(both), params(apart))
 
 
+def test_predict_learn_batch_is_refused_for_a_token_task_before_it_learns():
+    lrn = learner("learner.task=mlm")
+    batch = lrn.prepare(set_stream(8))
+    with pytest.raises(StreamlearnError, match="defined for task classify"):
+        lrn.predict_learn_batch(batch)
+    assert lrn.steps == 0 and lrn.learn_batch(batch).examples  # the batch is still the next to learn
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_bad_training_records_are_rejected_with_a_reason_not_dropped():
