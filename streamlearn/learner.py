@@ -54,7 +54,7 @@ from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
-from .optim import RowOptimizer, dense_optimizer, load_dense_state
+from .optim import RowOptimizer, dense_optimizer
 from .records import from_features
 from .sync import Replica
 from .tasks import build_task
@@ -513,7 +513,7 @@ class Learner(river_base.Classifier):
     def load_optimizer_state(self, dense: dict, rows: dict) -> None:
         """Resume both optimizers from :meth:`optimizer_state`'s two parts. AdamW raises
         ValueError for a state dict of other parameter groups."""
-        load_dense_state(self.dense_optim, dense)
+        self.dense_optim.load_state_dict(dense)
         self.row_optim.load_state_dict(rows)
 
     def replace_labels(self, labels: Sequence) -> None:
