@@ -54,7 +54,7 @@ from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
-from .optim import RowOptimizer, dense_optimizer
+from .optim import RowOptimizer, dense_optimizer, load_dense_state
 from .records import from_features
 from .sync import Replica
 from .tasks import build_task
@@ -121,7 +121,8 @@ class Learner(river_base.Classifier):
             model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
         self.model = model.to(self.dev.torch)
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
-        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
+        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim,
+                                           fused=self.task.has_closed_form(self.model, self.dev))
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
@@ -513,7 +514,7 @@ class Learner(river_base.Classifier):
     def load_optimizer_state(self, dense: dict, rows: dict) -> None:
         """Resume both optimizers from :meth:`optimizer_state`'s two parts. AdamW raises
         ValueError for a state dict of other parameter groups."""
-        self.dense_optim.load_state_dict(dense)
+        load_dense_state(self.dense_optim, dense)
         self.row_optim.load_state_dict(rows)
 
     def replace_labels(self, labels: Sequence) -> None:

@@ -113,11 +113,17 @@ class HashedTransformer(nn.Module):
         pooled states and whose backward puts the tables' gradients in place. Only where
         the pooled states are linear in the token vectors: depth 0, no projection, no
         positions, and a scheme that offers a bag; None otherwise (use autograd)."""
-        enc = self.encoder
-        if enc.layers is not None or enc.pos is not None or not isinstance(enc.proj, nn.Identity):
+        if not self.has_bag:
             return None
         n = feats["mask"].sum(1)  # (N,)
         return self.embedding.bag(feats, (1.0 / np.sqrt(np.maximum(n, 1))).astype(np.float32))
+
+    @property
+    def has_bag(self) -> bool:
+        """Whether :meth:`bag` gives a closed form (False: it returns None)."""
+        enc = self.encoder
+        return (enc.layers is None and enc.pos is None and isinstance(enc.proj, nn.Identity)
+                and self.embedding.has_bag)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return self.embedding.row_tables()

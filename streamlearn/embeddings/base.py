@@ -45,6 +45,11 @@ class TokenEmbedding(nn.Module):
         """The tables updated row-wise (they receive sparse gradients), by name."""
         raise NotImplementedError
 
+    @property
+    def has_bag(self) -> bool:
+        """Whether :meth:`bag` gives a closed form (False: it returns None)."""
+        return False
+
     def bag(self, feats: dict[str, np.ndarray], weight: np.ndarray) -> "Bag | None":
         """The weighted sum of each record's token vectors, ``x_n = sum_t weight[n] *
         e(t)`` over the valid tokens t of record n, as a :class:`Bag` whose backward is

@@ -67,12 +67,14 @@ class HashEmbedding(TokenEmbedding):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E, "P": self.P}
 
+    @property
+    def has_bag(self) -> bool:
+        return self.cfg.combine == "sum" and not self.cfg.append_p
+
     def bag(self, feats: dict[str, np.ndarray], weight: np.ndarray) -> "HashBag | None":
         """Summed token vectors with a closed-form gradient (:class:`HashBag`); None for
         ``combine="concat"`` or ``append_p`` (autograd handles those)."""
-        if self.cfg.combine != "sum" or self.cfg.append_p:
-            return None
-        return HashBag(self, feats, weight)
+        return HashBag(self, feats, weight) if self.has_bag else None
 
 
 class HashBag(Bag):

@@ -125,6 +125,10 @@ class Task:
         """The training loss of a prepared training batch with examples."""
         raise NotImplementedError
 
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        """Whether :meth:`gradients` takes this model's steps (False: autograd does)."""
+        return False
+
     def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
         """The step of :meth:`loss` without autograd: add the loss's gradients to the
         parameters' ``.grad`` as ``loss(...).backward()`` would, and return the loss and

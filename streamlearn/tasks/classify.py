@@ -163,15 +163,18 @@ class Classify(Task):
                              reduction="none")
         return (ce * dev.tensor(batch.weight)).sum() / len(ce)
 
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        return not dev.cuda and model.has_bag
+
     def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
         """:meth:`loss`'s step in closed form where the model pools through a bag (depth
         0 on the CPU): with softmax q and weights w, dL/dlogits = (q - onehot(y)) w / N;
         the head and the bag pass it back (:meth:`LabelHead.backward`,
         :meth:`Bag.backward <streamlearn.embeddings.base.Bag.backward>`). Equal to
         autograd's gradients to float rounding (tests/test_learner.py)."""
-        bag = None if dev.cuda else model.bag(batch.feats)
-        if bag is None:
+        if not self.has_closed_form(model, dev):
             return None
+        bag = model.bag(batch.feats)
         logits = self._logits(model, bag.x, batch, dev)  # (N, n_labels)
         y = torch.from_numpy(batch.targets["labels"])  # (N,)
         w = torch.from_numpy(batch.weight) / len(y)  # (N,)
