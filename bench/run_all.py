@@ -85,6 +85,9 @@ BENCHMARKS = (
               (), 120, 840, r"^records/s|^ratios|prequential / held-out", data=True,
               what="1 worker vs 2 workers averaging vs all-reduce, speed and quality"),
     Benchmark("depth", ("--quick", "--sets", "30000"), ("--seeds", "2", "--control", "--jobs", "2"), 70, 1080, r"^\| ", what="Superbloom's depth claim on heavily hashed synthetic sets"),
+    Benchmark("speed", ("--records", "2000", "--passes", "1", "--dry-run"), (), 30, 900,
+              r"streamlearn `learn_many`|prequential replay \(|bare torch \|", data=True,
+              what="streamlearn records/s against Vowpal Wabbit, river NB and bare torch of the same shape"),
     Benchmark("startup", ("--records", "500", "--repeats", "1"), ("--repeats", "5"), 60, 240, r"^median|^\| (manual|group)",
               what="process start to the first record learned: a lone worker vs a group join"),
 )

@@ -66,6 +66,20 @@ class LabelHead(nn.Module):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {}
 
+    def backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s gradient in closed form: given dL/dlogits ``grad`` (n,
+        n_labels) at input ``x`` (n, d), add dL/dweight and dL/dbias to their ``.grad``
+        (full-size and zero beyond n_labels, as autograd leaves them) and return dL/dx
+        (n, d)."""
+        n_labels = grad.shape[1]
+        weight = torch.zeros_like(self.weight)
+        torch.mm(grad.t(), x, out=weight[:n_labels])
+        bias = torch.zeros_like(self.bias)
+        torch.sum(grad, 0, out=bias[:n_labels])
+        for p, g in ((self.weight, weight), (self.bias, bias)):
+            p.grad = g if p.grad is None else p.grad + g
+        return grad @ self.weight.detach()[:n_labels]  # (n, d)
+
     @torch.no_grad()
     def start_rows(self, ids: Sequence[int], labels: Sequence, seed: int, scale: float = 1.0) -> None:
         """Row ``ids[i]`` gets the starting vector of ``labels[i]`` (class docstring),
@@ -292,6 +306,8 @@ class NaiveBayesHead:
         self.span = self.span_of(cells, max_labels)
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
+        self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
+        self._shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
     # where each torch op's dispatch costs more than its work. Profile at batch 16 (SMS):
@@ -305,15 +321,22 @@ class NaiveBayesHead:
         (the ingest stage hashes tokens into it: ``ClassifyPreparer.nb_tokens``)."""
         return cells - (2 * max_labels + 1)
 
+    def _pair(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """(token, label) cells relative to ``base``: (u + c * STRIDE) % span."""
+        return (tokens + self._shift[labels]) % self.span
+
     def _cells(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        return self.base + (tokens + labels * self.STRIDE) % self.span
+        return self.base + self._pair(tokens, labels)
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
-        n_tc = self.flat[self._cells(np.maximum(tokens, 0)[..., None], np.arange(n_labels))]  # (N, T, n_labels)
+        n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
         rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels
-        ratio = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
+        # The logs only at valid tokens (a third of the padded cells on news text), summed
+        # over the padded cube as before: the same float sums, so the same trajectories.
+        ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
+        ratio[valid] = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
         L, a = self.max_labels, self.alpha
         docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
         aV = a * max(float(self.flat[2 * L]), 1.0)
@@ -336,13 +359,12 @@ class NaiveBayesHead:
         cells = self._cells(tokens[valid], labels[rows])  # (M,)
         w = weight.astype(self.flat.dtype)
         fresh = len(_distinct(cells[(self.flat[cells] == 0) & (w[rows] > 0)]))
-        table = torch.from_numpy(self.flat)  # index_add_ sums repeated cells, as np.add.at does 10x slower
-        table.index_add_(0, torch.from_numpy(cells), torch.from_numpy(w[rows]))
         L = self.max_labels
-        table.index_add_(0, torch.from_numpy(labels), torch.from_numpy(w))
-        table.index_add_(0, torch.from_numpy(L + labels), torch.from_numpy(w * valid.sum(1).astype(w.dtype)))
+        at = np.concatenate([cells, labels, L + labels])  # pair cells, records per label, tokens per label
+        add = np.concatenate([w[rows], w, w * valid.sum(1).astype(w.dtype)])
+        torch.from_numpy(self.flat).index_add_(0, torch.from_numpy(at), torch.from_numpy(add))  # sums repeats
         self.flat[2 * L] += fresh
-        return _distinct(np.concatenate([cells, labels, L + labels, [2 * L]]) // self.ROW)
+        return _distinct(np.append(at, 2 * L) // self.ROW)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:

@@ -42,7 +42,6 @@ import math
 import time
 from typing import Annotated, Any, Callable, Union
 
-import torch
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -54,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ._version import __version__
 from .config import ServiceConfig
 from .decoding import DecodingError
+from .device import set_threads
 from .exceptions import RecordError, StreamlearnError
 from .service_auth import BearerToken
 from .service_guard import Guard, JsonRoute, TooLarge, json_error
@@ -290,7 +290,7 @@ def create_app(settings: Settings) -> FastAPI:
     directory, one that is not a streamlearn state, or one without a checkpoint fails
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
-        torch.set_num_threads(settings.threads)
+        set_threads(settings.threads)  # kept: the snapshot's learner does not adjust it
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
     watch = StateWatch(settings.state)
     worker = _QueryThread()

@@ -249,6 +249,93 @@ def test_step_reports_exactly_the_rows_it_changed():
     assert lrn.take_dirty() == {}
 
 
+# ---------------------------------------------------------------------------- closed-form step
+
+def dense_grads(lrn: Learner) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as a dense tensor, then cleared."""
+    out = {}
+    for name, p in lrn.model.named_parameters():
+        if p.grad is not None:
+            out[name] = p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
+        p.grad = None
+    return out
+
+
+@pytest.mark.parametrize("overrides", [(), ("learner.nb_weight=0",), ("learner.nb_weight=0.5", "learner.nb_alpha=0.5"),
+                                       ("embedding.k=3",)])
+def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
+    """At depth 0 on the CPU a classify step takes its gradients in closed form
+    (Classify.gradients). On every batch of a stream, from the same parameters, they
+    equal what autograd computes through the model (Classify.loss), as do the loss and
+    the logits; the sparse gradients come coalesced (one value row per table row)."""
+    lrn = learner(*overrides, "hashing.max_tokens=6")  # some texts are cut
+    assert lrn.model.depth == 0
+    for records in batches(topic_stream(80, seed=4) + [{"text": "team", "label": "sport", "weight": 3.0}], 16):
+        batch = lrn.prepare(records)
+        lrn.task.before_step(lrn.model, batch)  # new labels' rows, as learn_batch does first
+        with torch.no_grad():
+            closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
+        assert closed is not None
+        for name in ("E", "P"):
+            grad = lrn.model.row_tables()[name].grad
+            assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices()))
+        fast = dense_grads(lrn)
+        loss = lrn.task.loss(lrn.model, batch, lrn.dev)
+        loss.backward()
+        slow = dense_grads(lrn)
+        assert fast.keys() == slow.keys() == {"embedding.E", "embedding.P", "head.weight", "head.bias"}
+        for name in slow:
+            scale = float(slow[name].abs().max())
+            torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
+        assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(closed.outputs, lrn.task.label_logits(lrn.model, batch, lrn.dev))
+        lrn.learn_batch(batch)
+
+
+def test_a_closed_form_step_leaves_the_parameters_an_autograd_step_would():
+    """One stream through two learners whose models compute the same function: hash
+    embeddings with k = 1 summed (a closed-form step) and concatenated (autograd: no
+    closed form for concat). Every table, optimizer state and count ends equal to float
+    rounding, and each step reports the same rows."""
+    fast, slow = learner("embedding.k=1"), learner("embedding.k=1", "embedding.combine=concat")
+    for records in batches(topic_stream(96, seed=2), 16):
+        a, b = fast.learn_many(records), slow.learn_many(records)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert a.rows.keys() == b.rows.keys() and all(np.array_equal(a.rows[k], b.rows[k]) for k in a.rows)
+    pa, pb = params(fast), params(slow)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert torch.equal(fast.task.nb.counts, slow.task.nb.counts)
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_predict_learn_batch_scores_each_example_before_learning_it(layers):
+    """Prequential evaluation in one call: the probabilities equal a prediction made
+    before the step, over the labels known before the batch (renormalised), and the
+    step equals learn_batch's (the depth-0 step reuses its own forward for them)."""
+    both, apart = learner(f"model.layers={layers}"), learner(f"model.layers={layers}")
+    for records in batches(topic_stream(64, seed=1), 16):
+        a, b = both.prepare(records), apart.prepare(records)
+        known = len(apart.labels) - (b.n_labels - b.label_start)
+        want = apart.predict_proba_batch(b)[:, :known]
+        want = want / want.sum(1, keepdims=True) if known else want
+        probs, report = both.predict_learn_batch(a)
+        assert probs.shape == (len(records), known)
+        np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
+        assert report.loss == apart.learn_batch(b).loss
+    assert_same(params(both), params(apart))
+
+
+def test_predict_learn_batch_is_refused_for_a_token_task_before_it_learns():
+    lrn = learner("learner.task=mlm")
+    batch = lrn.prepare(set_stream(8))
+    with pytest.raises(StreamlearnError, match="defined for task classify"):
+        lrn.predict_learn_batch(batch)
+    assert lrn.steps == 0 and lrn.learn_batch(batch).examples  # the batch is still the next to learn
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_bad_training_records_are_rejected_with_a_reason_not_dropped():

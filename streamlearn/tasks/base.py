@@ -35,7 +35,16 @@ from ..model import HashedTransformer
 from ..outputs import OutputCode, output_code
 from ..records import Record
 
-__all__ = ["Event", "Task", "TokenPreparer", "TokenTask"]
+__all__ = ["ClosedForm", "Event", "Task", "TokenPreparer", "TokenTask"]
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """A step whose gradients a task computed in closed form (:meth:`Task.gradients`):
+    the loss and the raw outputs of the forward it ran, before the step."""
+
+    loss: float
+    outputs: torch.Tensor
 
 
 @dataclass(eq=False)
@@ -123,6 +132,17 @@ class Task:
         """The training loss of a prepared training batch with examples."""
         raise NotImplementedError
 
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        """Whether :meth:`gradients` takes this model's steps (False: autograd does)."""
+        return False
+
+    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
+        """The step of :meth:`loss` without autograd: add the loss's gradients to the
+        parameters' ``.grad`` as ``loss(...).backward()`` would, and return the loss and
+        the outputs. None (the default) where the task or the model has no closed form:
+        the learner runs autograd."""
+        return None
+
     def outputs(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """Raw outputs of a prepared batch: label logits (N, n_labels), hashed logits
         (N, m, size) or T-Free logits (N, v)."""
@@ -165,6 +185,11 @@ class Task:
     def probabilities(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
         """Answer probabilities (N, answers) of a prepared batch, as an array."""
         raise StreamlearnError(f"predict_proba_batch is defined for task classify, not {self.name}")
+
+    def known_probabilities(self, outputs: torch.Tensor | None, batch: Batch) -> np.ndarray:
+        """From :meth:`outputs` of a training batch before its step: the answer
+        probabilities over the answers known before the batch (prequential scoring)."""
+        raise StreamlearnError(f"predict_learn_batch is defined for task classify, not {self.name}")
 
     def topk(self, model: HashedTransformer, batch: Batch, dev: Device, k: int, beam: int,
              exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:

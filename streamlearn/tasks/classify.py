@@ -34,7 +34,7 @@ from ..heads import LabelHead, NaiveBayesHead
 from ..model import HashedTransformer
 from ..objectives import LabelTable
 from ..records import Record
-from .base import Event, Task
+from .base import ClosedForm, Event, Task
 
 __all__ = ["Classify", "ClassifyPreparer", "NB_COUNTS"]
 
@@ -142,9 +142,18 @@ class Classify(Task):
 
     def label_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """Label logits (N, n_labels): the model's, plus ``learner.nb_weight`` times the
-        Naive Bayes scores when that part is on (no gradient reaches the counts)."""
+        Naive Bayes scores when that part is on (no gradient reaches the counts).
+        Without autograd (queries, predictions) a depth-0 model on the CPU pools through
+        its bag (:meth:`HashedTransformer.bag`): the same states, computed without the
+        padded (N, T, d) tensor and without a graph for autograd to follow."""
+        bag = None if dev.cuda or torch.is_grad_enabled() else model.bag(batch.feats)
+        if bag is not None:
+            return self._logits(model, bag.x, batch, dev)
         feats = dev.tensors(batch.feats)
-        logits = model.head(model.pool(model.encode(feats), feats["mask"]), batch.n_labels).float()
+        return self._logits(model, model.pool(model.encode(feats), feats["mask"]), batch, dev)
+
+    def _logits(self, model: HashedTransformer, x: torch.Tensor, batch: Batch, dev: Device) -> torch.Tensor:
+        logits = model.head(x, batch.n_labels).float()  # (N, n_labels)
         if self.nb is None:
             return logits
         nb = dev.tensor(self.nb.scores(batch.nb_tokens, batch.n_labels))
@@ -154,6 +163,29 @@ class Classify(Task):
         ce = F.cross_entropy(self.label_logits(model, batch, dev), dev.tensor(batch.targets["labels"]),
                              reduction="none")
         return (ce * dev.tensor(batch.weight)).sum() / len(ce)
+
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        return not dev.cuda and model.has_bag
+
+    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
+        """:meth:`loss`'s step in closed form where the model pools through a bag (depth
+        0 on the CPU): with softmax q and weights w, dL/dlogits = (q - onehot(y)) w / N;
+        the head and the bag pass it back (:meth:`LabelHead.backward`,
+        :meth:`Bag.backward <streamlearn.embeddings.base.Bag.backward>`). Equal to
+        autograd's gradients to float rounding (tests/test_learner.py)."""
+        if not self.has_closed_form(model, dev):
+            return None
+        bag = model.bag(batch.feats)
+        logits = self._logits(model, bag.x, batch, dev)  # (N, n_labels)
+        y = torch.from_numpy(batch.targets["labels"])  # (N,)
+        w = torch.from_numpy(batch.weight) / len(y)  # (N,)
+        logp = torch.log_softmax(logits, 1)
+        loss = -torch.dot(logp.gather(1, y.unsqueeze(1)).squeeze(1), w)
+        grad = logp.exp()  # (N, n_labels): q
+        grad[torch.arange(len(y)), y] -= 1.0
+        grad *= w.unsqueeze(1)
+        bag.backward(model.head.backward(bag.x, grad))
+        return ClosedForm(float(loss), logits)
 
     def outputs(self, model, batch, dev):
         return self.label_logits(model, batch, dev)
@@ -180,6 +212,14 @@ class Classify(Task):
         if not batch.n_labels or batch.feats is None:
             return np.zeros((batch.examples if batch.train else batch.records, batch.n_labels), np.float32)
         return self.label_logits(model, batch, dev).softmax(-1).cpu().numpy()
+
+    def known_probabilities(self, outputs: torch.Tensor | None, batch: Batch) -> np.ndarray:
+        """The softmax over the labels known before the batch (its first ``label_start``
+        logits): what a prediction made before the batch was prepared could answer
+        (examples, label_start)."""
+        if outputs is None or not batch.label_start:
+            return np.zeros((batch.examples, batch.label_start), np.float32)
+        return outputs[:, :batch.label_start].float().softmax(-1).cpu().numpy()
 
     def predict_proba(self, model, batch, dev) -> list[dict]:
         """``{label: probability}`` over the labels seen so far ({} before any)."""
