@@ -220,10 +220,10 @@ class SampledHead(nn.Module):
         return z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
-                candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """Log-probabilities (n, c) over the ``candidates`` (c, m): every token the
+                choices: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities (n, c) over the ``choices`` (c, m): every token the
         candidate index holds, in its order."""
-        return F.log_softmax(self._logits(x, candidates).float(), dim=-1)
+        return F.log_softmax(self._logits(x, choices).float(), dim=-1)
 
     @staticmethod
     def decodable(scores: torch.Tensor) -> torch.Tensor:
@@ -231,9 +231,9 @@ class SampledHead(nn.Module):
 
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
-        """Weighted cross-entropy over ``targets["candidates"]`` (c, m) (the answers and the
+        """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
         drawn negatives), example i's answer at ``targets["answer"][i]``."""
-        logits = self._logits(x, targets["candidates"]).float()  # (n, c)
+        logits = self._logits(x, targets["choices"]).float()  # (n, c)
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
 

@@ -167,16 +167,16 @@ class SampledCode(OutputCode):
         return index.hashes[rng.integers(0, n, size=self.negatives)]
 
     def step_targets(self, targets, index, rng):
-        """The step's candidates (c, m), its distinct answers and drawn negatives, and
+        """The step's ``choices`` (c, m), its distinct answers and drawn negatives, and
         each example's ``answer``: its position among them."""
         hashes = targets["hashes"]
         both = np.concatenate([hashes, self.draw(index, rng)])
         candidates, inverse = np.unique(both, axis=0, return_inverse=True)
-        return {"candidates": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
+        return {"choices": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
 
     def scoring_inputs(self, index):
         """Every candidate's hashes, in the index's order (answers score them all)."""
-        return {"candidates": index.hashes}
+        return {"choices": index.hashes}
 
     def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
         """``scores``: log-probabilities (n, candidates), every candidate scored: exact."""

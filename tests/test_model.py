@@ -180,7 +180,7 @@ def test_sampled_head_is_cross_entropy_over_the_candidates_and_reaches_only_thei
     index = code.new_index()
     index.add([f"t{i}" for i in range(10)])
     targets = code.step_targets(code.targets(["t1", "t2", "t1"]), index, np.random.default_rng(0))
-    cands, answer = targets["candidates"], targets["answer"]
+    cands, answer = targets["choices"], targets["answer"]
     assert len(np.unique(cands, axis=0)) == len(cands) <= 2 + code.negatives
     np.testing.assert_array_equal(cands[answer], code.ids(["t1", "t2", "t1"]))
     x, w = torch.randn(3, 4), torch.tensor([1.0, 2.0, 0.5])
