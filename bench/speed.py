@@ -33,6 +33,7 @@ between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import sys
 import textwrap
@@ -268,7 +269,7 @@ def rows(name: str, r: dict[str, Rate], vw: bool) -> list[str]:
 
 
 def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: str, passes: int) -> str:
-    intro = (f"Produced by `{command}` (torch {torch.__version__}, CPU, a shared 2-core machine: compare figures "
+    intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared 2-core machine: compare figures "
              f"within this table only). Best of {passes} passes, each running every contestant once in turn; "
              "records/s wall clock, per thread CPU-second in brackets; accuracy is prequential (each record "
              "predicted before it is learned). streamlearn runs at its defaults (depth 0, Naive Bayes part, batch "
