@@ -57,6 +57,8 @@ class Batch:
     n_labels: int = 0
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
+    nb_scores: np.ndarray | None = None  # ... a training batch's (N, n_labels) Naive Bayes scores, each before its record was counted
+    nb_rows: np.ndarray | None = None  # ... the count rows that counting the batch changed
     candidates: list[str] = dataclasses.field(default_factory=list)
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None
@@ -150,7 +152,7 @@ class Preparer:
             return [canonical_id(t) for t in rec.tokens]
         if rec.text is None:
             return None
-        return tokenize(rec.text, h.ngrams, h.lowercase) if h.tokenizer == "words" else rec.text.split()
+        return tokenize(rec.text, h.ngrams, h.lowercase, h.shapes) if h.tokenizer == "words" else rec.text.split()
 
     def text_tokens(self, rec: Record) -> list[str]:
         """:meth:`tokens`, required and non-empty (RecordError otherwise)."""

@@ -87,10 +87,17 @@ def test_classify_learns_a_separable_stream():
         preds = lrn.predict_many(batch)
         hits.extend(p == r["label"] for p, r in zip(preds, batch))
         lrn.learn_many(batch)
+    before = [list(p.values()) for p in lrn.predict_proba_many(stream[:8])]
     batch = lrn.prepare(stream[:8])  # a training batch, scored before it is learned
     probs = lrn.predict_proba_batch(batch)
     assert probs.shape == (8, 3) and np.allclose(probs.sum(1), 1, atol=1e-5)
-    np.testing.assert_allclose(probs, [list(p.values()) for p in lrn.predict_proba_many(stream[:8])], atol=1e-6)
+    # record i's Naive Bayes score counts records 0..i-1 of its batch: the first record's
+    # probabilities are a query's before the batch, the others move with the counts
+    np.testing.assert_allclose(probs[0], before[0], atol=1e-6)
+    with torch.inference_mode():
+        network = lrn.task.network_logits(lrn.model, batch, lrn.dev)
+    want = (network + 0.1 * torch.from_numpy(batch.nb_scores)).softmax(-1).numpy()
+    np.testing.assert_allclose(probs, want, atol=1e-6)
     lrn.learn_batch(batch)
     assert np.mean(hits[:48]) < 0.7
     assert np.mean(hits[-320:]) > 0.95
@@ -645,7 +652,9 @@ def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) 
 def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     """Exact NB scores whichever way the part gets its token ids: hash embeddings' D1
     when its range is wide enough, else (a narrow D1, or a scheme without one) a hash
-    of its own."""
+    of its own. The part counts words, not the bigrams and digit shapes the network
+    gets, and scores each record of a training batch from the records before it, its
+    own batch's earlier records included."""
     extra = {"d1": ["embedding.K=65536"], "hashed": [], "bloom": ["embedding.scheme=bloom"]}[ids]
     lrn = learner(*NB, *extra)
     stream = batches(topic_stream(48), 16)
@@ -653,18 +662,21 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     for records in stream:
         batch = lrn.prepare(records)
         mask = batch.feats["mask"]
-        np.testing.assert_array_equal(batch.nb_tokens >= 0, mask)
+        words = np.zeros_like(mask)
+        for r, rec in enumerate(records):
+            words[r, :len(rec["text"].split())] = True  # the words lead; their bigrams follow
+        assert (mask & ~words).any()
+        np.testing.assert_array_equal(batch.nb_tokens >= 0, words)
         if ids == "d1":
-            np.testing.assert_array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask] % lrn.task.nb.span)
+            np.testing.assert_array_equal(batch.nb_tokens[words], batch.feats["d1"][words] % lrn.task.nb.span)
         else:
-            assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask])
-        if seen:  # the step's loss and a prequential prediction see the counts before the batch
-            got = lrn.task.nb.scores(batch.nb_tokens, batch.n_labels)
-            for row, r in zip(got, records):
+            assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[words], batch.feats["d1"][words])
+        for i, r in enumerate(records):
+            if seen:
                 want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5)
-                np.testing.assert_allclose(row, want, rtol=1e-5)
+                np.testing.assert_allclose(batch.nb_scores[i], want, rtol=1e-5)
+            seen.append(r)
         lrn.learn_batch(batch)
-        seen += records
     # the label logits are the model's plus nb_weight times those scores
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
@@ -790,23 +802,23 @@ def test_a_record_with_a_poisonous_weight_is_rejected_and_changes_nothing(weight
 def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
     """Whatever the cause (here a prepared batch's weights overwritten), a step whose loss
     or gradients are not finite, or too large for the optimizers' accumulators, is not
-    applied: no table, accumulator or count changes, and the model ends equal to one
-    trained on the stream without that batch."""
+    applied: no table or accumulator changes, and the network ends equal to one trained
+    on the stream without that batch. The Naive Bayes part counted the batch when it was
+    prepared (with its weights then): those rows are reported changed all the same."""
     stream = batches(topic_stream(16 * 5), 16)
-    clean, guarded = learner(*NB), learner(*NB)
+    clean, guarded, counted = learner(*NB), learner(*NB), learner(*NB)
     for i, records in enumerate(stream):
+        counted.learn_many(records)
         batch = guarded.prepare(records)
         if i == 2:
             batch.weight[:] = poison
             before = params(guarded)
             report = guarded.learn_batch(batch)
-            assert report.skipped and report.rows == {} and guarded.skipped_steps == 1
+            assert report.skipped and set(report.rows) == {"nb.counts"} and guarded.skipped_steps == 1
             assert_same(before, params(guarded))
             continue
         assert not guarded.learn_batch(batch).skipped
         clean.learn_many(records)
     assert_same(params(clean), params(guarded))
-    assert torch.equal(clean.task.nb.counts, guarded.task.nb.counts)
+    assert torch.equal(counted.task.nb.counts, guarded.task.nb.counts)
     assert all(torch.isfinite(t).all() for t in params(guarded).values())
-    query = topic_stream(8, seed=5)
-    assert clean.predict_proba_many(query) == guarded.predict_proba_many(query)
