@@ -822,3 +822,30 @@ def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
     assert_same(params(clean), params(guarded))
     assert torch.equal(counted.task.nb.counts, guarded.task.nb.counts)
     assert all(torch.isfinite(t).all() for t in params(guarded).values())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_naive_bayes_scores_in_order_are_a_record_by_record_loop(seed):
+    """One batch scored at once equals scoring each record, then counting it, in turn:
+    repeated tokens, tokens shared between records, records of weight 0, labels met
+    first inside the batch, padding, and a span of 119 cells where (token, label) pairs
+    share cells."""
+    from streamlearn.heads import NaiveBayesHead
+
+    rng = np.random.default_rng(seed)
+    fast, slow = NaiveBayesHead(128, 4, 0.3), NaiveBayesHead(128, 4, 0.3)
+    warm = rng.integers(0, fast.span, (6, 5)), np.arange(6) % 2, np.ones(6, np.float32)
+    fast.learn(*warm), slow.learn(*warm)
+    tokens = rng.integers(0, 30, (9, 7))  # 30 of 119 token ids: records share tokens
+    tokens[rng.random(tokens.shape) < 0.25] = -1
+    tokens[:, 0] = tokens[:, 1] = rng.integers(0, 30, 9)  # a token twice in a record
+    labels = rng.integers(0, 4, 9)
+    weight = rng.choice([0.0, 1.0, 2.0], 9).astype(np.float32)
+    got = fast.scores_in_order(tokens, labels, weight, 4)
+    want = np.empty_like(got)
+    for i in range(9):
+        want[i] = slow.scores(tokens[i:i + 1], 4)[0]
+        slow.learn(tokens[i:i + 1], labels[i:i + 1], weight[i:i + 1])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    fast.learn(tokens, labels, weight)
+    assert torch.equal(fast.counts, slow.counts)

@@ -91,15 +91,11 @@ class ClassifyPreparer(Preparer):
 
     def _count_in_order(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Each record's Naive Bayes score (N, n_labels) from the counts of every record
-        before it, then the record counted; and the count rows changed. One record at a
-        time: a record's score must not see its own batch's later records."""
+        before it (not its own batch's later records), then the batch counted; and the
+        count rows changed."""
         toks, y, w = batch.nb_tokens, batch.targets["labels"], batch.weight
-        scores = np.empty((len(y), batch.n_labels), dtype=np.float32)
-        rows = []
-        for i in range(len(y)):
-            scores[i] = self.nb.scores(toks[i:i + 1], batch.n_labels)[0]
-            rows.append(self.nb.learn(toks[i:i + 1], y[i:i + 1], w[i:i + 1]))
-        return scores, np.unique(np.concatenate(rows))
+        scores = self.nb.scores_in_order(toks, y, w, batch.n_labels)
+        return scores, self.nb.learn(toks, y, w)
 
     def fill_query(self, batch: Batch, records: list) -> None:
         batch.n_labels = len(self.label_table)
