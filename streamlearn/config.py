@@ -168,6 +168,8 @@ class LearnerConfig:
     device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
     mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
     history: int = key(10, at_least(1))  # next-item: a key's last n items
+    # next-item: the last r items also enter as tokens of their own, so the bag knows which came last
+    recency: int = key(1, at_least(0))
     beam: int = key(50, at_least(1))  # top-k decoding beam width
     # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
     shuffle_random: float = key(0.0, at_least(0))
@@ -445,7 +447,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output",
     "optim.sparse",
-    "learner.task", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
+    "learner.task", "learner.recency", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({

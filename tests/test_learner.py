@@ -189,6 +189,26 @@ def test_next_item_learns_a_deterministic_sequence():
     assert lrn.predict_one({"tokens": ["item3", "item4"]}) == "item5"  # explicit history
 
 
+@pytest.mark.parametrize("recency", [0, 1])
+def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
+    """Cycles of 6 items seen through a history of 6: every history holds the same 6
+    items once, so a bag alone cannot know where a key is in its cycle; the last item as
+    a token of its own (learner.recency=1, the default) tells it."""
+    lrn = learner("learner.task=next-item", "learner.history=6", f"learner.recency={recency}")
+    stream, expected = cycle_stream(32 * 100, items=6)
+    for batch in batches(stream, 32):
+        lrn.learn_many(batch)
+    hits = np.mean([p == want for p, want in zip(lrn.predict_many([{"key": u} for u in expected]),
+                                                 expected.values())])
+    batch = lrn.prepare([{"tokens": ["item0", "item1"]}], train=False)
+    width = batch.feats["mask"].sum()
+    if recency:
+        assert hits == 1.0 and width == 3
+        assert lrn.predict_one({"tokens": ["item4", "item5", "item0", "item1", "item2", "item3"]}) == "item4"
+    else:
+        assert hits <= 0.5 and width == 2
+
+
 def test_next_item_histories_advance_in_record_order_in_prepare():
     lrn = learner("learner.task=next-item", "learner.history=2")
     batch = lrn.prepare([{"key": "u", "item": "a"}, {"key": "u", "item": "b"},
