@@ -381,3 +381,15 @@ def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys)
     captured = capsys.readouterr()
     assert captured.err == "streamlearn demo: error: optim.dense_lr must be > 0, got -1.0\n"
     assert "broker" not in captured.out
+
+
+def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
+    """Classify (the default task) adds word bigrams and digit shapes; a model that
+    predicts tokens must not see a masked or next word's bigrams, so mlm and next-token
+    keep words alone (task defaults), and batches of 16."""
+    c = Config.from_dict({})
+    assert (c.hashing.ngrams, c.hashing.shapes, c.learner.batch_size) == (2, True, 8)
+    assert Config() == c
+    for task in ("mlm", "next-token"):
+        t = Config().override(f"learner.task={task}")
+        assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 16), task

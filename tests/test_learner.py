@@ -706,6 +706,18 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     np.testing.assert_allclose(lrn.outputs(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_naive_bayes_part_counts_words_of_a_text_and_every_token_of_a_list():
+    """Bigrams and digit shapes of a text reach the network only; a record given as
+    ``tokens`` is the user's own tokenization, counted whole (spaces and all)."""
+    lrn = learner(*NB, "embedding.K=65536")
+    batch = lrn.prepare([{"text": "call 0800 now", "label": "a"}, {"tokens": ["new york", "x"], "label": "b"}])
+    # text: call, 0800, now, "call 0800", "0800 now", shape of 0800; tokens: both
+    assert batch.feats["mask"].sum(1).tolist() == [6, 2]
+    assert (batch.nb_tokens >= 0).tolist() == [[True, True, True, False, False, False], [True, True] + [False] * 4]
+    query = lrn.prepare([{"text": "call 0800 now"}, {"tokens": ["new york", "x"]}], train=False)
+    np.testing.assert_array_equal(query.nb_tokens, batch.nb_tokens)
+
+
 def test_naive_bayes_part_alone_learns_from_one_batch():
     lrn = learner("learner.nb_weight=1", "optim.sparse_lr=1e-9", "optim.dense_lr=1e-9")  # counts do the work
     lrn.learn_many(topic_stream(16, seed=3))
