@@ -53,7 +53,7 @@ NB_COUNTS = "nb.counts"  # the Naive Bayes part's count table (a row table: stor
 class ClassifyPreparer(Preparer):
     """Records need tokens and a label; a new label joins the label table when its
     record is prepared. With the Naive Bayes part ``nb`` on, batches carry its token ids,
-    and a training batch is counted into it here, record by record (the module
+    and a training batch is counted into it here, in record order (the module
     docstring), its scores and changed rows riding in the batch."""
 
     task = "classify"
