@@ -1,7 +1,7 @@
 """One set of defaults per task, on every stream shape, against fair peers (issue 17).
 
-    python bench/shapes.py --task text [--streams sms yelp] [--seeds 0 1 2] [--set model.layers=1 ...]
-    python bench/shapes.py --task next-item [--streams ml-time ml-user markov-1k ...] [--set ...]
+    python bench/shapes.py [--task all|text|next-item] [--streams sms yelp ml-time ...] [--seeds 0 1 2]
+                           [--set model.layers=1 ...] [--data DIR]
 
 The model predicts each mini-batch, then learns it (one step); its peers predict then
 learn record by record in stream order, on the same records and the same tokens
@@ -35,9 +35,10 @@ from streamlearn.hashing import tokenize  # noqa: E402
 from streamlearn.learner import Learner  # noqa: E402
 
 import peers  # noqa: E402
+from data import add_data_option, data_dir  # noqa: E402
 import synthetic_items as synth  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = data_dir(None)  # main() sets --data's folder before any stream is read
 AG_CLASSES = ("World", "Sports", "Business", "Sci/Tech")
 ITEM_BASE = ("learner.task=next-item",)  # the task's defaults (streamlearn.tasks.REGISTRY)
 
@@ -117,6 +118,7 @@ def cached_peers(cache: Path, name: str, make) -> dict:
     data = json.loads(cache.read_text()) if cache.exists() else {}
     if name not in data:
         data[name] = make()
+        cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(data, indent=1, sort_keys=True))
     return data[name]
 
@@ -159,7 +161,7 @@ def next_item(events: list[dict], overrides, k: int = 10) -> float:
     index: dict[str, int] = {}
     first: list[int] = []  # event at which item j was first seen
     codes = np.empty((0, 0), dtype=np.int64)
-    codes_size = L.model.space.size
+    codes_size = L.task.code.size
     seen: dict[str, list[int]] = {}
     hits = evaluated = 0
     for start in range(0, len(events), batch):
@@ -170,11 +172,11 @@ def next_item(events: list[dict], overrides, k: int = 10) -> float:
                 index[e["item"]] = len(first)
                 first.append(start + j)
         if fresh:
-            new = L.model.space.hasher(list(dict.fromkeys(fresh)))
+            new = L.task.code.ids(list(dict.fromkeys(fresh)))
             codes = new if codes.size == 0 else np.concatenate([codes, new])
-        if codes.size and len(codes) and codes_size != L.model.space.size:  # the output space grew
-            codes, codes_size = L.model.space.hasher(list(index)), L.model.space.size
-        codes_size = L.model.space.size
+        if codes.size and len(codes) and codes_size != L.task.code.size:  # the output space grew
+            codes, codes_size = L.task.code.ids(list(index)), L.task.code.size
+        codes_size = L.task.code.size
         b = L.prepare(chunk)
         scores = item_scores(L, b, codes) if b.examples else None
         first_arr = np.asarray(first)
@@ -229,18 +231,24 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", choices=("text", "next-item"), required=True)
+    ap.add_argument("--task", choices=("text", "next-item", "all"), default="all")
     ap.add_argument("--streams", nargs="*")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[], dest="overrides", help="config overrides (dotted)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cache", type=Path, default=Path("bench-peers.json"))
+    ap.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent / "out" / "peers.json")
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--tag", default="")
+    add_data_option(ap)
     args = ap.parse_args()
+    global DATA
+    DATA = data_dir(args.data)
     torch.set_num_threads(args.threads)
-    names = args.streams or list(TEXT_STREAMS if args.task == "text" else ITEM_STREAMS)
-    rows = run(args.task, names, args.overrides, args.seeds, args.cache)
+    rows = []
+    for task, streams in (("text", TEXT_STREAMS), ("next-item", ITEM_STREAMS)):
+        names = [n for n in (args.streams or streams) if n in streams]
+        if args.task in (task, "all") and names:
+            rows += run(task, names, args.overrides, args.seeds, args.cache)
     if args.log:
         with args.log.open("a") as f:
             for r in rows:
