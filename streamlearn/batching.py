@@ -57,8 +57,6 @@ class Batch:
     n_labels: int = 0
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
-    nb_scores: np.ndarray | None = None  # ... a training batch's (N, n_labels) Naive Bayes scores, each before its record was counted
-    nb_rows: np.ndarray | None = None  # ... the count rows that counting the batch changed
     candidates: list[str] = dataclasses.field(default_factory=list)
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None

@@ -351,7 +351,14 @@ class NaiveBayesHead:
         of the batch (tokens (N, T), labels (N,), weight (N,)) had been learned one by one
         before it; counts nothing (:meth:`learn` the batch after). Without a loop over
         records: each count a record reads is the count before the batch plus what the
-        earlier records add to its cell (a sorted search by (cell, record))."""
+        earlier records add to its cell (a sorted search by (cell, record)). Weights that
+        are not finite (a batch tampered with after validation) give scores that are not
+        either, without a warning: the step that reads them is skipped for its loss."""
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return self._scores_in_order(tokens, labels, weight, n_labels)
+
+    def _scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
+                         n_labels: int) -> np.ndarray:
         N = len(labels)
         valid = tokens >= 0
         rec = valid.nonzero()[0]  # (M,) the record of each token, ascending

@@ -333,7 +333,7 @@ class Learner(river_base.Classifier):
         self.task.before_step(self.model, batch)
         if batch.examples:
             loss, changed, skipped, outputs = self._step(batch, predict)
-        counted = {**self.task.prepared_rows(batch), **({} if skipped else self.task.learned(batch))}
+        counted = {} if skipped else self.task.learned(batch)
         if counted:
             changed.update(counted)
             self.mark_dirty(counted)

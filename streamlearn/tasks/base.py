@@ -153,12 +153,6 @@ class Task:
         (the candidate index, count tables); returns the count-table rows it changed."""
         return {}
 
-    def prepared_rows(self, batch: Batch) -> dict[str, np.ndarray]:
-        """The count-table rows the preparer changed while preparing ``batch`` (counting
-        in stream order), marked changed when the batch is learned, whether or not its
-        step ran."""
-        return {}
-
     def count_tables(self) -> dict[str, torch.Tensor]:
         """Row tables learned by counting, not by gradient, by store name."""
         return {}

@@ -12,9 +12,11 @@ label logits of every prediction. The two are experts of their own:
 - the part counts the words of a text only: its word n-grams and digit shapes go to the
   network alone (a sum of log-count ratios over a bigram and its two words counts the
   same evidence twice);
-- the preparer counts each record in stream order, after taking its score, so a record's
-  score uses every record before it, those earlier in its own batch included (the label
-  table advances the same way): a batch's lag cost about a point on a 1,000-record stream.
+- a training batch's record is scored from the counts of every record before it, those
+  earlier in its own batch included (:meth:`NaiveBayesHead.scores_in_order`), then the
+  batch is counted after its step: a batch's lag cost about a point on a 1,000-record
+  stream. Counting stays in the training thread, in the label ids the step uses (a
+  replica of a group maps its batch to the group's ids first).
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.featurize import build_featurizer
@@ -52,17 +54,15 @@ NB_COUNTS = "nb.counts"  # the Naive Bayes part's count table (a row table: stor
 
 class ClassifyPreparer(Preparer):
     """Records need tokens and a label; a new label joins the label table when its
-    record is prepared. With the Naive Bayes part ``nb`` on, batches carry its token ids,
-    and a training batch is counted into it here, in record order (the module
-    docstring), its scores and changed rows riding in the batch."""
+    record is prepared. With the Naive Bayes part on, batches carry its token ids."""
 
     task = "classify"
 
-    def __init__(self, cfg: Config, featurizer: Featurizer, nb: NaiveBayesHead | None = None):
+    def __init__(self, cfg: Config, featurizer: Featurizer):
         super().__init__(cfg, featurizer)
         self.label_table = LabelTable(cfg.model.max_labels)
-        self.nb = nb
-        self.nb_span = nb.span if nb is not None else 0
+        lc = cfg.learner
+        self.nb_span = NaiveBayesHead.span_of(lc.nb_cells, cfg.model.max_labels) if lc.nb_weight > 0 else 0
 
     def train(self, records: Iterable) -> Batch:
         start = len(self.label_table)
@@ -86,16 +86,6 @@ class ClassifyPreparer(Preparer):
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
-        if self.nb is not None:
-            batch.nb_scores, batch.nb_rows = self._count_in_order(batch)
-
-    def _count_in_order(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        """Each record's Naive Bayes score (N, n_labels) from the counts of every record
-        before it (not its own batch's later records), then the batch counted; and the
-        count rows changed."""
-        toks, y, w = batch.nb_tokens, batch.targets["labels"], batch.weight
-        scores = self.nb.scores_in_order(toks, y, w, batch.n_labels)
-        return scores, self.nb.learn(toks, y, w)
 
     def fill_query(self, batch: Batch, records: list) -> None:
         batch.n_labels = len(self.label_table)
@@ -149,12 +139,9 @@ class Classify(Task):
     Preparer = ClassifyPreparer
 
     def __init__(self, cfg: Config, featurizer: Featurizer):
+        super().__init__(cfg, featurizer)
         lc = cfg.learner
         self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
-        super().__init__(cfg, featurizer)
-
-    def new_preparer(self, featurizer: Featurizer) -> ClassifyPreparer:
-        return ClassifyPreparer(self.cfg, featurizer, self.nb)
 
     @property
     def label_table(self) -> LabelTable:
@@ -198,12 +185,19 @@ class Classify(Task):
         return model.head(model.pool(model.encode(feats), feats["mask"]), batch.n_labels).float()
 
     def with_counts(self, logits: torch.Tensor, batch: Batch, dev: Device) -> torch.Tensor:
-        """``logits`` (N, n_labels) plus ``learner.nb_weight`` times the Naive Bayes
-        scores (a training batch's own, taken in stream order as it was counted)."""
+        """``logits`` (N, n_labels) plus ``learner.nb_weight`` times :meth:`nb_scores`."""
         if self.nb is None:
             return logits
-        scores = batch.nb_scores if batch.nb_scores is not None else self.nb.scores(batch.nb_tokens, batch.n_labels)
-        return logits + self.cfg.learner.nb_weight * dev.tensor(scores)
+        return logits + self.cfg.learner.nb_weight * dev.tensor(self.nb_scores(batch))
+
+    def nb_scores(self, batch: Batch) -> np.ndarray:
+        """The Naive Bayes scores (N, n_labels) of a prepared batch: a query's from the
+        counts as they are; a training batch's (not learned yet) in stream order, each
+        record's from the counts of every record before it, its batch's earlier ones
+        included (in the label ids the batch holds now)."""
+        if not batch.train:
+            return self.nb.scores(batch.nb_tokens, batch.n_labels)
+        return self.nb.scores_in_order(batch.nb_tokens, batch.targets["labels"], batch.weight, batch.n_labels)
 
     def loss(self, model, batch, dev):
         ce = F.cross_entropy(self.network_logits(model, batch, dev), dev.tensor(batch.targets["labels"]),
@@ -236,9 +230,12 @@ class Classify(Task):
     def outputs(self, model, batch, dev):
         return self.label_logits(model, batch, dev)
 
-    def prepared_rows(self, batch: Batch) -> dict[str, np.ndarray]:
-        """The Naive Bayes count rows the preparer changed counting the batch."""
-        return {} if batch.nb_rows is None else {NB_COUNTS: batch.nb_rows}
+    def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The Naive Bayes part counts the batch, after its step (the step's predictions
+        scored each record from the records before it, :meth:`nb_scores`)."""
+        if self.nb is None or not batch.examples:
+            return {}
+        return {NB_COUNTS: self.nb.learn(batch.nb_tokens, batch.targets["labels"], batch.weight)}
 
     def count_tables(self) -> dict[str, torch.Tensor]:
         return {} if self.nb is None else {NB_COUNTS: self.nb.counts}
