@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-import numpy as np
 
 
 # ---------------------------------------------------------------------------- text

@@ -29,14 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streamlearn.config import load_config  # noqa: E402
-from streamlearn.datasets import DatasetReader  # noqa: E402
-from streamlearn.hashing import tokenize  # noqa: E402
-from streamlearn.learner import Learner  # noqa: E402
+from streamlearn.config import load_config
+from streamlearn.datasets import DatasetReader
+from streamlearn.hashing import tokenize
+from streamlearn.learner import Learner
 
-import peers  # noqa: E402
-from data import add_data_option, data_dir  # noqa: E402
-import synthetic_items as synth  # noqa: E402
+import peers
+from data import add_data_option, data_dir
+import synthetic_items as synth
 
 DATA = data_dir(None)  # main() sets --data's folder before any stream is read
 AG_CLASSES = ("World", "Sports", "Business", "Sci/Tech")
@@ -204,18 +204,18 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
         t = time.perf_counter()
         if task == "text":
             data = TEXT_STREAMS[name]()
-            peer = cached_peers(cache, name, lambda: text_peers(data))
+            peer = cached_peers(cache, name, lambda data=data: text_peers(data))
             best_name = max(peer, key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
             scores = [classify(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
-            ratio = lambda x: (x - best) * 100  # noqa: E731  points over the best peer
+            ratio = lambda x, best=best: (x - best) * 100  # noqa: E731  points over the best peer
         else:
             data = ITEM_STREAMS[name]()
-            peer = cached_peers(cache, name, lambda: item_peers(data))
+            peer = cached_peers(cache, name, lambda data=data: item_peers(data))
             best_name = max(("markov", "popularity"), key=lambda p: peer[p])
             best = peer[best_name]
             scores = [next_item(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
-            ratio = lambda x: x / best  # noqa: E731
+            ratio = lambda x, best=best: x / best  # noqa: E731
         row = {"task": task, "stream": name, "overrides": overrides, "seeds": seeds, "scores": scores,
                "mean": float(np.mean(scores)), "min": float(np.min(scores)), "best_peer": best_name,
                "best_peer_score": best, "peers": peer, "ratio_mean": ratio(np.mean(scores)),

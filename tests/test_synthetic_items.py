@@ -8,8 +8,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from peers import NextItemPeers, recall_of_peers  # noqa: E402
-from synthetic_items import markov_world, route_world, taste_world  # noqa: E402
+from peers import NextItemPeers, recall_of_peers
+from synthetic_items import markov_world, route_world, taste_world
 
 
 def _by_user(events):
