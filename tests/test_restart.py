@@ -2,6 +2,7 @@
 mean are refused, naming each; keys safe between runs are allowed. Every key is in
 exactly one of the two sets (config.MODEL_KEYS, config.RUN_KEYS)."""
 import dataclasses
+import json
 
 import pytest
 
@@ -73,3 +74,25 @@ def test_a_changed_run_key_opens_the_stored_model(stored, assignment):
     with open_store(stored, readonly=True) as store:
         learner = checkpoint.read_full(store, Config().override(*SMALL, assignment))
     assert learner.labels == ["spam", "ham"]
+
+
+def test_a_stored_config_older_than_a_model_key_reads_as_that_version_behaved(tmp_path):
+    """A checkpoint written before ``hashing.shapes`` and ``learner.recency`` existed
+    trained without digit shapes and recency tokens: it reads so, and a restart at
+    today's defaults is refused, naming the keys, instead of applying them to its rows."""
+    cfg = Config().override(*SMALL, "hashing.shapes=false", "learner.recency=0")
+    learner = Learner(cfg)
+    learner.learn_many([{"text": "call 0800 now", "label": "spam"}, {"text": "see you", "label": "ham"}])
+    old = cfg.to_dict()
+    del old["hashing"]["shapes"], old["learner"]["recency"]
+    specs, rows, blobs, kv = checkpoint.write(learner, full=True)
+    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
+    with open_store(tmp_path, cfg.store) as store:
+        store.declare_tables(specs)
+        store.commit(Checkpoint(step=learner.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    with open_store(tmp_path, readonly=True) as store:
+        stored = checkpoint.stored_config(store)
+        assert (stored.hashing.shapes, stored.learner.recency) == (False, 0)
+        assert checkpoint.read_full(store, cfg).labels == ["spam", "ham"]
+        with pytest.raises(CheckpointMismatchError, match=r"hashing.shapes.*--set hashing.shapes=false"):
+            checkpoint.read_full(store, Config().override(*SMALL))
