@@ -31,7 +31,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"data.py", "quality_eval.py", "quality_streams.py", "run_all.py"}  # imported by the scripts, not run
+HELPERS = {"data.py", "peers.py", "quality_eval.py", "quality_streams.py", "run_all.py", "synthetic_items.py"}  # imported by the scripts, not run
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ BENCHMARKS = (
     Benchmark("quality", ("--quick", "--threads", "1", "--only", "sms", "movielens", "step_cost"),
               (), 70, 150, r"^\| (SMS|AG|Movie)|step cost|SYNTHETIC", data=True,
               what="prequential quality against river NB, VW, Markov, popularity; step cost"),
+    Benchmark("shapes", ("--task", "text", "--streams", "sms", "yelp", "--seeds", "0"), (), 30, 1500,
+              r"^worst", data=True,
+              what="one set of defaults on every text and next-item stream against per-record peers; the worst"),
     Benchmark("streams", ("--only", "sms-spam,ag-news-581", "--passes", "1", "--dry-run"), (), 35, 300, r"^\| .*\| accuracy \||^\| .*\| recall|Frozen replay", data=True,
               what="replay of every dataset: model vs baselines, frozen vs prequential speed"),
     Benchmark("worker", ("--records", "3000", "--rounds", "1"), ("--records", "60000"), 25, 240, r"^median|^targets", data=True,

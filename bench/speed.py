@@ -15,7 +15,7 @@ comes and goes; every contestant meets it alike), each figure the best pass:
    ``--oaa --ngram 2`` (``predict`` then ``learn``; skipped, said so, when the
    ``vowpalwabbit`` package is missing) and river ``MultinomialNB`` on ``BagOfWords``
    (``predict_one`` then ``learn_one``);
-2. streamlearn at its defaults (depth 0, Naive Bayes part, batch 16): ``learn_many``
+2. streamlearn at its defaults (depth 0, Naive Bayes part, batch 8): ``learn_many``
    over the stream; prequential replay (``run_replay``: the model predicts each batch,
    then learns it; its records/s counts its own predict + learn time, as ``replay
    --file`` reports); a ``learn_one`` + ``predict_one`` loop from Python with torch's
@@ -24,7 +24,7 @@ comes and goes; every contestant meets it alike), each figure the best pass:
 3. depth: ``model.layers=1`` and ``2`` ``learn_many`` against a bare-torch model of the
    same shape (the same tokenizer into a bounded dictionary, a plain sparse
    ``nn.Embedding``, the same pre-LN encoder, sqrt-n pooling and a linear head; SparseAdam
-   for the embedding, AdamW for the rest, one step per batch of 16).
+   for the embedding, AdamW for the rest, one step per batch of the learner's size).
 
 Records/s are wall clock (per CPU-second in brackets: the process's thread CPU time,
 which a loaded machine disturbs less). The table replaces the part of docs/benchmarks.md
@@ -33,7 +33,6 @@ between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import re
 import sys
 import textwrap
@@ -269,11 +268,12 @@ def rows(name: str, r: dict[str, Rate], vw: bool) -> list[str]:
 
 
 def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: str, passes: int) -> str:
-    intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared 2-core machine: compare figures "
+    intro = (f"Produced by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} (torch {torch.__version__}, "
+             "CPU, a shared 2-core machine: compare figures "
              f"within this table only). Best of {passes} passes, each running every contestant once in turn; "
              "records/s wall clock, per thread CPU-second in brackets; accuracy is prequential (each record "
              "predicted before it is learned). streamlearn runs at its defaults (depth 0, Naive Bayes part, batch "
-             "16) with torch's intra-op threads left to the library (it picks 1 on 2 cores). " + " ".join(
+             f"{Config().learner.batch_size}) with torch's intra-op threads left to the library (it picks 1 on 2 cores). " + " ".join(
                  f"{name}: {n:,} records." for name, (n, _) in results.items()))
     table = ["| stream | contestant | records/s (per CPU-s) | accuracy | ratio | target |",
              "|---|---|---:|---:|---:|---|"]

@@ -345,6 +345,55 @@ class NaiveBayesHead:
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
         return (np.einsum("ntc,nt->nc", ratio, valid.astype(np.float32)) + length * norm + prior).astype(np.float32)
 
+    def scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
+                        n_labels: int) -> np.ndarray:
+        """(N, n_labels) float32: row i is :meth:`scores` of record i as if records 0..i-1
+        of the batch (tokens (N, T), labels (N,), weight (N,)) had been learned one by one
+        before it; counts nothing (:meth:`learn` the batch after). Without a loop over
+        records: each count a record reads is the count before the batch plus what the
+        earlier records add to its cell (a sorted search by (cell, record)). Weights that
+        are not finite (a batch tampered with after validation) give scores that are not
+        either, without a warning: the step that reads them is skipped for its loss."""
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return self._scores_in_order(tokens, labels, weight, n_labels)
+
+    def _scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
+                         n_labels: int) -> np.ndarray:
+        N = len(labels)
+        valid = tokens >= 0
+        rec = valid.nonzero()[0]  # (M,) the record of each token, ascending
+        u, w = tokens[valid], weight.astype(np.float32)
+        added = self._pair(u, labels[rec])  # (M,) the pair cell each token adds w[rec] to
+        order = np.argsort(added * N + rec, kind="stable")
+        keys = (added * N + rec)[order]
+        cum = np.concatenate([[0.0], np.cumsum(w[rec][order], dtype=np.float64)])
+        q = (u[:, None] + self._shift[:n_labels]) % self.span  # (M, n_labels) the cells each token reads
+        lo, hi = np.searchsorted(keys, q * N), np.searchsorted(keys, q * N + rec[:, None])
+        n_tc = self._pairs[q] + (cum[hi] - cum[lo]).astype(np.float32)  # (M, n_labels)
+        rest = n_tc.sum(-1, keepdims=True) - n_tc
+        a = np.float32(self.alpha)
+        ratio = np.log(n_tc + a) - np.log(rest + a)  # (M, n_labels)
+        summed = np.stack([np.bincount(rec, ratio[:, c], N) for c in range(n_labels)], 1)  # (N, n_labels)
+        length = valid.sum(1)  # (N,)
+        before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
+        onehot = np.zeros((N, n_labels))
+        onehot[np.arange(N), labels] = 1.0
+        L = self.max_labels
+        docs = self.flat[:n_labels].astype(np.float64) + before(onehot * w[:, None])  # (N, n_labels)
+        totals = self.flat[L:L + n_labels].astype(np.float64) + before(onehot * (w * length)[:, None])
+        aV = self.alpha * np.maximum(float(self.flat[2 * L]) + before(self._fresh(added, rec, w, N)), 1.0)[:, None]
+        norm = np.log((totals.sum(1, keepdims=True) - totals + aV) / (totals + aV))
+        prior = np.log((docs + 1.0) / (docs.sum(1, keepdims=True) + n_labels))
+        return (summed + length[:, None] * norm + prior).astype(np.float32)
+
+    def _fresh(self, added: np.ndarray, rec: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
+        """(N,) the (token, label) cells each record would put in use (:meth:`learn`'s
+        stand-in for V): zero before the batch, weighted, first met at that record."""
+        live = w[rec] > 0
+        cells, first = np.unique(added[live], return_index=True)
+        fresh = self._pairs[cells] == 0
+        return np.bincount(rec[live][first[fresh]], minlength=N).astype(np.float64)
+
     def rows_read(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """The rows of ``counts`` that :meth:`scores` reads for these tokens (N, T): what a
         reader that loads rows lazily (a snapshot) must have current."""

@@ -85,7 +85,8 @@ KEYS: dict[str, Case] = {
     "hashing.seed": Case(7, -1),
     "hashing.tokenizer": Case("ids", "chars"),
     "hashing.lowercase": Case(False, 1),
-    "hashing.ngrams": Case(2, 0),
+    "hashing.ngrams": Case(3, 0),
+    "hashing.shapes": Case(False, "yes"),
     "hashing.max_tokens": Case(64, 1),
     "embedding.scheme": Case("bloom", "word2vec"),
     "embedding.d": Case(32, 0),
@@ -122,6 +123,7 @@ KEYS: dict[str, Case] = {
     "learner.device": Case("cuda:1", "GPU 0"),
     "learner.mask_prob": Case(0.3, 1.0),
     "learner.history": Case(5, 0),
+    "learner.recency": Case(0, -1),
     "learner.beam": Case(10, 0),
     "learner.shuffle_random": Case(0.5, -0.1, ("model.positions=true",)),
     "learner.nb_weight": Case(0.0, -1.0),
@@ -379,3 +381,15 @@ def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys)
     captured = capsys.readouterr()
     assert captured.err == "streamlearn demo: error: optim.dense_lr must be > 0, got -1.0\n"
     assert "broker" not in captured.out
+
+
+def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
+    """Classify (the default task) adds word bigrams and digit shapes; a model that
+    predicts tokens must not see a masked or next word's bigrams, so mlm and next-token
+    keep words alone (task defaults), and batches of 16."""
+    c = Config.from_dict({})
+    assert (c.hashing.ngrams, c.hashing.shapes, c.learner.batch_size) == (2, True, 8)
+    assert Config() == c
+    for task in ("mlm", "next-token"):
+        t = Config().override(f"learner.task={task}")
+        assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 16), task

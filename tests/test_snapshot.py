@@ -104,7 +104,8 @@ def test_embed_gives_the_input_embedding_of_each_token(tmp_path):
         with Snapshot(store) as snap:
             answer = snap.embed([{"tokens": ["w1", 5, "unseen"]}, {"text": "W2 w3"}])
     first, second = answer.values
-    assert first.tokens == ["w1", "5", "unseen"] and second.tokens == ["w2", "w3"]
+    assert first.tokens == ["w1", "5", "unseen"]
+    assert second.tokens == ["w2", "w3", "w2 w3", "\x05w0", "\x05w0"]  # text: words, bigrams, digit shapes
     feats = learner.featurizer.featurize([first.tokens], 128)
     with torch.no_grad():
         want = learner.model.embedding({k: torch.from_numpy(v) for k, v in feats.items()})[0].numpy()

@@ -39,14 +39,19 @@ class Entry(NamedTuple):
     defaults: tuple[str, ...] = ()
 
 
+# The global defaults are classify's (the default task): word bigrams and digit shapes,
+# batches of 8. A token task predicts the tokens themselves, one word each, so it keeps
+# words alone; its steps are worth batching wider.
+_WORDS_ONLY = ("hashing.ngrams=1", "hashing.shapes=false", "learner.batch_size=16")
+
 REGISTRY: dict[str, Entry] = {
     "classify": Entry("classify:Classify"),
-    "mlm": Entry("mlm:MaskedToken"),
+    "mlm": Entry("mlm:MaskedToken", _WORDS_ONLY),
     # opaque ids, not words; an own output space smaller than the tied input table
     "next-item": Entry("next_item:NextItem", (
         "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=4096", "embedding.K=100000",
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=256")),
-    "next-token": Entry("next_token:NextToken", ("model.positions=true",)),
+    "next-token": Entry("next_token:NextToken", ("model.positions=true", *_WORDS_ONLY)),
 }
 
 
