@@ -440,3 +440,13 @@ def test_cli_bad_arguments_are_clear_errors(tmp_path, capsys, args, message):
     args = [a.format(path=path, tmp=tmp_path) for a in args]
     assert run_cli(*args, "--set", "model.layers=0") == 2
     assert message in capsys.readouterr().err
+
+
+def test_classify_baselines_see_a_texts_words_not_the_networks_ngrams_and_shapes():
+    """The bag-of-words peers get the words the peers score best on; the n-grams and digit
+    shapes are the network's own features (a list of tokens is taken whole)."""
+    build = Learner(cfg("hashing.ngrams=2", "hashing.shapes=true")).task.events(seed=0)
+    text = build(0, Record(text="Call 0800 now", label="spam"))[0]
+    assert text.tokens == ("call", "0800", "now")
+    listed = build(1, Record(tokens=("call now", "x"), label="spam"))[0]
+    assert listed.tokens == ("call now", "x")

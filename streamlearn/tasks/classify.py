@@ -293,10 +293,13 @@ class Classify(Task):
 
     # ------------------------------------------------------------------ evaluation
     def events(self, seed: int):
-        """The record's tokens (the model's tokenizer, so bag-of-words baselines see the
-        same words); the answer is its label."""
+        """The record's words (the model's tokenizer, so bag-of-words baselines see the
+        same words, not the n-grams and digit shapes the network alone gets: the words
+        are what the peers score best on); the answer is its label."""
         def build(position: int, rec: Record) -> list[Event]:
             tokens = self.prep.text_tokens(rec)
+            if rec.tokens is None:
+                tokens = [t for t in tokens if is_word_token(t)]
             if rec.label is None:
                 raise RecordError("missing-field: label (task classify)")
             return [Event(position, rec, rec.label, True, rec, tokens=tuple(tokens))]
