@@ -22,6 +22,7 @@ from torch's global RNG; the model is built under a seeded ``fork_rng``.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -201,29 +202,45 @@ class SampledHead(nn.Module):
     table. Answering (:meth:`forward` with every candidate) scores each candidate exactly.
     Both tables start at zero: every token starts equal, and a row never written needs no
     init to be rebuilt on restore.
+
+    With a count part (``code.features`` F > 0) the logit of candidate w adds
+    ``sum_f g_f(x) s_f(w)``, s_f the count part's log-probabilities (``counts`` (n, F, c))
+    and g = softplus(W x + c) gates (n, F) learned with the rest. W starts at zero and c
+    at softplus^-1(1): the model starts as the count model (its scores alone) and learns
+    how far to trust it per state, as the research prototype measured best.
     """
 
-    def __init__(self, d_model: int, code: OutputCode):
+    def __init__(self, d_model: int, code: SampledCode):
         super().__init__()
         self.transform = _Transform(d_model, 1, d_model)
         self.O = nn.Parameter(torch.zeros(code.rows, d_model))
         self.Ob = nn.Parameter(torch.zeros(code.rows, 1))
+        self.gates = None
+        if code.features:
+            self.gates = nn.Linear(d_model, code.features)
+            with torch.no_grad():
+                self.gates.weight.zero_()
+                self.gates.bias.fill_(math.log(math.e - 1))  # softplus(c) = 1
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"O": self.O, "Ob": self.Ob}
 
-    def _logits(self, x: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
-        """x (n, d_model), tokens' hashes (c, m) -> logits (n, c)."""
+    def _logits(self, x: torch.Tensor, hashes: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """x (n, d_model), tokens' hashes (c, m), count scores (n, F, c) -> logits (n, c)."""
         z = self.transform(x)[:, 0]  # (n, d)
         o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True)  # (c, d)
         b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0]  # (c,)
-        return z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        logits = z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        if self.gates is None:
+            return logits
+        g = F.softplus(self.gates(x)).to(logits.dtype)  # (n, F)
+        return logits + torch.einsum("nf,nfc->nc", g, counts.to(logits.dtype))
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
-                choices: torch.Tensor | None = None) -> torch.Tensor:
+                choices: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
         """Log-probabilities (n, c) over the ``choices`` (c, m): every token the
-        candidate index holds, in its order."""
-        return F.log_softmax(self._logits(x, choices).float(), dim=-1)
+        candidate index holds, in its order; ``counts`` (n, F, c): the count part's."""
+        return F.log_softmax(self._logits(x, choices, counts).float(), dim=-1)
 
     @staticmethod
     def decodable(scores: torch.Tensor) -> torch.Tensor:
@@ -232,8 +249,9 @@ class SampledHead(nn.Module):
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
         """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
-        drawn negatives), example i's answer at ``targets["answer"][i]``."""
-        logits = self._logits(x, targets["choices"]).float()  # (n, c)
+        drawn negatives), example i's answer at ``targets["answer"][i]``; with a count
+        part, ``targets["counts"]`` (n, F, c) its scores of those choices."""
+        logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
 

@@ -1,0 +1,109 @@
+"""The count part as a token task hosts it: token hashing, the KN tables as named row
+tables, and count scores for (example, candidate) grids.
+
+Token hashes are xxh3 under ``derive_seed(hashing.seed, "counts")`` (never Python's
+``hash()``: the tables are persisted and read by other processes). Contexts are
+BOS-padded with ``objectives.BOS_TOKEN``'s hash, as the replay's n-gram baseline pads.
+The ingest stage computes every hash (:func:`trigrams`, :func:`contexts`); the task
+reads the scores (:meth:`CountPart.next_token`, :meth:`CountPart.chain`) and counts
+the batch after its step (:meth:`CountPart.learn`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..hashing import derive_seed, hash64
+from ..objectives import BOS_TOKEN
+from .kn import KneserNey3
+
+__all__ = ["PREFIX", "CountPart", "contexts", "count_seed", "trigrams"]
+
+PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats"
+
+
+def count_seed(seed: int) -> int:
+    """The token-hash seed of the count part under ``hashing.seed``."""
+    return derive_seed(seed, "counts")
+
+
+def _padded(lists: Sequence[Sequence[str]], seed: int, left: int, right: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token hashes of every list BOS-padded (``left`` before, ``right`` after), flat, and
+    each list's start in the flat array (the first padding's index)."""
+    bos = hash64([BOS_TOKEN], seed)[0]
+    flat = hash64([t for ts in lists for t in ts], seed)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths + left + right)[:-1]]).astype(np.int64)
+    out = np.full(int((lengths + left + right).sum()), bos, dtype=np.uint64)
+    own = np.repeat(starts + left - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(len(flat))
+    out[own] = flat
+    return out, starts
+
+
+def trigrams(lists: Sequence[Sequence[str]], seed: int) -> np.ndarray:
+    """(M, 3) uint64: the hashes (u, v, w) of every position of every list, BOS-padded,
+    row-major (next-token: position i's context and answer)."""
+    padded, starts = _padded(lists, seed, 2, 0)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    at = np.repeat(starts, lengths) + np.concatenate([np.arange(n) for n in lengths]) if len(lengths) else np.zeros(0, np.int64)
+    return np.stack([padded[at], padded[at + 1], padded[at + 2]], 1) if len(at) else np.zeros((0, 3), np.uint64)
+
+
+def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray, seed: int) -> np.ndarray:
+    """(n, 6) uint64 of the slots (rows[i], cols[i]): the hashes of the two tokens before
+    and the two after (BOS-padded), then 1/0 for "the list has a token 1 / 2 after"."""
+    padded, starts = _padded(lists, seed, 2, 2)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    j = starts[rows] + cols + 2
+    after = lengths[rows] - cols - 1
+    return np.stack([padded[j - 2], padded[j - 1], padded[j + 1], padded[j + 2],
+                     (after >= 1).astype(np.uint64), (after >= 2).astype(np.uint64)], 1)
+
+
+class CountPart:
+    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`)."""
+
+    features = 1  # score columns it gives per (example, candidate)
+
+    def __init__(self, slots: int, seed: int):
+        self.kn = KneserNey3(slots, slots // 2)
+        self.seed = count_seed(seed)
+        self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
+
+    def tables(self) -> dict[str, torch.Tensor]:
+        return self.kn.tables(PREFIX)
+
+    def learn(self, tri: np.ndarray) -> dict[str, np.ndarray]:
+        """Count trigrams (M, 3); the changed rows by store name."""
+        if not len(tri):
+            return {}
+        big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
+        names = list(self.tables())
+        return {names[0]: big, names[1]: small, names[2]: np.zeros(1, np.int64)}
+
+    def candidates(self, tokens: Sequence[str]) -> np.ndarray:
+        """Hashes (n,) of the candidate index's tokens (append-only: only new ones are hashed)."""
+        have = len(self._cands)
+        if len(tokens) < have:
+            self._cands = self._cands[:0]
+            have = 0
+        if len(tokens) > have:
+            self._cands = np.concatenate([self._cands, hash64(list(tokens[have:]), self.seed)])
+        return self._cands[:len(tokens)]
+
+    def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, 1, C) float32 log P_KN(w | u v): contexts ctx (N, 2+) hashes, candidates (C,)."""
+        if not len(cands) or not len(ctx):
+            return np.zeros((len(ctx), 1, len(cands)), np.float32)
+        p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], cands[None], max(n, 1))
+        return np.log(np.maximum(p, 1e-30)).astype(np.float32)[:, None]
+
+    def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, 1, C) float32 mlm chain scores: contexts ctx (N, 6) of :func:`contexts`."""
+        if not len(cands) or not len(ctx):
+            return np.zeros((len(ctx), 1, len(cands)), np.float32)
+        c = [ctx[:, i:i + 1] for i in range(4)]
+        has1, has2 = ctx[:, 4:5] == 1, ctx[:, 5:6] == 1
+        return self.kn.chain(*c, has1, has2, cands[None], max(n, 1))[:, None]
