@@ -440,3 +440,14 @@ def test_cli_bad_arguments_are_clear_errors(tmp_path, capsys, args, message):
     args = [a.format(path=path, tmp=tmp_path) for a in args]
     assert run_cli(*args, "--set", "model.layers=0") == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("counts", ["none", "kn3"])
+def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, counts):
+    """A next-token record brings an event per position; its mini-batches still hold
+    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 3 steps)."""
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(10)])
+    extra = ["learner.task=next-token", "learner.batch_size=4", "model.output=sampled", f"model.counts={counts}",
+             "model.count_slots=1024"]
+    report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
+    assert report["saved_step"] == 3 and report["evaluated"] == 60
