@@ -83,15 +83,15 @@ class CountPart:
         names = list(self.tables())
         return {names[0]: big, names[1]: small, names[2]: np.zeros(1, np.int64)}
 
-    def candidates(self, tokens: Sequence[str]) -> np.ndarray:
-        """Hashes (n,) of the candidate index's tokens (append-only: only new ones are hashed)."""
-        have = len(self._cands)
-        if len(tokens) < have:
-            self._cands = self._cands[:0]
-            have = 0
-        if len(tokens) > have:
-            self._cands = np.concatenate([self._cands, hash64(list(tokens[have:]), self.seed)])
-        return self._cands[:len(tokens)]
+    def candidates(self, index) -> np.ndarray:
+        """Hashes (n,) of the candidate index's tokens, in its order (it is append-only:
+        only new ones are hashed; a smaller index is a new one, hashed again)."""
+        n, have = len(index), len(self._cands)
+        if n < have:
+            self._cands, have = self._cands[:0], 0
+        if n > have:
+            self._cands = np.concatenate([self._cands, hash64(index.new_since(have), self.seed)])
+        return self._cands[:n]
 
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, 1, C) float32 log P_KN(w | u v): contexts ctx (N, 2+) hashes, candidates (C,)."""

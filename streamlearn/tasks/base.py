@@ -260,7 +260,7 @@ class TokenTask(Task):
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
         inputs = dev.tensors(self.code.scoring_inputs(self.index))
         if self.counter is not None:
-            cands = self.counter.candidates(self.index.tokens)
+            cands = self.counter.candidates(self.index)
             inputs["counts"] = dev.tensor(self.score_counts(batch.counts["ctx"], cands, len(cands)))
         return model.head(states, self._tied(model), **inputs)
 
@@ -279,7 +279,7 @@ class TokenTask(Task):
             return self.code.step_targets(batch.targets, self.index, rng)
         ids = self.code.draw_ids(self.index, rng)
         answers = batch.counts["answer"]  # (n,)
-        both = np.concatenate([answers, self.counter.candidates(self.index.tokens)[ids]])
+        both = np.concatenate([answers, self.counter.candidates(self.index)[ids]])
         keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
         choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
         return {"choices": choices, "answer": inverse.reshape(-1)[:len(answers)],
