@@ -140,7 +140,7 @@ class ModelConfig:
     # log-probabilities join the scores through learned gates (docs/model.md "Count part")
     counts: str = key("none", one_of(*COUNT_PARTS))
     # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half)
-    count_slots: int = key(1 << 21, power_of_two(1 << 7, 1 << 30))
+    count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -156,6 +156,9 @@ class OptimConfig:
     sparse: str = key("adagrad", one_of(*SPARSE_OPTIMIZERS))  # row-wise optimizer for embedding tables
     # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
     sparse_lr: float = key(0.2, above(0))
+    # a sampled head's own output rows (O, Ob); 0: optim.sparse_lr. Token tasks with a count part
+    # want them slower than the input rows (docs/model.md "Count part")
+    output_lr: float = key(0.0, at_least(0))
     dense_lr: float = key(2e-3, above(0))  # also right for layers >= 1 (0.01 suits depth 0 only)
     weight_decay: float = key(0.0, at_least(0))
 
@@ -458,7 +461,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
 })
 RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
-    "optim.sparse_lr", "optim.dense_lr", "optim.weight_decay",
+    "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
     "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
     "learner.nb_alpha", "learner.seed",
     "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",

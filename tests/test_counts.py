@@ -81,12 +81,12 @@ def test_table_counts_and_probes_under_load():
     assert t.used == 600
     rows = t.add(keys[:10], np.ones((10, 2), np.float32))  # existing keys: no new slots
     assert t.used == 600 and t.get(keys[:10])[:, 1].tolist() == (reps[:10] + 1).astype(np.float32).tolist()
-    assert 1 <= len(rows) <= 10 and rows.max() < t.rows
+    assert 2 <= len(rows) <= 20 and rows.max() < t.rows
 
 
 def test_table_refuses_to_pass_its_load():
-    t = CountTable(64)
-    t.add(np.arange(1, 33, dtype=np.uint64), np.ones((32, 2), np.float32))
+    t = CountTable(128)
+    t.add(np.arange(1, 65, dtype=np.uint64), np.ones((64, 2), np.float32))
     with pytest.raises(TableFullError, match="model.count_slots"):
         t.add(np.array([999], dtype=np.uint64), np.ones((1, 2), np.float32))
 
@@ -178,7 +178,7 @@ def test_rows_touched_scale_with_the_batch_not_the_table():
         batch = recs[s:s + 8]
         big, small = kn.learn(*trigrams(batch))
         positions = sum(len(r) for r in batch)
-        assert 0 < len(big) <= 2 * positions and len(small) <= 4 * positions  # each key touches one row
+        assert 0 < len(big) <= 4 * positions and len(small) <= 8 * positions  # a key touches 2 rows
         assert big.max() < kn.big.rows and (len(small) == 0 or small.max() < kn.small.rows)
 
 
@@ -206,4 +206,4 @@ def test_restored_rows_are_the_same_count_part():
     cands = H[np.arange(15)][None]
     ctx = H[[[BOS]]], H[[[3]]]
     assert back.next_token(*ctx, cands, 15).tolist() == kn.next_token(*ctx, cands, 15).tolist()
-    assert ROW == 64 and kn.big.buf.shape == (kn.big.slots // ROW, 4 * ROW)
+    assert ROW == 128 and kn.big.buf.shape == (2 * kn.big.slots // ROW, 2 * ROW)
