@@ -26,9 +26,10 @@ CHANGED = {
     "model.ffn": "64", "model.positions": "true", "model.max_labels": "16", "model.out_B": "128",
     "model.out_m": "3", "model.tie_output": "false", "model.output": "tfree", "optim.sparse": "lazy-adam",
     "learner.task": "mlm", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384",
-    "store.shards": "4",
+    "store.shards": "4", "model.counts": "kn3", "model.count_slots": "4096",
 }
-EXTRA = {"learner.shuffle_random": ("model.positions=true",)}  # what a changed value needs to be valid
+EXTRA = {"learner.shuffle_random": ("model.positions=true",),  # what a changed value needs to be valid
+         "model.counts": ("learner.task=next-token", "model.output=sampled")}
 
 
 def all_keys() -> set[str]:
