@@ -22,7 +22,8 @@ code), else it names its own hash functions and the head keeps a table of its ow
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.featurize import build_featurizer
->>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm")
+>>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm", "model.output=auto",
+...                         "model.counts=none")
 >>> code = output_code(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
 >>> code.table, code.m, code.size, code.targets(["a", "b"])["hashes"].shape
 ('E', 2, 100, (2, 2))

@@ -113,6 +113,9 @@ KEYS: dict[str, Case] = {
     "model.tie_output": Case(False, "no"),
     "model.output": Case("sampled", "softmax"),
     "model.negatives": Case(0, -1),
+    "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn3 is next-token's default
+    "model.count_slots": Case(4096, 1000),
+    "optim.output_lr": Case(0.01, -0.1),
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),
     "optim.dense_lr": Case(0.01, -1.0),

@@ -293,3 +293,16 @@ def test_bad_records_are_refused_and_not_counted(task):
     report = learner.learn_many([{"tokens": []}, {"text": 5}, {"tokens": ["a", "b"]}])
     assert [i for i, _ in report.rejected] == [0, 1] and report.records == 1
     assert learner.task.counter.kn.stats.numpy()[0, 7] == 2  # two types counted: a, b (not BOS, not the bad ones)
+
+
+@pytest.mark.parametrize("bad", [("model.counts=kn3",),  # classify
+                                 ("learner.task=next-token", "model.output=hashed", "model.counts=kn3"),
+                                 ("learner.task=next-item", "model.output=sampled", "model.counts=kn3")])
+def test_a_count_part_outside_the_token_streams_sampled_head_is_refused(bad):
+    from streamlearn.config import Config
+    from streamlearn.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="model.counts='kn3' is a count part of task next-token or mlm"):
+        Config().override(*bad)
+    with pytest.raises(ConfigError, match="model.count_slots must be a power of two"):
+        Config().override("model.count_slots=1000")

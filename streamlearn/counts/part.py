@@ -35,9 +35,10 @@ def _padded(lists: Sequence[Sequence[str]], seed: int, left: int, right: int) ->
     bos = hash64([BOS_TOKEN], seed)[0]
     flat = hash64([t for ts in lists for t in ts], seed)
     lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths + left + right)[:-1]]).astype(np.int64)
-    out = np.full(int((lengths + left + right).sum()), bos, dtype=np.uint64)
-    own = np.repeat(starts + left - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(len(flat))
+    sizes = lengths + left + right
+    starts = np.cumsum(sizes) - sizes  # (L,) each padded list's start
+    out = np.full(int(sizes.sum()), bos, dtype=np.uint64)
+    own = np.repeat(starts + left - (np.cumsum(lengths) - lengths), lengths) + np.arange(len(flat))
     out[own] = flat
     return out, starts
 
@@ -47,8 +48,8 @@ def trigrams(lists: Sequence[Sequence[str]], seed: int) -> np.ndarray:
     row-major (next-token: position i's context and answer)."""
     padded, starts = _padded(lists, seed, 2, 0)
     lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
-    at = np.repeat(starts, lengths) + np.concatenate([np.arange(n) for n in lengths]) if len(lengths) else np.zeros(0, np.int64)
-    return np.stack([padded[at], padded[at + 1], padded[at + 2]], 1) if len(at) else np.zeros((0, 3), np.uint64)
+    at = np.repeat(starts, lengths) + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.stack([padded[at], padded[at + 1], padded[at + 2]], 1)  # (M, 3)
 
 
 def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray, seed: int) -> np.ndarray:
