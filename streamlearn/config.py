@@ -141,6 +141,8 @@ class ModelConfig:
     counts: str = key("none", one_of(*COUNT_PARTS))
     # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half)
     count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
+    # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
+    recent: int = key(0, between(0, 1 << 20))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -390,6 +392,9 @@ class Config:
             raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
                               f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
                               "set those, or model.counts='none'")
+        if m.recent and m.counts == "none":
+            raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
+                              "(or model.recent=0)")
         least = _nb_cells_needed(m.max_labels)
         if lc.nb_weight > 0 and lc.nb_cells < least:
             raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
@@ -455,6 +460,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
+    "model.recent",
     "optim.sparse",
     "learner.task", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",

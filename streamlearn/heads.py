@@ -22,7 +22,6 @@ from torch's global RNG; the model is built under a seeded ``fork_rng``.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -206,8 +205,9 @@ class SampledHead(nn.Module):
     With a count part (``code.features`` F > 0) the logit of candidate w adds
     ``sum_f g_f(x) s_f(w)``, s_f the count part's log-probabilities (``counts`` (n, F, c))
     and g = softplus(W x + c) gates (n, F) learned with the rest. W starts at zero and c
-    at softplus^-1(1): the model starts as the count model (its scores alone) and learns
-    how far to trust it per state, as the research prototype measured best.
+    at softplus^-1(1) for the KN scores (column 0), softplus^-1(0.05) for the recent-token
+    cache's (column 1): the model starts as the count model and learns how far to trust
+    each part per state, as the research prototype measured best.
     """
 
     def __init__(self, d_model: int, code: SampledCode):
@@ -220,7 +220,8 @@ class SampledHead(nn.Module):
             self.gates = nn.Linear(d_model, code.features)
             with torch.no_grad():
                 self.gates.weight.zero_()
-                self.gates.bias.fill_(math.log(math.e - 1))  # softplus(c) = 1
+                start = torch.tensor([1.0] + [0.05] * (code.features - 1))
+                self.gates.bias.copy_(torch.log(torch.expm1(start)))  # softplus(c) = start
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"O": self.O, "Ob": self.Ob}

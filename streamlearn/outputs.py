@@ -206,7 +206,7 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
     if kind == "sampled":
         m, size = cfg.model.out_m, cfg.model.out_B
         return SampledCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"),
-                           cfg.model.negatives, 0 if cfg.model.counts == "none" else 1)
+                           cfg.model.negatives, 0 if cfg.model.counts == "none" else 1 + (cfg.model.recent > 0))
     if kind == "tfree":
         space = featurizer.pattern_space() if tie else None
         if space is not None:

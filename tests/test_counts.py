@@ -247,14 +247,16 @@ def _same_answers(a, b, task):
         np.testing.assert_allclose(x.scores, y.scores, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["next-token", "mlm"])
-def test_the_count_part_round_trips_through_incremental_checkpoints(task, tmp_path):
+@pytest.mark.parametrize("task,recent", [("next-token", 0), ("next-token", 20), ("mlm", 0)])
+def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, tmp_path):
     """Checkpoints of dirty rows only, a restore, and training on: the restored learner
-    answers and keeps learning as the live one (counts, gates, output rows)."""
+    answers and keeps learning as the live one (counts, the recent-token cache, gates,
+    output rows)."""
     from streamlearn.checkpoint import read_full
     from streamlearn.state import open_store
 
-    live = _learner(task)
+    live = _learner(task, f"model.recent={recent}")
+    assert ("lm.recent" in live.task.count_tables()) == bool(recent)
     with open_store(tmp_path / "state", live.cfg.store) as store:
         for i in range(3):
             for j in range(3):
@@ -306,3 +308,23 @@ def test_a_count_part_outside_the_token_streams_sampled_head_is_refused(bad):
         Config().override(*bad)
     with pytest.raises(ConfigError, match="model.count_slots must be a power of two"):
         Config().override("model.count_slots=1000")
+    with pytest.raises(ConfigError, match="model.recent=5 is a feature of the count part"):
+        Config().override("model.recent=5")
+
+
+def test_the_recent_cache_counts_the_last_tokens():
+    from collections import Counter
+
+    from streamlearn.counts.recent import RecentTokens
+
+    rng = np.random.default_rng(5)
+    cache, seen = RecentTokens(50), []
+    for _ in range(100):
+        batch = rng.integers(1, 40, int(rng.integers(1, 70))).astype(np.uint64)
+        rows = cache.learn(batch)
+        assert rows.max() < cache.buf.shape[0] and 0 in rows
+        seen += batch.tolist()
+        last = Counter(seen[-50:])
+        w = np.arange(1, 41, dtype=np.uint64)
+        want = np.log((np.array([last[int(x)] for x in w]) + 0.1) / (len(seen[-50:]) + 0.1 * 40))
+        assert cache.logp(w, 40) == pytest.approx(want, rel=1e-5)

@@ -18,10 +18,11 @@ import torch
 from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
 from .kn import KneserNey3
+from .recent import RecentTokens
 
 __all__ = ["PREFIX", "CountPart", "contexts", "count_seed", "trigrams"]
 
-PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats"
+PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.recent"
 
 
 def count_seed(seed: int) -> int:
@@ -64,25 +65,46 @@ def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray,
 
 
 class CountPart:
-    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`)."""
+    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`) and, with
+    ``recent`` > 0, the cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`):
+    score column 0 is the KN model's, column 1 the cache's."""
 
-    features = 1  # score columns it gives per (example, candidate)
-
-    def __init__(self, slots: int, seed: int):
+    def __init__(self, slots: int, seed: int, recent: int = 0):
         self.kn = KneserNey3(slots, slots // 2)
+        self.recent = RecentTokens(recent) if recent else None
         self.seed = count_seed(seed)
         self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
 
+    @staticmethod
+    def features(recent: int) -> int:
+        """Score columns per (example, candidate) of a part with cache size ``recent``."""
+        return 1 + (recent > 0)
+
+    @property
+    def columns(self) -> int:
+        return self.features(0 if self.recent is None else self.recent.size)
+
     def tables(self) -> dict[str, torch.Tensor]:
-        return self.kn.tables(PREFIX)
+        own = {} if self.recent is None else {f"{PREFIX}.recent": self.recent.buf}
+        return {**self.kn.tables(PREFIX), **own}
 
     def learn(self, tri: np.ndarray) -> dict[str, np.ndarray]:
-        """Count trigrams (M, 3); the changed rows by store name."""
+        """Count trigrams (M, 3) (their third tokens, in stream order, enter the cache);
+        the changed rows by store name."""
         if not len(tri):
             return {}
         big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
-        names = list(self.tables())
-        return {names[0]: big, names[1]: small, names[2]: np.zeros(1, np.int64)}
+        out = dict(zip(self.kn.tables(PREFIX), (big, small, np.zeros(1, np.int64))))
+        if self.recent is not None:
+            out[f"{PREFIX}.recent"] = self.recent.learn(tri[:, 2])
+        return out
+
+    def _with_recent(self, scores: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example)."""
+        if self.recent is None:
+            return scores[:, None]
+        recent = np.broadcast_to(self.recent.logp(cands, max(n, 1)), scores.shape)
+        return np.stack([scores, recent], 1)
 
     def candidates(self, index) -> np.ndarray:
         """Hashes (n,) of the candidate index's tokens, in its order (it is append-only:
@@ -95,16 +117,18 @@ class CountPart:
         return self._cands[:n]
 
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
-        """(N, 1, C) float32 log P_KN(w | u v): contexts ctx (N, 2+) hashes, candidates (C,)."""
+        """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
+        hashes, candidates (C,)."""
         if not len(cands) or not len(ctx):
-            return np.zeros((len(ctx), 1, len(cands)), np.float32)
+            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
         p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], cands[None], max(n, 1))
-        return np.log(np.maximum(p, 1e-30)).astype(np.float32)[:, None]
+        return self._with_recent(np.log(np.maximum(p, 1e-30)).astype(np.float32), cands, n)
 
     def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
-        """(N, 1, C) float32 mlm chain scores: contexts ctx (N, 6) of :func:`contexts`."""
+        """(N, F, C) float32 mlm chain scores (and log P_recent(w)): contexts ctx (N, 6)
+        of :func:`contexts`."""
         if not len(cands) or not len(ctx):
-            return np.zeros((len(ctx), 1, len(cands)), np.float32)
+            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
         c = [ctx[:, i:i + 1] for i in range(4)]
         has1, has2 = ctx[:, 4:5] == 1, ctx[:, 5:6] == 1
-        return self.kn.chain(*c, has1, has2, cands[None], max(n, 1))[:, None]
+        return self._with_recent(self.kn.chain(*c, has1, has2, cands[None], max(n, 1)), cands, n)

@@ -229,7 +229,8 @@ class TokenTask(Task):
         super().__init__(cfg, featurizer)
         self.reset_index()
         # counted, not learned by gradient: its scores join the head's through gates
-        self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed)
+        self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed,
+                                                                      cfg.model.recent)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
