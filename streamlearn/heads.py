@@ -251,8 +251,13 @@ class SampledHead(nn.Module):
                  tied: torch.Tensor | None = None) -> torch.Tensor:
         """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
         drawn negatives), example i's answer at ``targets["answer"][i]``; with a count
-        part, ``targets["counts"]`` (n, F, c) its scores of those choices."""
+        part, ``targets["counts"]`` (n, F, c) its scores of those choices and
+        ``targets["negative"]`` (c,) the drawn ones: example i's softmax is then over its
+        answer and those only."""
         logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
+        if "negative" in targets:  # example i's softmax: its answer and the drawn negatives
+            own = torch.arange(logits.shape[1], device=logits.device)[None] == targets["answer"][:, None]
+            logits = logits.masked_fill(~(own | targets["negative"][None]), float("-inf"))
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
 

@@ -275,15 +275,23 @@ class TokenTask(Task):
 
     def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """The code's step targets; with a count part, the choices are the distinct
-        answers and negatives by token hash, with the count part's scores of them."""
+        answers and negatives by token hash, with the count part's scores of them, and
+        ``negative`` (c,) marks the drawn ones: each example's softmax runs over its own
+        answer and the drawn negatives only, as the research's objective. The batch's
+        other answers are no negatives there: they come from the unigram distribution,
+        not the uniform draw, and without a logQ correction they push frequent tokens
+        down for every example."""
         if self.counter is None:
             return self.code.step_targets(batch.targets, self.index, rng)
         ids = self.code.draw_ids(self.index, rng)
         answers = batch.counts["answer"]  # (n,)
         both = np.concatenate([answers, self.counter.candidates(self.index)[ids]])
         keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
         choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
-        return {"choices": choices, "answer": inverse.reshape(-1)[:len(answers)],
+        negative = np.zeros(len(keys), dtype=bool)
+        negative[inverse[len(answers):]] = True
+        return {"choices": choices, "answer": inverse[:len(answers)], "negative": negative,
                 "counts": self.score_counts(batch.counts["ctx"], keys, len(self.index))}
 
     def outputs(self, model, batch, dev):
