@@ -255,6 +255,8 @@ class SampledHead(nn.Module):
         ``targets["negative"]`` (c,) the drawn ones: example i's softmax is then over its
         answer and those only."""
         logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
+        if "logq" in targets:  # sampled softmax's correction: log(K Q(w)) of each choice
+            logits = logits - targets["logq"][None]
         if "negative" in targets:  # example i's softmax: its answer and the drawn negatives
             own = torch.arange(logits.shape[1], device=logits.device)[None] == targets["answer"][:, None]
             logits = logits.masked_fill(~(own | targets["negative"][None]), float("-inf"))

@@ -116,6 +116,23 @@ class CountPart:
             self._cands = np.concatenate([self._cands, hash64(index.new_since(have), self.seed)])
         return self._cands[:n]
 
+    def proposal(self, cands: np.ndarray) -> tuple[np.ndarray, float]:
+        """The negatives' proposal Q over the candidates (C,) (token hashes): 0.9 of it
+        proportional to N1+(. w)^0.75 (the KN unigram's counts, word2vec's power), 0.1
+        uniform; returns (Q (C,), the power's normaliser, for :meth:`q_of`)."""
+        n = len(cands)
+        weight = self.kn.token_stats(cands)[:, 0].astype(np.float64) ** 0.75
+        total = float(weight.sum())
+        if total == 0:
+            return np.full(n, 1.0 / n), 0.0
+        return 0.9 * weight / total + 0.1 / n, total
+
+    def q_of(self, hashes: np.ndarray, total: float, n: int) -> np.ndarray:
+        """Q (as :meth:`proposal`) of any tokens' hashes, ``n`` candidates."""
+        if total == 0:
+            return np.full(len(hashes), 1.0 / n)
+        return 0.9 * self.kn.token_stats(hashes)[:, 0].astype(np.float64) ** 0.75 / total + 0.1 / n
+
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
         hashes, candidates (C,)."""

@@ -283,16 +283,20 @@ class TokenTask(Task):
         down for every example."""
         if self.counter is None:
             return self.code.step_targets(batch.targets, self.index, rng)
-        ids = self.code.draw_ids(self.index, rng)
+        cands = self.counter.candidates(self.index)  # (C,)
+        K, n = self.code.negatives, len(cands)
+        q, total = self.counter.proposal(cands) if n and K else (np.zeros(0), 0.0)
+        ids = rng.choice(n, size=K, p=q) if n and K else np.empty(0, dtype=np.int64)
         answers = batch.counts["answer"]  # (n,)
-        both = np.concatenate([answers, self.counter.candidates(self.index)[ids]])
+        both = np.concatenate([answers, cands[ids]])
         keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
         negative = np.zeros(len(keys), dtype=bool)
         negative[inverse[len(answers):]] = True
+        logq = np.log(K * self.counter.q_of(keys, total, n)) if n and K else np.zeros(len(keys))
         return {"choices": choices, "answer": inverse[:len(answers)], "negative": negative,
-                "counts": self.score_counts(batch.counts["ctx"], keys, len(self.index))}
+                "logq": logq.astype(np.float32), "counts": self.score_counts(batch.counts["ctx"], keys, n)}
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
