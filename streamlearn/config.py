@@ -26,7 +26,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
-from .config_rules import REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of
+from .config_rules import (
+    REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of, power_of_two,
+)
 from .exceptions import ConfigError
 from .tasks import REGISTRY as TASK_REGISTRY
 from .tasks import task_defaults
@@ -37,6 +39,8 @@ SCHEMES = (
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
 OUTPUTS = ("auto", "hashed", "sampled", "tfree")
+COUNT_PARTS = ("none", "kn3")  # token tasks' count part inside the model (streamlearn.counts)
+COUNT_TASKS = ("next-token", "mlm")
 SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
 HASHFORMER_HASHES = ("md5", "xxh3", "lsh")
@@ -135,6 +139,13 @@ class ModelConfig:
     # over tokens, learned with sampled negatives), "tfree", "auto" (tfree for scheme tfree, else hashed)
     output: str = key("auto", one_of(*OUTPUTS))
     negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
+    # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
+    # log-probabilities join the scores through learned gates (docs/model.md "Count part")
+    counts: str = key("none", one_of(*COUNT_PARTS))
+    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half)
+    count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
+    # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
+    recent: int = key(0, between(0, 1 << 20))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -150,6 +161,9 @@ class OptimConfig:
     sparse: str = key("adagrad", one_of(*SPARSE_OPTIMIZERS))  # row-wise optimizer for embedding tables
     # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
     sparse_lr: float = key(0.2, above(0))
+    # a sampled head's own output rows (O, Ob); 0: optim.sparse_lr. Token tasks with a count part
+    # want them slower than the input rows (docs/model.md "Count part")
+    output_lr: float = key(0.0, at_least(0))
     dense_lr: float = key(2e-3, above(0))  # also right for layers >= 1 (0.01 suits depth 0 only)
     weight_decay: float = key(0.0, at_least(0))
 
@@ -380,6 +394,13 @@ class Config:
         if lc.shuffle_random > 0 and not m.positions:
             raise ConfigError(f"learner.shuffle_random={lc.shuffle_random:g} needs token order to detect shuffled "
                               "tokens: set model.positions=true (or learner.shuffle_random=0)")
+        if m.counts != "none" and (lc.task not in COUNT_TASKS or m.output != "sampled"):
+            raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
+                              f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
+                              "set those, or model.counts='none'")
+        if m.recent and m.counts == "none":
+            raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
+                              "(or model.recent=0)")
         least = _nb_cells_needed(m.max_labels)
         if lc.nb_weight > 0 and lc.nb_cells < least:
             raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
@@ -445,14 +466,15 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.append_p", "embedding.combine", "embedding.init", "embedding.hashformer_hash",
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
-    "model.out_B", "model.out_m", "model.tie_output", "model.output",
+    "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
+    "model.recent",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
-    "optim.sparse_lr", "optim.dense_lr", "optim.weight_decay",
+    "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
     "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
     "learner.nb_alpha", "learner.seed",
     "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",

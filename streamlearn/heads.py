@@ -201,29 +201,47 @@ class SampledHead(nn.Module):
     table. Answering (:meth:`forward` with every candidate) scores each candidate exactly.
     Both tables start at zero: every token starts equal, and a row never written needs no
     init to be rebuilt on restore.
+
+    With a count part (``code.features`` F > 0) the logit of candidate w adds
+    ``sum_f g_f(x) s_f(w)``, s_f the count part's log-probabilities (``counts`` (n, F, c))
+    and g = softplus(W x + c) gates (n, F) learned with the rest. W starts at zero and c
+    at softplus^-1(1) for the KN scores (column 0), softplus^-1(0.05) for the recent-token
+    cache's (column 1): the model starts as the count model and learns how far to trust
+    each part per state, as the research prototype measured best.
     """
 
-    def __init__(self, d_model: int, code: OutputCode):
+    def __init__(self, d_model: int, code: SampledCode):
         super().__init__()
         self.transform = _Transform(d_model, 1, d_model)
         self.O = nn.Parameter(torch.zeros(code.rows, d_model))
         self.Ob = nn.Parameter(torch.zeros(code.rows, 1))
+        self.gates = None
+        if code.features:
+            self.gates = nn.Linear(d_model, code.features)
+            with torch.no_grad():
+                self.gates.weight.zero_()
+                start = torch.tensor([1.0] + [0.05] * (code.features - 1))
+                self.gates.bias.copy_(torch.log(torch.expm1(start)))  # softplus(c) = start
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"O": self.O, "Ob": self.Ob}
 
-    def _logits(self, x: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
-        """x (n, d_model), tokens' hashes (c, m) -> logits (n, c)."""
+    def _logits(self, x: torch.Tensor, hashes: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """x (n, d_model), tokens' hashes (c, m), count scores (n, F, c) -> logits (n, c)."""
         z = self.transform(x)[:, 0]  # (n, d)
         o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True)  # (c, d)
         b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0]  # (c,)
-        return z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        logits = z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        if self.gates is None:
+            return logits
+        g = F.softplus(self.gates(x)).to(logits.dtype)  # (n, F)
+        return logits + torch.einsum("nf,nfc->nc", g, counts.to(logits.dtype))
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
-                choices: torch.Tensor | None = None) -> torch.Tensor:
+                choices: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
         """Log-probabilities (n, c) over the ``choices`` (c, m): every token the
-        candidate index holds, in its order."""
-        return F.log_softmax(self._logits(x, choices).float(), dim=-1)
+        candidate index holds, in its order; ``counts`` (n, F, c): the count part's."""
+        return F.log_softmax(self._logits(x, choices, counts).float(), dim=-1)
 
     @staticmethod
     def decodable(scores: torch.Tensor) -> torch.Tensor:
@@ -232,8 +250,16 @@ class SampledHead(nn.Module):
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
         """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
-        drawn negatives), example i's answer at ``targets["answer"][i]``."""
-        logits = self._logits(x, targets["choices"]).float()  # (n, c)
+        drawn negatives), example i's answer at ``targets["answer"][i]``; with a count
+        part, ``targets["counts"]`` (n, F, c) its scores of those choices and
+        ``targets["negative"]`` (c,) the drawn ones: example i's softmax is then over its
+        answer and those only."""
+        logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
+        if "logq" in targets:  # sampled softmax's correction: log(K Q(w)) of each choice
+            logits = logits - targets["logq"][None]
+        if "negative" in targets:  # example i's softmax: its answer and the drawn negatives
+            own = torch.arange(logits.shape[1], device=logits.device)[None] == targets["answer"][:, None]
+            logits = logits.masked_fill(~(own | targets["negative"][None]), float("-inf"))
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
 

@@ -147,7 +147,8 @@ class Learner(river_base.Classifier):
             torch.manual_seed(seed_of(c.learner.seed, "dense-init"))
             model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
         self.model = model.to(self.dev.torch)
-        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim)
+        head_rows = frozenset(self.model.head.row_tables()) if self.model.head is not None else frozenset()
+        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim,
                                            fused=self.task.has_closed_form(self.model, self.dev))
         self.steps = 0  # optimizer steps taken

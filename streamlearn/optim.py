@@ -42,9 +42,13 @@ class RowOptimizer:
     ([0.0, 0.0], [-0.5, -0.5])
     """
 
-    def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None):
+    def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None,
+                 outputs: frozenset[str] = frozenset()):
+        """``outputs``: the tables stepped at ``cfg.output_lr`` (when > 0) instead of
+        ``cfg.sparse_lr`` (a sampled head's output rows)."""
         self.rule = cfg.sparse
         self.lr = cfg.sparse_lr
+        self.lrs = {name: cfg.output_lr if name in outputs and cfg.output_lr > 0 else cfg.sparse_lr for name in tables}
         self.eps = eps if eps is not None else (1e-10 if self.rule == "adagrad" else 1e-8)
         self.betas = (0.9, 0.999)
         self.steps = 0
@@ -72,14 +76,16 @@ class RowOptimizer:
             if p.grad is None:
                 continue
             idx, g = _rows_of(p.grad)  # (n,), (n, w)
+            lr = self.lrs[name]
             if idx.numel() == p.shape[0]:  # a dense gradient reaching every row
-                self._update_all(p, self.state[name], g.to(p.dtype))
+                self._update_all(p, self.state[name], g.to(p.dtype), lr)
             elif idx.numel():
-                self._update(p, self.state[name], idx, g.to(p.dtype))
+                self._update(p, self.state[name], idx, g.to(p.dtype), lr)
             changed[name] = idx
         return changed
 
-    def _update(self, p: torch.Tensor, state: dict[str, torch.Tensor], idx: torch.Tensor, g: torch.Tensor) -> None:
+    def _update(self, p: torch.Tensor, state: dict[str, torch.Tensor], idx: torch.Tensor, g: torch.Tensor,
+                lr: float) -> None:
         """The rule on rows ``idx`` (unique): gather each table's rows, compute, write
         them back (index_copy_). index_add_ here cost twice as much on rows spread over
         a large table: it sorts its index again inside torch."""
@@ -87,7 +93,7 @@ class RowOptimizer:
             G = state["sum"]
             G_rows = G.index_select(0, idx).add_(g * g)  # (n, w)
             G.index_copy_(0, idx, G_rows)
-            p.index_copy_(0, idx, p.index_select(0, idx).add_(g / G_rows.sqrt_().add_(self.eps), alpha=-self.lr))
+            p.index_copy_(0, idx, p.index_select(0, idx).add_(g / G_rows.sqrt_().add_(self.eps), alpha=-lr))
             return
         b1, b2 = self.betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -95,21 +101,21 @@ class RowOptimizer:
         v_rows = v.index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
         m.index_copy_(0, idx, m_rows)
         v.index_copy_(0, idx, v_rows)
-        step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
+        step_size = lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
         p.index_copy_(0, idx, p.index_select(0, idx).add_(m_rows / v_rows.sqrt().add_(self.eps), alpha=-step_size))
 
-    def _update_all(self, p: torch.Tensor, state: dict[str, torch.Tensor], g: torch.Tensor) -> None:
+    def _update_all(self, p: torch.Tensor, state: dict[str, torch.Tensor], g: torch.Tensor, lr: float) -> None:
         """The same rules in place over the whole table, without gathers and scatters."""
         if self.rule == "adagrad":
             G = state["sum"]
             G.addcmul_(g, g)
-            p.addcdiv_(g, G.sqrt().add_(self.eps), value=-self.lr)
+            p.addcdiv_(g, G.sqrt().add_(self.eps), value=-lr)
             return
         b1, b2 = self.betas
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.mul_(b1).add_(g, alpha=1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        step_size = self.lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
+        step_size = lr * (1 - b2 ** self.steps) ** 0.5 / (1 - b1 ** self.steps)
         p.addcdiv_(m, v.sqrt().add_(self.eps), value=-step_size)
 
     def state_tables(self) -> dict[str, torch.Tensor]:

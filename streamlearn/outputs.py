@@ -22,7 +22,8 @@ code), else it names its own hash functions and the head keeps a table of its ow
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.featurize import build_featurizer
->>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm")
+>>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm", "model.output=auto",
+...                         "model.counts=none")
 >>> code = output_code(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
 >>> code.table, code.m, code.size, code.targets(["a", "b"])["hashes"].shape
 ('E', 2, 100, (2, 2))
@@ -145,6 +146,7 @@ class SampledCode(OutputCode):
     size: int
     ids: Callable[[Sequence[str]], np.ndarray]
     negatives: int  # candidates drawn per training step, besides the batch's own answers
+    features: int = 0  # count-part score columns the head gates into its logits (model.counts)
 
     table = None  # never tied: the head owns its rows (a row table, updated sparsely)
 
@@ -161,10 +163,15 @@ class SampledCode(OutputCode):
     def draw(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
         """The hashes (s, m) of up to ``negatives`` candidates drawn uniformly (with
         replacement) from the index: the step's negatives besides the batch's answers."""
+        return index.hashes[self.draw_ids(index, rng)]
+
+    def draw_ids(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
+        """The candidate ids (s,) :meth:`draw` takes. Uniform: a logQ correction would be
+        the same constant for every candidate, so none is needed."""
         n = len(index)
         if not n or not self.negatives:
-            return np.empty((0, self.m), dtype=np.int64)
-        return index.hashes[rng.integers(0, n, size=self.negatives)]
+            return np.empty(0, dtype=np.int64)
+        return rng.integers(0, n, size=self.negatives)
 
     def step_targets(self, targets, index, rng):
         """The step's ``choices`` (c, m), its distinct answers and drawn negatives, and
@@ -199,7 +206,7 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
     if kind == "sampled":
         m, size = cfg.model.out_m, cfg.model.out_B
         return SampledCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"),
-                           cfg.model.negatives)
+                           cfg.model.negatives, 0 if cfg.model.counts == "none" else 1 + (cfg.model.recent > 0))
     if kind == "tfree":
         space = featurizer.pattern_space() if tie else None
         if space is not None:

@@ -114,6 +114,10 @@ KEYS: dict[str, Case] = {
     "model.tie_output": Case(False, "no"),
     "model.output": Case("sampled", "softmax"),
     "model.negatives": Case(0, -1),
+    "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn3 is next-token's default
+    "model.count_slots": Case(4096, 1000),
+    "model.recent": Case(100, -1, ("learner.task=next-token",)),
+    "optim.output_lr": Case(0.01, -0.1),
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),
     "optim.dense_lr": Case(0.01, -1.0),
@@ -386,10 +390,11 @@ def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys)
 def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
     """Classify (the default task) adds word bigrams and digit shapes; a model that
     predicts tokens must not see a masked or next word's bigrams, so mlm and next-token
-    keep words alone (task defaults), and batches of 16."""
+    keep words alone (task defaults), with the token-stream configuration's batches of 8."""
     c = Config.from_dict({})
     assert (c.hashing.ngrams, c.hashing.shapes, c.learner.batch_size) == (2, True, 8)
     assert Config() == c
     for task in ("mlm", "next-token"):
         t = Config().override(f"learner.task={task}")
-        assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 16), task
+        assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 8), task
+        assert (t.model.output, t.model.counts) == ("sampled", "kn3"), task

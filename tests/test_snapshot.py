@@ -77,6 +77,8 @@ def assert_same(task: str, got: list, want: list) -> None:
     ("plain", "classify", ()), ("hashformer-pool", "next-item", ()), ("tfree", "classify", ()),
     ("hash", "classify", ("learner.nb_weight=1.0", "learner.nb_cells=65536")),  # + the Naive Bayes counts
     ("hash", "next-token", ("model.output=sampled",)), ("hash", "mlm", ("model.output=sampled",)),
+    *(("hash", task, ("model.output=sampled", "model.counts=kn3", "model.count_slots=1024"))  # + the count part
+      for task in ("next-token", "mlm")),
 ])
 def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, extra, tmp_path):
     rng = random.Random(0)

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..batching import Batch, Preparer, seed_of
 from ..config import Config
+from ..counts.part import CountPart, count_seed
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
 from ..exceptions import StreamlearnError
@@ -212,6 +213,8 @@ class TokenPreparer(Preparer):
     def __init__(self, cfg: Config, featurizer: Featurizer, code: OutputCode):
         super().__init__(cfg, featurizer)
         self.code = code
+        # the count part's token-hash seed; None: no count part (model.counts="none")
+        self.count_seed = None if cfg.model.counts == "none" else count_seed(cfg.hashing.seed)
 
 
 class TokenTask(Task):
@@ -225,6 +228,9 @@ class TokenTask(Task):
         self.code: OutputCode = output_code(cfg, featurizer)
         super().__init__(cfg, featurizer)
         self.reset_index()
+        # counted, not learned by gradient: its scores join the head's through gates
+        self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed,
+                                                                      cfg.model.recent)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
@@ -245,30 +251,76 @@ class TokenTask(Task):
     def _tied(self, model: HashedTransformer) -> torch.Tensor | None:
         return model.row_tables()[self.code.table] if self.code.table else None
 
+    def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """The count part's scores (N, F, C) of candidates (C,) (token hashes) in the
+        examples' contexts ``ctx`` (N, ...) (``batch.counts["ctx"]``), ``n`` candidates
+        known; a task that hosts a count part implements it."""
+        raise NotImplementedError
+
     def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        return model.head(states, self._tied(model), **dev.tensors(self.code.scoring_inputs(self.index)))
+        inputs = dev.tensors(self.code.scoring_inputs(self.index))
+        if self.counter is not None:
+            cands = self.counter.candidates(self.index)
+            inputs["counts"] = dev.tensor(self.score_counts(batch.counts["ctx"], cands, len(cands)))
+        return model.head(states, self._tied(model), **inputs)
 
     def loss(self, model, batch, dev):
         """The head's loss on the batch's states; a sampled head's candidates are drawn
         from a generator seeded by the batch's sequence number (replays repeat them)."""
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
         rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
-        targets = self.code.step_targets(batch.targets, self.index, rng)
+        targets = self._step_targets(batch, rng)
         return model.head.fit_loss(states, dev.tensors(targets), dev.tensor(batch.weight), self._tied(model))
+
+    def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The code's step targets; with a count part, the choices are the distinct
+        answers and negatives by token hash, with the count part's scores of them, and
+        ``negative`` (c,) marks the drawn ones: each example's softmax runs over its own
+        answer and the drawn negatives only, as the research's objective. The batch's
+        other answers are no negatives there: they come from the unigram distribution,
+        not the uniform draw, and without a logQ correction they push frequent tokens
+        down for every example."""
+        if self.counter is None:
+            return self.code.step_targets(batch.targets, self.index, rng)
+        cands = self.counter.candidates(self.index)  # (C,)
+        K, n = self.code.negatives, len(cands)
+        q, total = self.counter.proposal(cands) if n and K else (np.zeros(0), 0.0)
+        ids = rng.choice(n, size=K, p=q) if n and K else np.empty(0, dtype=np.int64)
+        answers = batch.counts["answer"]  # (n,)
+        both = np.concatenate([answers, cands[ids]])
+        keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
+        negative = np.zeros(len(keys), dtype=bool)
+        negative[inverse[len(answers):]] = True
+        logq = np.log(K * self.counter.q_of(keys, total, n)) if n and K else np.zeros(len(keys))
+        return {"choices": choices, "answer": inverse[:len(answers)], "negative": negative,
+                "logq": logq.astype(np.float32), "counts": self.score_counts(batch.counts["ctx"], keys, n)}
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
 
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The candidate index learns the batch's tokens; the count part (if any) counts
+        its trigrams, after the step: a step's count scores never include its own batch,
+        as a prediction's never do."""
         if batch.candidates:
             self.index.add(batch.candidates)
-        return {}
+        if self.counter is None or batch.counts is None:
+            return {}
+        return self.counter.learn(batch.counts["tri"])
+
+    def count_tables(self) -> dict[str, torch.Tensor]:
+        return {} if self.counter is None else self.counter.tables()
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
-        """A tied head reads its input table in full, a sampled head its own tables."""
+        """A tied head reads its input table in full, a sampled head its own tables, a
+        count part its tables (hashed slots: which rows a query reads is known only once
+        it probes)."""
         own = model.head.row_tables() if model.head is not None else {}
-        return frozenset(own) | (frozenset({self.code.table}) if self.code.table else frozenset())
+        return (frozenset(own) | frozenset(self.count_tables())
+                | (frozenset({self.code.table}) if self.code.table else frozenset()))
 
     def predict(self, model, batch, dev) -> list:
         """The best candidate token (None while the candidate index is empty)."""
