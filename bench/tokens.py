@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import os
 import re
 import resource
 import statistics
@@ -73,7 +74,7 @@ def stream(data: Path, n: int) -> tuple[list[dict], str]:
     file = data / FILE
     if file.is_file():
         words = file.read_text(encoding="utf-8").split()
-        source = str(file)
+        source = os.path.relpath(file, ROOT)  # no machine's absolute path in the docs
     else:
         words = synthetic_words(17_578 * WORDS)
         source = f"SYNTHETIC Zipf text standing in for War and Peace ({file} not found)"
