@@ -33,7 +33,6 @@ between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import textwrap
 import time
@@ -47,7 +46,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from data import add_data_option, ag_news, data_dir, text_stream
+from data import add_data_option, ag_news, data_dir, text_stream, write_between_markers
 import quality_streams as qs
 
 from streamlearn.config import Config
@@ -283,14 +282,6 @@ def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: 
                       *table])
 
 
-def write_between_markers(path: Path, text: str) -> None:
-    doc = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if len(pattern.findall(doc)) != 1:
-        raise SystemExit(f"{path} must hold the markers {BEGIN} ... {END} exactly once (the table goes between them)")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", doc))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
@@ -312,7 +303,7 @@ def main() -> int:
         results[name] = (len(records), measure(records, max(1, args.passes), vw))
     text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes))
     if not args.dry_run:
-        write_between_markers(args.out, text)
+        write_between_markers(args.out, BEGIN, END, text)
     print(text)
     return 0
 

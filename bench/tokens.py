@@ -39,7 +39,6 @@ import argparse
 import datetime
 import itertools
 import os
-import re
 import resource
 import statistics
 import sys
@@ -52,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data import ROOT, add_data_option, data_dir
+from data import ROOT, add_data_option, data_dir, write_between_markers
 
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
@@ -297,14 +296,6 @@ def section(results: dict, source: str, command: str, records: int, seeds: list[
     return "\n".join(lines).rstrip()
 
 
-def write_between_markers(path: Path, text: str) -> None:
-    doc = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if len(pattern.findall(doc)) != 1:
-        raise SystemExit(f"{path} must hold the markers {BEGIN} ... {END} exactly once (the table goes between them)")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", doc), encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
@@ -340,7 +331,7 @@ def main() -> int:
         verdict.append(f"{task}: best depth's worst ratio / target {best:.3f} ({'met' if best >= 1 else 'missed'})")
     print("targets: " + "; ".join(verdict))
     if not args.dry_run:
-        write_between_markers(args.out, text)
+        write_between_markers(args.out, BEGIN, END, text)
     return 0
 
 
