@@ -92,7 +92,7 @@ BENCHMARKS = (
               r"streamlearn `learn_many`|prequential replay \(|bare torch \|", data=True,
               what="streamlearn records/s against Vowpal Wabbit, river NB and bare torch of the same shape"),
     Benchmark("tokens", ("--records", "600", "--seeds", "1", "--depths", "0,1", "--rss-records", "3000", "--dry-run"),
-              (), 120, 10800, r"^\| (model|markov|ngram)|^targets|^At the defaults", data=True,
+              (), 30, 10800, r"^\| (model|markov|ngram)|^targets|^At the defaults", data=True,
               what="War and Peace as a token stream: next-token and mlm at depths 0/1/2 against Markov and KN n-grams"),
     Benchmark("startup", ("--records", "500", "--repeats", "1"), ("--repeats", "5"), 60, 240, r"^median|^\| (manual|group)",
               what="process start to the first record learned: a lone worker vs a group join"),
