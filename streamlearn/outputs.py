@@ -80,12 +80,12 @@ class OutputCode:
 
 
 @dataclass(frozen=True)
-class HashedCode(OutputCode):
-    """m hashes of each token into [0, size); ``ids(tokens) -> (n, m)``."""
+class _HashRows(OutputCode):
+    """m hashes of each token into [0, size); ``ids(tokens) -> (n, m)``: the targets and
+    the candidate index the hashed and the sampled heads share."""
 
     m: int
     size: int
-    table: str | None
     ids: Callable[[Sequence[str]], np.ndarray]
 
     @property
@@ -97,6 +97,13 @@ class HashedCode(OutputCode):
 
     def new_index(self) -> CandidateIndex:
         return CandidateIndex(self.m, self.size, self.ids)
+
+
+@dataclass(frozen=True)
+class HashedCode(_HashRows):
+    """Superbloom's m softmaxes over the hashed buckets (``table``: the tied input table)."""
+
+    table: str | None = None
 
     def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
         """``scores``: log-probabilities (n, m, size). With ``exclude`` given, exhaustive
@@ -139,26 +146,13 @@ class PatternCode(OutputCode):
 
 
 @dataclass(frozen=True)
-class SampledCode(OutputCode):
+class SampledCode(_HashRows):
     """m hashes of each token into the ``size`` rows of the sampled head's own table."""
 
-    m: int
-    size: int
-    ids: Callable[[Sequence[str]], np.ndarray]
-    negatives: int  # candidates drawn per training step, besides the batch's own answers
+    negatives: int = 0  # candidates drawn per training step, besides the batch's own answers
     features: int = 0  # count-part score columns the head gates into its logits (model.counts)
 
     table = None  # never tied: the head owns its rows (a row table, updated sparsely)
-
-    @property
-    def rows(self) -> int:
-        return self.size
-
-    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
-        return {"hashes": self.ids(tokens)}  # (n, m)
-
-    def new_index(self) -> CandidateIndex:
-        return CandidateIndex(self.m, self.size, self.ids)
 
     def draw(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
         """The hashes (s, m) of up to ``negatives`` candidates drawn uniformly (with
@@ -214,6 +208,6 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
         return PatternCode(PatternSpace(cfg.embedding.m, cfg.embedding.tfree_rows, cfg.hashing.seed), None)
     hashed = featurizer.hashed_space() if tie else None
     if hashed is not None:
-        return HashedCode(hashed.m, hashed.size, hashed.table, hashed.ids)
+        return HashedCode(hashed.m, hashed.size, hashed.ids, table=hashed.table)
     m, size = cfg.model.out_m, cfg.model.out_B
-    return HashedCode(m, size, None, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"))
+    return HashedCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"))

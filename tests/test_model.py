@@ -155,7 +155,7 @@ def test_label_head_reads_only_seen_labels_and_unseen_rows_get_no_gradient():
 
 
 def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
-    code = HashedCode(2, 5, None, lambda tokens: multi_hash(tokens, 2, 5, 0, "out"))
+    code = HashedCode(2, 5, lambda tokens: multi_hash(tokens, 2, 5, 0, "out"))
     torch.manual_seed(0)
     head = HashedHead(4, code, width=3)
     x = torch.randn(3, 4)
