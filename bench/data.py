@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,3 +149,13 @@ def write_jsonl(records: list[dict], file: Path) -> Path:
 
     file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return file
+
+
+def write_between_markers(path: Path, begin: str, end: str, text: str) -> None:
+    """Replace what stands between the markers ``begin`` and ``end`` in the markdown file
+    ``path`` with ``text`` (the markers must be there exactly once)."""
+    doc = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if len(pattern.findall(doc)) != 1:
+        raise SystemExit(f"{path} must hold the markers {begin} ... {end} exactly once (the table goes between them)")
+    path.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", doc), encoding="utf-8")

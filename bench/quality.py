@@ -8,7 +8,7 @@ default ../shared/data); a stream whose files are absent is replaced by a synthe
 its shape and size, labelled SYNTHETIC in the table and the JSON (bench/data.py):
 
 1. SMS Spam Collection (5,574) and AG News (5,581 = the 5,000-row sample, then the first
-   581 rows): accuracy of the library defaults, of defaults + word bigrams and of
+   581 rows): accuracy of the library defaults, of defaults with unigrams and of
    defaults without the Naive Bayes part (learner.nb_weight=0) (3 seeds each; --quick: 1)
    and of a 1-layer transformer (with and without the part), against river MultinomialNB on
    BagOfWords(lowercase) (predict_one then learn_one, same order) and Vowpal Wabbit
@@ -40,13 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 import quality_eval as ev
+from streamlearn.config import LearnerConfig
 import quality_streams as streams
 from data import Stream, add_data_option, ag_news, data_dir, events_stream, text_stream
 
-TEXT_BATCH = 16  # the default learner.batch_size
-TEXT_CONFIGS = {  # on top of the library defaults (depth 0, Naive Bayes part 0.2; docs/choosing-a-configuration.md)
+TEXT_BATCH = LearnerConfig.batch_size  # the default learner.batch_size
+# on top of the library defaults (depth 0, bigrams and digit shapes, Naive Bayes part 0.1;
+# docs/choosing-a-configuration.md; bench/shapes.py runs every text stream against per-record peers)
+TEXT_CONFIGS = {
     "defaults": (),
-    "defaults + bigrams": ("hashing.ngrams=2",),
+    "defaults with unigrams": ("hashing.ngrams=1",),
     "defaults without the Naive Bayes part": ("learner.nb_weight=0",),
     "1 layer": ("model.layers=1",),
     "1 layer without the Naive Bayes part": ("model.layers=1", "learner.nb_weight=0"),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"data.py", "quality_eval.py", "quality_streams.py", "run_all.py"}  # imported by the scripts, not run
+HELPERS = {"data.py", "peers.py", "quality_eval.py", "quality_streams.py", "run_all.py", "synthetic_items.py"}  # imported by the scripts, not run
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ BENCHMARKS = (
     Benchmark("quality", ("--quick", "--threads", "1", "--only", "sms", "movielens", "step_cost"),
               (), 70, 150, r"^\| (SMS|AG|Movie)|step cost|SYNTHETIC", data=True,
               what="prequential quality against river NB, VW, Markov, popularity; step cost"),
+    Benchmark("shapes", ("--task", "text", "--streams", "sms", "yelp", "--seeds", "0"), (), 30, 1500,
+              r"^worst", data=True,
+              what="one set of defaults on every text and next-item stream against per-record peers; the worst"),
     Benchmark("streams", ("--only", "sms-spam,ag-news-581", "--passes", "1", "--dry-run"), (), 35, 300, r"^\| .*\| accuracy \||^\| .*\| recall|Frozen replay", data=True,
               what="replay of every dataset: model vs baselines, frozen vs prequential speed"),
     Benchmark("worker", ("--records", "3000", "--rounds", "1"), ("--records", "60000"), 25, 240, r"^median|^targets", data=True,
@@ -85,6 +88,12 @@ BENCHMARKS = (
               (), 120, 840, r"^records/s|^ratios|prequential / held-out", data=True,
               what="1 worker vs 2 workers averaging vs all-reduce, speed and quality"),
     Benchmark("depth", ("--quick", "--sets", "30000"), ("--seeds", "2", "--control", "--jobs", "2"), 70, 1080, r"^\| ", what="Superbloom's depth claim on heavily hashed synthetic sets"),
+    Benchmark("speed", ("--records", "2000", "--passes", "1", "--dry-run"), (), 30, 900,
+              r"streamlearn `learn_many`|prequential replay \(|bare torch \|", data=True,
+              what="streamlearn records/s against Vowpal Wabbit, river NB and bare torch of the same shape"),
+    Benchmark("tokens", ("--records", "600", "--seeds", "1", "--depths", "0,1", "--rss-records", "3000", "--dry-run"),
+              (), 30, 10800, r"^\| (model|markov|ngram)|^targets|^At the defaults", data=True,
+              what="War and Peace as a token stream: next-token and mlm at depths 0/1/2 against Markov and KN n-grams"),
     Benchmark("startup", ("--records", "500", "--repeats", "1"), ("--repeats", "5"), 60, 240, r"^median|^\| (manual|group)",
               what="process start to the first record learned: a lone worker vs a group join"),
 )

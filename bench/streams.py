@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import re
 import sys
 import tempfile
 import textwrap
@@ -40,7 +39,7 @@ from streamlearn.datasets import task_of
 from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
-from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text
+from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text, write_between_markers
 
 DATASETS = [("sms-spam", "sms"), ("ag-news-5000", "ag-news-5000"), ("ag-news-581", "ag-news-581"),
             ("movielens-100k", "movielens")]  # table name, bench/data.py name
@@ -148,14 +147,6 @@ def section(rows: list[dict], command: str) -> str:
     return "\n".join([wrapped, "", table(rows), "", verdict])
 
 
-def write_between_markers(path: Path, text: str) -> None:
-    doc = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if len(pattern.findall(doc)) != 1:
-        raise SystemExit(f"{path} must hold the markers {BEGIN} ... {END} exactly once (the table goes between them)")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", doc))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
@@ -196,7 +187,7 @@ def main() -> int:
     if any(r["synthetic"] for r in rows):
         print(f"not written to {args.out}: synthetic rows are no benchmark result", file=sys.stderr)
     elif not args.dry_run:
-        write_between_markers(args.out, text)
+        write_between_markers(args.out, BEGIN, END, text)
     print(text)
     return 0
 

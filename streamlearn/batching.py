@@ -58,6 +58,9 @@ class Batch:
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
     candidates: list[str] = dataclasses.field(default_factory=list)
+    # token tasks with a count part (model.counts): "tri" (M, 3) the trigram hashes it counts
+    # after the step, "ctx" (n, 2 or 6) each example's context hashes, "answer" (n,) its answer's
+    counts: dict[str, np.ndarray] | None = None
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None
     rejected: list[tuple[int, RecordError]] = dataclasses.field(default_factory=list)
@@ -150,7 +153,7 @@ class Preparer:
             return [canonical_id(t) for t in rec.tokens]
         if rec.text is None:
             return None
-        return tokenize(rec.text, h.ngrams, h.lowercase) if h.tokenizer == "words" else rec.text.split()
+        return tokenize(rec.text, h.ngrams, h.lowercase, h.shapes) if h.tokenizer == "words" else rec.text.split()
 
     def text_tokens(self, rec: Record) -> list[str]:
         """:meth:`tokens`, required and non-empty (RecordError otherwise)."""

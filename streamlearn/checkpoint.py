@@ -74,6 +74,11 @@ __all__ = [
 FORMAT = 3
 
 CONFIG_BLOB = "learner.config"
+# Model keys added after checkpoints were first written, and the value that behaves as
+# the version before them did: a stored config without the key was written by that
+# version, so it reads as that value (and a restart with today's default is refused,
+# naming the key), never as today's default applied silently to rows trained without it.
+ABSENT_KEYS = {("hashing", "shapes"): False, ("learner", "recency"): 0}
 META_BLOB = "learner.meta"
 LABELS_BLOB = "learner.labels"
 DENSE_BLOB = "model.dense"
@@ -565,6 +570,9 @@ def _config_of(data: bytes, store) -> Config:
         raise _corrupt(store, CONFIG_BLOB, exc) from exc
     if not isinstance(obj, dict):
         raise _corrupt(store, CONFIG_BLOB, "not a JSON object")
+    for (section, name), value in ABSENT_KEYS.items():
+        if isinstance(obj.get(section), dict) and name not in obj[section]:
+            obj[section][name] = value
     return Config.from_dict(obj)
 
 

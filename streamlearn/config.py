@@ -26,7 +26,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
-from .config_rules import REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of
+from .config_rules import (
+    REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of, power_of_two,
+)
 from .exceptions import ConfigError
 from .tasks import REGISTRY as TASK_REGISTRY
 from .tasks import task_defaults
@@ -37,6 +39,8 @@ SCHEMES = (
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
 OUTPUTS = ("auto", "hashed", "sampled", "tfree")
+COUNT_PARTS = ("none", "kn3")  # token tasks' count part inside the model (streamlearn.counts)
+COUNT_TASKS = ("next-token", "mlm")
 SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
 HASHFORMER_HASHES = ("md5", "xxh3", "lsh")
@@ -75,7 +79,10 @@ class HashingConfig:
     seed: int = key(0, between(0, SEED_RANGE, high_open=True))
     tokenizer: str = key("words", one_of("words", "ids"))  # "words": regex words of `text`; "ids": tokens as given
     lowercase: bool = key(True, flag())
-    ngrams: int = key(1, at_least(1))  # word n-grams up to this n are added as extra tokens
+    # word n-grams up to this n are added as extra tokens (classify: to the network, not the Naive Bayes part)
+    ngrams: int = key(2, at_least(1))
+    # the digit shape of each word holding a digit ("07090201529" -> "00000000000") is added as a token
+    shapes: bool = key(True, flag())
     max_tokens: int = key(128, at_least(2))  # longer token lists are truncated (counted, not an error)
 
     def __post_init__(self) -> None:
@@ -132,6 +139,13 @@ class ModelConfig:
     # over tokens, learned with sampled negatives), "tfree", "auto" (tfree for scheme tfree, else hashed)
     output: str = key("auto", one_of(*OUTPUTS))
     negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
+    # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
+    # log-probabilities join the scores through learned gates (docs/model.md "Count part")
+    counts: str = key("none", one_of(*COUNT_PARTS))
+    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half)
+    count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
+    # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
+    recent: int = key(0, between(0, 1 << 20))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -147,6 +161,9 @@ class OptimConfig:
     sparse: str = key("adagrad", one_of(*SPARSE_OPTIMIZERS))  # row-wise optimizer for embedding tables
     # online text and next-item: best of 0.05..0.5 (docs/choosing-a-configuration.md)
     sparse_lr: float = key(0.2, above(0))
+    # a sampled head's own output rows (O, Ob); 0: optim.sparse_lr. Token tasks with a count part
+    # want them slower than the input rows (docs/model.md "Count part")
+    output_lr: float = key(0.0, at_least(0))
     dense_lr: float = key(2e-3, above(0))  # also right for layers >= 1 (0.01 suits depth 0 only)
     weight_decay: float = key(0.0, at_least(0))
 
@@ -159,16 +176,19 @@ class LearnerConfig:
     section: ClassVar[str] = "learner"
 
     task: str = key("classify", one_of(*TASKS))
-    batch_size: int = key(16, at_least(1))  # 32: ~1.5x the records/s, slightly lower online accuracy on text
+    # text: 8 learns sooner than 16 (+0.5 to 1 point on 1,000-record streams) at ~0.6x the records/s
+    batch_size: int = key(8, at_least(1))
     # "auto" picks CUDA when available, else CPU
     device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
     mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
     history: int = key(10, at_least(1))  # next-item: a key's last n items
+    # next-item: the last r items also enter as tokens of their own, so the bag knows which came last
+    recency: int = key(1, at_least(0))
     beam: int = key(50, at_least(1))  # top-k decoding beam width
     # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
     shuffle_random: float = key(0.0, at_least(0))
-    # classify: weight of the hashed Naive Bayes score added to the label logits (0 = off; 0.2: AG News >= NB)
-    nb_weight: float = key(0.2, at_least(0))
+    # classify: weight of the hashed Naive Bayes score added to the label logits of predictions (0 = off)
+    nb_weight: float = key(0.1, at_least(0))
     nb_alpha: float = key(0.3, above(0))  # classify: Naive Bayes additive smoothing of the (token, label) counts
     # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
     nb_cells: int = key(1_048_576, multiple_of(NB_ROW, NB_ROW, HASH_RANGE))
@@ -374,6 +394,13 @@ class Config:
         if lc.shuffle_random > 0 and not m.positions:
             raise ConfigError(f"learner.shuffle_random={lc.shuffle_random:g} needs token order to detect shuffled "
                               "tokens: set model.positions=true (or learner.shuffle_random=0)")
+        if m.counts != "none" and (lc.task not in COUNT_TASKS or m.output != "sampled"):
+            raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
+                              f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
+                              "set those, or model.counts='none'")
+        if m.recent and m.counts == "none":
+            raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
+                              "(or model.recent=0)")
         least = _nb_cells_needed(m.max_labels)
         if lc.nb_weight > 0 and lc.nb_cells < least:
             raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
@@ -433,19 +460,21 @@ class Config:
 # from 0.997 to 0.003 with exit code 0), so it is refused, naming the keys. A RUN key is
 # safe to change between runs. Every key is in exactly one set (a test checks).
 MODEL_KEYS: frozenset[str] = frozenset({
-    "hashing.seed", "hashing.tokenizer", "hashing.lowercase", "hashing.ngrams", "hashing.max_tokens",
+    "hashing.seed", "hashing.tokenizer", "hashing.lowercase", "hashing.ngrams", "hashing.shapes",
+    "hashing.max_tokens",
     "embedding.scheme", "embedding.d", "embedding.K", "embedding.B", "embedding.k", "embedding.m",
     "embedding.append_p", "embedding.combine", "embedding.init", "embedding.hashformer_hash",
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
-    "model.out_B", "model.out_m", "model.tie_output", "model.output",
+    "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
+    "model.recent",
     "optim.sparse",
-    "learner.task", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
+    "learner.task", "learner.recency", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
-    "optim.sparse_lr", "optim.dense_lr", "optim.weight_decay",
+    "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
     "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
     "learner.nb_alpha", "learner.seed",
     "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",

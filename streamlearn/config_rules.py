@@ -111,6 +111,12 @@ def multiple_of(step: int, low: int, high: int) -> Rule:
                 lambda v: low <= v <= high and v % step == 0)
 
 
+def power_of_two(low: int, high: int) -> Rule:
+    """A power of two in [low, high]."""
+    return Rule(f"a power of two in [{_num(low)}, {_num(high)}]",
+                lambda v: low <= v <= high and v & (v - 1) == 0)
+
+
 def one_of(*choices: str, hint: str = "") -> Rule:
     return Rule("one of " + ", ".join(repr(c) for c in choices), lambda v: v in choices, hint)
 

@@ -19,7 +19,11 @@ Formats (autodetected from the file name and first line; ``--input-format`` over
 - ``movielens``: ``u.data`` (``user<TAB>item<TAB>rating<TAB>unix seconds``), and
   ``movielens-csv``: ``ratings.csv`` (header ``userId,movieId,rating,timestamp``). Both
   become next-item events ``{"key": user, "item": movie, "ts": ms}`` keyed by the user, in
-  time order (stable sort, so ties keep file order).
+  time order (stable sort, so ties keep file order);
+- ``text``: plain running text (a book, a log of messages; ``.txt`` files whose first
+  line has no tab): a token stream whose words, in file order and across line breaks,
+  are cut into records ``{"text": ...}`` of :data:`TEXT_WORDS` words (the last one
+  shorter), for the token tasks (``next-token``, ``mlm``).
 
 A line that cannot become a valid record stops the read with ``FILE:LINE: reason``, or,
 with ``skip_bad_lines``, is counted in :attr:`DatasetReader.bad_lines` (line, reason) for
@@ -47,7 +51,10 @@ import numpy as np
 from .exceptions import RecordError, StreamlearnError
 from .records import from_dict
 
-FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv")
+FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv", "text")
+# ``text`` files: words per record (the token tasks cut each record to hashing.max_tokens
+# tokens, 64 by default, and punctuation marks are tokens: 32 words stay within it)
+TEXT_WORDS = 32
 _MOVIELENS_LINE = re.compile(r"\d+\t\d+\t\d+(\.\d+)?\t\d+")
 _MOVIELENS_CSV_HEADER = ["userid", "movieid", "rating", "timestamp"]
 # Column names read as a header (lowercased), and the role they give their column.
@@ -123,6 +130,8 @@ def detect_format(path: str | Path) -> str:
     if name == "u.data":
         return "movielens"
     first = _first_line(path)
+    if name.endswith(".txt") and "\t" not in first:
+        return "text"
     if name == "ratings.csv" or _split_csv_header(first) == _MOVIELENS_CSV_HEADER:
         return "movielens-csv"
     if first.lstrip().startswith("{"):
@@ -170,6 +179,8 @@ def task_of(path: str | Path, fmt: str | None = None) -> str:
     fmt = fmt or detect_format(path)
     task = _TASK_OF_FORMAT.get(fmt)
     if task is None:
+        if fmt == "text":
+            raise DatasetError(f"{path}: a text file is a token stream; pass --task next-token or --task mlm")
         raise DatasetError(f"{path}: a {fmt} file can hold any task; pass --task (or learner.task)")
     return task
 
@@ -195,7 +206,7 @@ class DatasetReader:
         self.bad_lines = []
         self.notes = ReadNotes()
         readers = {"jsonl": self._jsonl, "csv": self._table, "tsv": self._table,
-                   "movielens": self._movielens, "movielens-csv": self._movielens}
+                   "movielens": self._movielens, "movielens-csv": self._movielens, "text": self._text}
         return readers[self.format]()
 
     def preview(self) -> str:
@@ -246,6 +257,17 @@ class DatasetReader:
     def _jsonl(self) -> Iterator[Row]:
         numbered = ((n, line) for n, line in self._lines() if line.strip())
         return self._guarded(numbered, _jsonl_row)
+
+    # ---- plain text
+    def _text(self) -> Iterator[Row]:
+        words: list[str] = []
+        for _, line in self._lines():
+            words += line.split()
+            while len(words) >= TEXT_WORDS:
+                yield Row(None, {"text": " ".join(words[:TEXT_WORDS])}, None)
+                del words[:TEXT_WORDS]
+        if words:
+            yield Row(None, {"text": " ".join(words)}, None)
 
     # ---- csv / tsv
     def _table(self) -> Iterator[Row]:

@@ -20,7 +20,10 @@ import torch
 from .config import Config
 from .exceptions import ConfigError
 
-__all__ = ["Device", "intra_op_threads", "pick_device"]
+__all__ = ["Device", "adopt_threads", "intra_op_threads", "pick_device", "set_threads", "torch_default_threads"]
+
+_SET_COUNT: int | None = None  # the intra-op thread count streamlearn last set (adopt_threads, set_threads)
+_PINNED = False  # set_threads was called: that count stays
 
 
 class Device:
@@ -86,3 +89,55 @@ def intra_op_threads(cfg: Config) -> int:
         return cfg.worker.torch_threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cpus - 1)
+
+
+def torch_default_threads() -> int | None:
+    """The intra-op thread count torch gives a process that chose none: one per physical
+    core (torch counts them with cpuinfo; here the distinct (physical id, core id) pairs
+    of /proc/cpuinfo, else ``os.cpu_count()``). None when ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` is set: then the environment chose the count."""
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cores, physical = set(), "0"
+            for line in f:
+                name, _, value = line.partition(":")
+                name = name.strip()
+                if name == "physical id":
+                    physical = value.strip()
+                elif name == "core id":
+                    cores.add((physical, value.strip()))
+    except OSError:
+        cores = set()
+    return len(cores) or os.cpu_count() or 1
+
+
+def adopt_threads(cfg: Config) -> bool:
+    """Set torch's intra-op threads to :func:`intra_op_threads` of ``cfg`` unless someone
+    chose a count: only while torch is at its default count (:func:`torch_default_threads`)
+    or at the count streamlearn set before, and never after :func:`set_threads`. Returns
+    whether the count is streamlearn's now. The :class:`~streamlearn.learner.Learner`
+    calls it when built (so do ``replay()`` and ``Snapshot``, which build one): torch's
+    default, a thread per core, runs a depth-0 step or a ``learn_one`` call 10-30x slower
+    on a busy machine (OpenMP workers spin against the process's other threads), and a
+    program that never set a count gets the fast one. A program that called
+    ``torch.set_num_threads`` keeps its count (a count equal to torch's default reads as
+    the default: pin it with ``worker.torch_threads``, or with :func:`set_threads`)."""
+    global _SET_COUNT
+    now = torch.get_num_threads()
+    if _PINNED or (now != _SET_COUNT and now != torch_default_threads()):
+        return False
+    want = intra_op_threads(cfg)
+    if want != now:
+        torch.set_num_threads(want)
+    _SET_COUNT = want
+    return True
+
+
+def set_threads(count: int) -> None:
+    """Set torch's intra-op threads to ``count`` and keep it: learners built later leave
+    it (the service's ``--threads``; a program's explicit choice)."""
+    global _SET_COUNT, _PINNED
+    torch.set_num_threads(count)
+    _SET_COUNT, _PINNED = count, True

@@ -112,7 +112,10 @@ class _Explainer:
         outputs = list(outputs) if outputs is not None else [None] * len(lists)
         if len(outputs) != len(lists):
             raise RecordError(f"bad-value: {len(outputs)} outputs for {len(lists)} queries")
-        queries = [{"tokens": t} for t in lists]
+        # The queries themselves as given: a text's n-grams and digit shapes reach the
+        # network but not the Naive Bayes part, as in a prediction; the leave-one-out
+        # variants are token lists (each input token, n-grams included, left out alone).
+        queries = list(records)
         variants: list[list[tuple[int, int]]] = [[] for _ in lists]
         if self.leave_one_out():
             for i, tokens in enumerate(lists):

@@ -236,6 +236,34 @@ def tfree_hashes(word_list: Sequence[str], m: int, v: int, seed: int) -> tuple[n
     return ids.reshape(-1), offsets
 
 
-def tokenize(text: str, max_n: int = 1, lowercase: bool = True) -> list[str]:
-    """The default text pipeline: regex words, then word n-grams up to ``max_n``."""
-    return with_ngrams(words(text, lowercase), max_n)
+SHAPE_MARK = "\x05"  # starts a digit-shape token; a word holding it is that one mark alone (_WORD_RE)
+_DIGIT_RE = re.compile(r"\d")
+
+
+def digit_shapes(word_list: Sequence[str]) -> list[str]:
+    """The shape of each word that holds a digit: digits replaced by 0, marked with
+    :data:`SHAPE_MARK`, so numbers that never repeat (phone numbers, prices, codes) still
+    share a token with their kind.
+
+    >>> [s[1:] for s in digit_shapes(["call", "08712300220", "4u"])]
+    ['00000000000', '0u']
+    """
+    return [SHAPE_MARK + _DIGIT_RE.sub("0", w) for w in word_list if _DIGIT_RE.search(w)]
+
+
+def is_word_token(token: str) -> bool:
+    """True for a word of :func:`words`; False for a word n-gram (it holds a space) or a
+    digit shape (:func:`digit_shapes`).
+
+    >>> [is_word_token(t) for t in tokenize("call 0800 now", 2, shapes=True)]
+    [True, True, True, False, False, False]
+    """
+    return " " not in token and not (token.startswith(SHAPE_MARK) and len(token) > 1)
+
+
+def tokenize(text: str, max_n: int = 1, lowercase: bool = True, shapes: bool = False) -> list[str]:
+    """The default text pipeline: regex words, then word n-grams up to ``max_n``, then
+    (``shapes``) the digit shapes of the words that hold a digit."""
+    ws = words(text, lowercase)
+    out = with_ngrams(ws, max_n)
+    return out + digit_shapes(ws) if shapes else out

@@ -66,6 +66,20 @@ class LabelHead(nn.Module):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {}
 
+    def backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s gradient in closed form: given dL/dlogits ``grad`` (n,
+        n_labels) at input ``x`` (n, d), add dL/dweight and dL/dbias to their ``.grad``
+        (full-size and zero beyond n_labels, as autograd leaves them) and return dL/dx
+        (n, d)."""
+        n_labels = grad.shape[1]
+        weight = torch.zeros_like(self.weight)
+        torch.mm(grad.t(), x, out=weight[:n_labels])
+        bias = torch.zeros_like(self.bias)
+        torch.sum(grad, 0, out=bias[:n_labels])
+        for p, g in ((self.weight, weight), (self.bias, bias)):
+            p.grad = g if p.grad is None else p.grad + g
+        return grad @ self.weight.detach()[:n_labels]  # (n, d)
+
     @torch.no_grad()
     def start_rows(self, ids: Sequence[int], labels: Sequence, seed: int, scale: float = 1.0) -> None:
         """Row ``ids[i]`` gets the starting vector of ``labels[i]`` (class docstring),
@@ -187,29 +201,47 @@ class SampledHead(nn.Module):
     table. Answering (:meth:`forward` with every candidate) scores each candidate exactly.
     Both tables start at zero: every token starts equal, and a row never written needs no
     init to be rebuilt on restore.
+
+    With a count part (``code.features`` F > 0) the logit of candidate w adds
+    ``sum_f g_f(x) s_f(w)``, s_f the count part's log-probabilities (``counts`` (n, F, c))
+    and g = softplus(W x + c) gates (n, F) learned with the rest. W starts at zero and c
+    at softplus^-1(1) for the KN scores (column 0), softplus^-1(0.05) for the recent-token
+    cache's (column 1): the model starts as the count model and learns how far to trust
+    each part per state, as the research prototype measured best.
     """
 
-    def __init__(self, d_model: int, code: OutputCode):
+    def __init__(self, d_model: int, code: SampledCode):
         super().__init__()
         self.transform = _Transform(d_model, 1, d_model)
         self.O = nn.Parameter(torch.zeros(code.rows, d_model))
         self.Ob = nn.Parameter(torch.zeros(code.rows, 1))
+        self.gates = None
+        if code.features:
+            self.gates = nn.Linear(d_model, code.features)
+            with torch.no_grad():
+                self.gates.weight.zero_()
+                start = torch.tensor([1.0] + [0.05] * (code.features - 1))
+                self.gates.bias.copy_(torch.log(torch.expm1(start)))  # softplus(c) = start
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"O": self.O, "Ob": self.Ob}
 
-    def _logits(self, x: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
-        """x (n, d_model), tokens' hashes (c, m) -> logits (n, c)."""
+    def _logits(self, x: torch.Tensor, hashes: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """x (n, d_model), tokens' hashes (c, m), count scores (n, F, c) -> logits (n, c)."""
         z = self.transform(x)[:, 0]  # (n, d)
         o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True)  # (c, d)
         b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0]  # (c,)
-        return z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        logits = z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        if self.gates is None:
+            return logits
+        g = F.softplus(self.gates(x)).to(logits.dtype)  # (n, F)
+        return logits + torch.einsum("nf,nfc->nc", g, counts.to(logits.dtype))
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
-                candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """Log-probabilities (n, c) over the ``candidates`` (c, m): every token the
-        candidate index holds, in its order."""
-        return F.log_softmax(self._logits(x, candidates).float(), dim=-1)
+                choices: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities (n, c) over the ``choices`` (c, m): every token the
+        candidate index holds, in its order; ``counts`` (n, F, c): the count part's."""
+        return F.log_softmax(self._logits(x, choices, counts).float(), dim=-1)
 
     @staticmethod
     def decodable(scores: torch.Tensor) -> torch.Tensor:
@@ -217,9 +249,17 @@ class SampledHead(nn.Module):
 
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
-        """Weighted cross-entropy over ``targets["candidates"]`` (c, m) (the answers and the
-        drawn negatives), example i's answer at ``targets["answer"][i]``."""
-        logits = self._logits(x, targets["candidates"]).float()  # (n, c)
+        """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
+        drawn negatives), example i's answer at ``targets["answer"][i]``; with a count
+        part, ``targets["counts"]`` (n, F, c) its scores of those choices and
+        ``targets["negative"]`` (c,) the drawn ones: example i's softmax is then over its
+        answer and those only."""
+        logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
+        if "logq" in targets:  # sampled softmax's correction: log(K Q(w)) of each choice
+            logits = logits - targets["logq"][None]
+        if "negative" in targets:  # example i's softmax: its answer and the drawn negatives
+            own = torch.arange(logits.shape[1], device=logits.device)[None] == targets["answer"][:, None]
+            logits = logits.masked_fill(~(own | targets["negative"][None]), float("-inf"))
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
 
@@ -292,6 +332,8 @@ class NaiveBayesHead:
         self.span = self.span_of(cells, max_labels)
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
+        self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
+        self._shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
     # where each torch op's dispatch costs more than its work. Profile at batch 16 (SMS):
@@ -305,15 +347,22 @@ class NaiveBayesHead:
         (the ingest stage hashes tokens into it: ``ClassifyPreparer.nb_tokens``)."""
         return cells - (2 * max_labels + 1)
 
+    def _pair(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """(token, label) cells relative to ``base``: (u + c * STRIDE) % span."""
+        return (tokens + self._shift[labels]) % self.span
+
     def _cells(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        return self.base + (tokens + labels * self.STRIDE) % self.span
+        return self.base + self._pair(tokens, labels)
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
-        n_tc = self.flat[self._cells(np.maximum(tokens, 0)[..., None], np.arange(n_labels))]  # (N, T, n_labels)
+        n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
         rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels
-        ratio = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
+        # The logs only at valid tokens (a third of the padded cells on news text), summed
+        # over the padded cube as before: the same float sums, so the same trajectories.
+        ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
+        ratio[valid] = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
         L, a = self.max_labels, self.alpha
         docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
         aV = a * max(float(self.flat[2 * L]), 1.0)
@@ -321,6 +370,55 @@ class NaiveBayesHead:
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
         return (np.einsum("ntc,nt->nc", ratio, valid.astype(np.float32)) + length * norm + prior).astype(np.float32)
+
+    def scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
+                        n_labels: int) -> np.ndarray:
+        """(N, n_labels) float32: row i is :meth:`scores` of record i as if records 0..i-1
+        of the batch (tokens (N, T), labels (N,), weight (N,)) had been learned one by one
+        before it; counts nothing (:meth:`learn` the batch after). Without a loop over
+        records: each count a record reads is the count before the batch plus what the
+        earlier records add to its cell (a sorted search by (cell, record)). Weights that
+        are not finite (a batch tampered with after validation) give scores that are not
+        either, without a warning: the step that reads them is skipped for its loss."""
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return self._scores_in_order(tokens, labels, weight, n_labels)
+
+    def _scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
+                         n_labels: int) -> np.ndarray:
+        N = len(labels)
+        valid = tokens >= 0
+        rec = valid.nonzero()[0]  # (M,) the record of each token, ascending
+        u, w = tokens[valid], weight.astype(np.float32)
+        added = self._pair(u, labels[rec])  # (M,) the pair cell each token adds w[rec] to
+        order = np.argsort(added * N + rec, kind="stable")
+        keys = (added * N + rec)[order]
+        cum = np.concatenate([[0.0], np.cumsum(w[rec][order], dtype=np.float64)])
+        q = (u[:, None] + self._shift[:n_labels]) % self.span  # (M, n_labels) the cells each token reads
+        lo, hi = np.searchsorted(keys, q * N), np.searchsorted(keys, q * N + rec[:, None])
+        n_tc = self._pairs[q] + (cum[hi] - cum[lo]).astype(np.float32)  # (M, n_labels)
+        rest = n_tc.sum(-1, keepdims=True) - n_tc
+        a = np.float32(self.alpha)
+        ratio = np.log(n_tc + a) - np.log(rest + a)  # (M, n_labels)
+        summed = np.stack([np.bincount(rec, ratio[:, c], N) for c in range(n_labels)], 1)  # (N, n_labels)
+        length = valid.sum(1)  # (N,)
+        before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
+        onehot = np.zeros((N, n_labels))
+        onehot[np.arange(N), labels] = 1.0
+        L = self.max_labels
+        docs = self.flat[:n_labels].astype(np.float64) + before(onehot * w[:, None])  # (N, n_labels)
+        totals = self.flat[L:L + n_labels].astype(np.float64) + before(onehot * (w * length)[:, None])
+        aV = self.alpha * np.maximum(float(self.flat[2 * L]) + before(self._fresh(added, rec, w, N)), 1.0)[:, None]
+        norm = np.log((totals.sum(1, keepdims=True) - totals + aV) / (totals + aV))
+        prior = np.log((docs + 1.0) / (docs.sum(1, keepdims=True) + n_labels))
+        return (summed + length[:, None] * norm + prior).astype(np.float32)
+
+    def _fresh(self, added: np.ndarray, rec: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
+        """(N,) the (token, label) cells each record would put in use (:meth:`learn`'s
+        stand-in for V): zero before the batch, weighted, first met at that record."""
+        live = w[rec] > 0
+        cells, first = np.unique(added[live], return_index=True)
+        fresh = self._pairs[cells] == 0
+        return np.bincount(rec[live][first[fresh]], minlength=N).astype(np.float64)
 
     def token_terms(self, tokens: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`scores` split into what each token adds and what does not depend on the
@@ -353,13 +451,12 @@ class NaiveBayesHead:
         cells = self._cells(tokens[valid], labels[rows])  # (M,)
         w = weight.astype(self.flat.dtype)
         fresh = len(_distinct(cells[(self.flat[cells] == 0) & (w[rows] > 0)]))
-        table = torch.from_numpy(self.flat)  # index_add_ sums repeated cells, as np.add.at does 10x slower
-        table.index_add_(0, torch.from_numpy(cells), torch.from_numpy(w[rows]))
         L = self.max_labels
-        table.index_add_(0, torch.from_numpy(labels), torch.from_numpy(w))
-        table.index_add_(0, torch.from_numpy(L + labels), torch.from_numpy(w * valid.sum(1).astype(w.dtype)))
+        at = np.concatenate([cells, labels, L + labels])  # pair cells, records per label, tokens per label
+        add = np.concatenate([w[rows], w, w * valid.sum(1).astype(w.dtype)])
+        torch.from_numpy(self.flat).index_add_(0, torch.from_numpy(at), torch.from_numpy(add))  # sums repeats
         self.flat[2 * L] += fresh
-        return _distinct(np.concatenate([cells, labels, L + labels, [2 * L]]) // self.ROW)
+        return _distinct(np.append(at, 2 * L) // self.ROW)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:

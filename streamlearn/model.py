@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from .config import Config, ModelConfig
 from .embeddings import TokenEmbedding, to_tensors
+from .embeddings.base import Bag
 from .heads import ShuffleRandomHead
 
 __all__ = ["Encoder", "HashedTransformer", "to_tensors"]
@@ -111,6 +113,24 @@ class HashedTransformer(nn.Module):
         """
         w = mask.to(h.dtype).unsqueeze(-1)  # (N, T, 1)
         return (h * w).sum(1) / w.sum(1).clamp_min(1.0).sqrt()
+
+    def bag(self, feats: dict[str, np.ndarray]) -> Bag | None:
+        """``pool(encode(feats), mask)`` with its gradient in closed form, from the numpy
+        features: a :class:`~streamlearn.embeddings.base.Bag` whose ``x`` (N, d) is the
+        pooled states and whose backward puts the tables' gradients in place. Only where
+        the pooled states are linear in the token vectors: depth 0, no projection, no
+        positions, and a scheme that offers a bag; None otherwise (use autograd)."""
+        if not self.has_bag:
+            return None
+        n = feats["mask"].sum(1)  # (N,)
+        return self.embedding.bag(feats, (1.0 / np.sqrt(np.maximum(n, 1))).astype(np.float32))
+
+    @property
+    def has_bag(self) -> bool:
+        """Whether :meth:`bag` gives a closed form (False: it returns None)."""
+        enc = self.encoder
+        return (enc.layers is None and enc.pos is None and isinstance(enc.proj, nn.Identity)
+                and self.embedding.has_bag)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         """The tables updated row-wise (sparse gradients), by name: the embedding's and the

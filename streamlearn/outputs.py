@@ -22,7 +22,8 @@ code), else it names its own hash functions and the head keeps a table of its ow
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.featurize import build_featurizer
->>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm")
+>>> cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.task=mlm", "model.output=auto",
+...                         "model.counts=none")
 >>> code = output_code(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
 >>> code.table, code.m, code.size, code.targets(["a", "b"])["hashes"].shape
 ('E', 2, 100, (2, 2))
@@ -91,12 +92,12 @@ class OutputCode:
 
 
 @dataclass(frozen=True)
-class HashedCode(OutputCode):
-    """m hashes of each token into [0, size); ``ids(tokens) -> (n, m)``."""
+class _HashRows(OutputCode):
+    """m hashes of each token into [0, size); ``ids(tokens) -> (n, m)``: the targets and
+    the candidate index the hashed and the sampled heads share."""
 
     m: int
     size: int
-    table: str | None
     ids: Callable[[Sequence[str]], np.ndarray]
 
     @property
@@ -108,6 +109,13 @@ class HashedCode(OutputCode):
 
     def new_index(self) -> CandidateIndex:
         return CandidateIndex(self.m, self.size, self.ids)
+
+
+@dataclass(frozen=True)
+class HashedCode(_HashRows):
+    """Superbloom's m softmaxes over the hashed buckets (``table``: the tied input table)."""
+
+    table: str | None = None
 
     def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
         """``scores``: log-probabilities (n, m, size). With ``exclude`` given, exhaustive
@@ -167,45 +175,38 @@ class PatternCode(OutputCode):
 
 
 @dataclass(frozen=True)
-class SampledCode(OutputCode):
+class SampledCode(_HashRows):
     """m hashes of each token into the ``size`` rows of the sampled head's own table."""
 
-    m: int
-    size: int
-    ids: Callable[[Sequence[str]], np.ndarray]
-    negatives: int  # candidates drawn per training step, besides the batch's own answers
+    negatives: int = 0  # candidates drawn per training step, besides the batch's own answers
+    features: int = 0  # count-part score columns the head gates into its logits (model.counts)
 
     table = None  # never tied: the head owns its rows (a row table, updated sparsely)
-
-    @property
-    def rows(self) -> int:
-        return self.size
-
-    def targets(self, tokens: Sequence[str]) -> dict[str, np.ndarray]:
-        return {"hashes": self.ids(tokens)}  # (n, m)
-
-    def new_index(self) -> CandidateIndex:
-        return CandidateIndex(self.m, self.size, self.ids)
 
     def draw(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
         """The hashes (s, m) of up to ``negatives`` candidates drawn uniformly (with
         replacement) from the index: the step's negatives besides the batch's answers."""
+        return index.hashes[self.draw_ids(index, rng)]
+
+    def draw_ids(self, index: CandidateIndex, rng: np.random.Generator) -> np.ndarray:
+        """The candidate ids (s,) :meth:`draw` takes. Uniform: a logQ correction would be
+        the same constant for every candidate, so none is needed."""
         n = len(index)
         if not n or not self.negatives:
-            return np.empty((0, self.m), dtype=np.int64)
-        return index.hashes[rng.integers(0, n, size=self.negatives)]
+            return np.empty(0, dtype=np.int64)
+        return rng.integers(0, n, size=self.negatives)
 
     def step_targets(self, targets, index, rng):
-        """The step's candidates (c, m), its distinct answers and drawn negatives, and
+        """The step's ``choices`` (c, m), its distinct answers and drawn negatives, and
         each example's ``answer``: its position among them."""
         hashes = targets["hashes"]
         both = np.concatenate([hashes, self.draw(index, rng)])
         candidates, inverse = np.unique(both, axis=0, return_inverse=True)
-        return {"candidates": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
+        return {"choices": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
 
     def scoring_inputs(self, index):
         """Every candidate's hashes, in the index's order (answers score them all)."""
-        return {"candidates": index.hashes}
+        return {"choices": index.hashes}
 
     def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
         """``scores``: log-probabilities (n, candidates), every candidate scored: exact."""
@@ -239,7 +240,7 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
     if kind == "sampled":
         m, size = cfg.model.out_m, cfg.model.out_B
         return SampledCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"),
-                           cfg.model.negatives)
+                           cfg.model.negatives, 0 if cfg.model.counts == "none" else 1 + (cfg.model.recent > 0))
     if kind == "tfree":
         space = featurizer.pattern_space() if tie else None
         if space is not None:
@@ -247,6 +248,6 @@ def output_code(cfg: Config, featurizer: Featurizer) -> OutputCode:
         return PatternCode(PatternSpace(cfg.embedding.m, cfg.embedding.tfree_rows, cfg.hashing.seed), None)
     hashed = featurizer.hashed_space() if tie else None
     if hashed is not None:
-        return HashedCode(hashed.m, hashed.size, hashed.table, hashed.ids)
+        return HashedCode(hashed.m, hashed.size, hashed.ids, table=hashed.table)
     m, size = cfg.model.out_m, cfg.model.out_B
-    return HashedCode(m, size, None, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"))
+    return HashedCode(m, size, partial(multi_hash, n=m, size=size, seed=cfg.hashing.seed, purpose="out"))

@@ -170,9 +170,17 @@ class SampledPopularity:
         self.counts: dict[bytes, float] = {}  # a token's m hashes (its identity in the code) -> answers
 
     def loss(self, targets: dict[str, np.ndarray], weight: np.ndarray) -> float:
-        """Weighted mean loss of ``targets["answer"]`` (n,) among ``targets["candidates"]`` (c, m)."""
-        c = np.array([self.counts.get(row.tobytes(), 0.0) for row in targets["candidates"]]) + _ALPHA  # (c,)
-        ce = -np.log(c[targets["answer"]] / c.sum())  # (n,)
+        """Weighted mean loss of ``targets["answer"]`` (n,) among ``targets["choices"]``
+        (c, m); with ``targets["negative"]`` (c,) (a count part's step), example i's
+        softmax is over its own answer and the drawn negatives, as the head's loss."""
+        c = np.array([self.counts.get(row.tobytes(), 0.0) for row in targets["choices"]]) + _ALPHA  # (c,)
+        answer = targets["answer"]
+        if "negative" in targets:
+            drawn = targets["negative"]
+            total = c[drawn].sum() + np.where(drawn[answer], 0.0, c[answer])  # (n,)
+        else:
+            total = c.sum()
+        ce = -np.log(c[answer] / total)  # (n,)
         return float((ce * weight).sum() / len(weight))
 
     def learn(self, targets: dict[str, np.ndarray], weight: np.ndarray) -> None:

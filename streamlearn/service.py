@@ -44,7 +44,6 @@ import math
 import time
 from typing import Annotated, Any, Callable, Union
 
-import torch
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -56,6 +55,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ._version import __version__
 from .config import ServiceConfig
 from .decoding import DecodingError
+from .device import set_threads
 from .exceptions import RecordError, StreamlearnError
 from .service_auth import BearerToken
 from .service_guard import Guard, JsonRoute, TooLarge, json_error
@@ -293,7 +293,7 @@ def create_app(settings: Settings) -> FastAPI:
     directory, one that is not a streamlearn state, or one without a checkpoint fails
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
-        torch.set_num_threads(settings.threads)
+        set_threads(settings.threads)  # kept: the snapshot's learner does not adjust it
     from .dashboard import Dashboard, add_dashboard_routes, login_page
     from .service_explain import add_explain_route  # imports this module's request types: not at the top
 

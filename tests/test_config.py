@@ -85,7 +85,8 @@ KEYS: dict[str, Case] = {
     "hashing.seed": Case(7, -1),
     "hashing.tokenizer": Case("ids", "chars"),
     "hashing.lowercase": Case(False, 1),
-    "hashing.ngrams": Case(2, 0),
+    "hashing.ngrams": Case(3, 0),
+    "hashing.shapes": Case(False, "yes"),
     "hashing.max_tokens": Case(64, 1),
     "embedding.scheme": Case("bloom", "word2vec"),
     "embedding.d": Case(32, 0),
@@ -113,6 +114,10 @@ KEYS: dict[str, Case] = {
     "model.tie_output": Case(False, "no"),
     "model.output": Case("sampled", "softmax"),
     "model.negatives": Case(0, -1),
+    "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn3 is next-token's default
+    "model.count_slots": Case(4096, 1000),
+    "model.recent": Case(100, -1, ("learner.task=next-token",)),
+    "optim.output_lr": Case(0.01, -0.1),
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),
     "optim.dense_lr": Case(0.01, -1.0),
@@ -122,6 +127,7 @@ KEYS: dict[str, Case] = {
     "learner.device": Case("cuda:1", "GPU 0"),
     "learner.mask_prob": Case(0.3, 1.0),
     "learner.history": Case(5, 0),
+    "learner.recency": Case(0, -1),
     "learner.beam": Case(10, 0),
     "learner.shuffle_random": Case(0.5, -0.1, ("model.positions=true",)),
     "learner.nb_weight": Case(0.0, -1.0),
@@ -379,3 +385,16 @@ def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys)
     captured = capsys.readouterr()
     assert captured.err == "streamlearn demo: error: optim.dense_lr must be > 0, got -1.0\n"
     assert "broker" not in captured.out
+
+
+def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
+    """Classify (the default task) adds word bigrams and digit shapes; a model that
+    predicts tokens must not see a masked or next word's bigrams, so mlm and next-token
+    keep words alone (task defaults), with the token-stream configuration's batches of 8."""
+    c = Config.from_dict({})
+    assert (c.hashing.ngrams, c.hashing.shapes, c.learner.batch_size) == (2, True, 8)
+    assert Config() == c
+    for task in ("mlm", "next-token"):
+        t = Config().override(f"learner.task={task}")
+        assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 8), task
+        assert (t.model.output, t.model.counts) == ("sampled", "kn3"), task

@@ -32,6 +32,8 @@ def rows(path, **options) -> list[Row]:
     ("a.tsv", "text label\n", "tsv"),
     ("train.csv", '"3","title","desc"\n', "csv"),
     ("notes", "a,b\n", "csv"),
+    ("book.txt", "Well, Prince, so Genoa\n", "text"),
+    ("labels.txt", "ham\tHi there\n", "tsv"),  # a .txt of tab-separated columns is a table
 ])
 def test_detect_format(tmp_path, name, text, fmt):
     assert detect_format(write(tmp_path, name, text)) == fmt
@@ -254,6 +256,21 @@ def test_ratings_csv_needs_its_header(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the rest
+
+def test_plain_text_is_cut_into_records_of_32_words_across_line_breaks(tmp_path):
+    words = [f"w{i}" for i in range(70)]
+    lines = "\n".join(" ".join(words[i:i + 9]) for i in range(0, 70, 9))  # lines of 9 words
+    got = [row.record for row in rows(write(tmp_path, "book.txt", lines + "\n\n"))]
+    assert got == [{"text": " ".join(words[:32])}, {"text": " ".join(words[32:64])}, {"text": " ".join(words[64:])}]
+    assert all(from_dict(r).text for r in got)
+
+
+def test_replay_of_a_text_file_asks_which_token_task(tmp_path):
+    from streamlearn.datasets import task_of
+
+    with pytest.raises(DatasetError, match="a token stream; pass --task next-token or --task mlm"):
+        task_of(write(tmp_path, "book.txt", "a b c\n"))
+
 
 def test_estimate_rows(tmp_path):
     assert DatasetReader(write(tmp_path, "a.jsonl", '{"text":"a"}\n{"text":"b"}')).estimate_rows() == 2

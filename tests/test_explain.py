@@ -58,7 +58,10 @@ def test_depth_0_contributions_are_exact_and_add_up_to_the_centered_logit(nb):
     lrn = classifier("model.layers=0", f"learner.nb_weight={nb}")
     query = {"text": "free prize at noon free"}
     e = lrn.explain_many([query])[0]
-    assert e.tokens == ["free", "prize", "at", "noon", "free"]
+    # the network's input tokens: the words, then the bigrams (hashing.ngrams=2)
+    assert e.tokens == ["free", "prize", "at", "noon", "free", "free prize", "prize at", "at noon", "noon free"]
+    if nb != "0":
+        assert e.parts["naive_bayes"][5:] == [0.0] * 4  # the Naive Bayes part counts words only
     assert set(e.methods.values()) == {EXACT}
     assert ("naive_bayes" in e.parts) == (nb != "0")
     assert e.score == pytest.approx(centered_logit(lrn, query, e.output), abs=1e-5)
@@ -106,10 +109,14 @@ def test_with_layers_the_model_part_is_leave_one_out_and_equals_deleting_the_tok
     assert e.parts["model"][1] == pytest.approx(float((full[c] - full.mean()) - (cut[c] - cut.mean())), abs=1e-5)
 
 
-@pytest.mark.parametrize("task, head", [("mlm", "auto"), ("next-item", "auto"), ("next-token", "auto"),
-                                        ("next-token", "sampled"), ("mlm", "tfree")])
-def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, head):
-    lrn = token_learner(task, f"model.output={head}")
+@pytest.mark.parametrize("task, overrides", [
+    ("mlm", ()), ("next-item", ()), ("next-token", ()),  # each task's defaults (mlm, next-token: with the count part)
+    ("next-token", ("model.output=hashed", "model.counts=none")),
+    ("next-token", ("model.output=sampled", "model.counts=none")),
+    ("mlm", ("model.output=tfree", "model.counts=none")),
+])
+def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, overrides):
+    lrn = token_learner(task, *overrides)
     tokens = {"mlm": ["free", "[MASK]", "noon"], "next-item": ["i1", "i2", "i3"], "next-token": ["see", "you", "at"]}[task]
     e = lrn.explain_many([{"tokens": tokens}], k=3)[0]
     top = lrn.topk_many([{"tokens": tokens}], k=3)[0]
@@ -129,10 +136,10 @@ def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, h
 
 
 def test_a_token_not_among_the_candidates_can_be_explained_unless_the_head_scores_candidates_only():
-    lrn = token_learner("mlm")
+    lrn = token_learner("mlm", "model.output=hashed", "model.counts=none")  # the tied hashed head scores any token
     e = lrn.explain_many([{"tokens": ["free", "[MASK]"]}], ["zebra"])[0]
     assert e.output == "zebra" and e.score is not None and e.score < e.top[0][1]
-    sampled = token_learner("next-token", "model.output=sampled")
+    sampled = token_learner("next-token")  # the default: sampled, over the stream's candidates
     with pytest.raises(RecordError, match="not a candidate"):
         sampled.explain_many([{"tokens": ["free"]}], ["zebra"])
 
@@ -152,7 +159,7 @@ def test_importance_weights_are_the_rows_of_P_the_tokens_pick():
 def test_a_scheme_without_importance_weights_says_so():
     lrn = classifier("embedding.scheme=bloom")
     e = lrn.explain_many([{"text": "free prize"}])[0]
-    assert e.importance is None and e.rows is None and len(e.contributions) == 2
+    assert e.importance is None and e.rows is None and len(e.contributions) == 3  # "free", "prize", "free prize"
 
 
 def test_the_output_is_a_label_by_value_or_by_its_string():
@@ -165,7 +172,7 @@ def test_the_output_is_a_label_by_value_or_by_its_string():
 
 def test_nothing_to_explain_before_any_label():
     e = Learner(Config().override(*SMALL)).explain_many([{"text": "a b"}])[0]
-    assert e.output is None and e.score is None and e.contributions == [None, None] and e.top == []
+    assert e.output is None and e.score is None and e.contributions == [None] * 3 and e.top == []  # a, b, "a b"
 
 
 # ---------------------------------------------------------------------------- the ways in

@@ -87,10 +87,17 @@ def test_classify_learns_a_separable_stream():
         preds = lrn.predict_many(batch)
         hits.extend(p == r["label"] for p, r in zip(preds, batch))
         lrn.learn_many(batch)
+    before = [list(p.values()) for p in lrn.predict_proba_many(stream[:8])]
     batch = lrn.prepare(stream[:8])  # a training batch, scored before it is learned
     probs = lrn.predict_proba_batch(batch)
     assert probs.shape == (8, 3) and np.allclose(probs.sum(1), 1, atol=1e-5)
-    np.testing.assert_allclose(probs, [list(p.values()) for p in lrn.predict_proba_many(stream[:8])], atol=1e-6)
+    # record i's Naive Bayes score counts records 0..i-1 of its batch: the first record's
+    # probabilities are a query's before the batch, the others move with the counts
+    np.testing.assert_allclose(probs[0], before[0], atol=1e-6)
+    with torch.inference_mode():
+        network = lrn.task.network_logits(lrn.model, batch, lrn.dev)
+    want = (network + 0.1 * torch.from_numpy(lrn.task.nb_scores(batch))).softmax(-1).numpy()
+    np.testing.assert_allclose(probs, want, atol=1e-6)
     lrn.learn_batch(batch)
     assert np.mean(hits[:48]) < 0.7
     assert np.mean(hits[-320:]) > 0.95
@@ -182,6 +189,26 @@ def test_next_item_learns_a_deterministic_sequence():
     assert lrn.predict_one({"tokens": ["item3", "item4"]}) == "item5"  # explicit history
 
 
+@pytest.mark.parametrize("recency", [0, 1])
+def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
+    """Cycles of 6 items seen through a history of 6: every history holds the same 6
+    items once, so a bag alone cannot know where a key is in its cycle; the last item as
+    a token of its own (learner.recency=1, the default) tells it."""
+    lrn = learner("learner.task=next-item", "learner.history=6", f"learner.recency={recency}")
+    stream, expected = cycle_stream(32 * 100, items=6)
+    for batch in batches(stream, 32):
+        lrn.learn_many(batch)
+    hits = np.mean([p == want for p, want in zip(lrn.predict_many([{"key": u} for u in expected]),
+                                                 expected.values())])
+    batch = lrn.prepare([{"tokens": ["item0", "item1"]}], train=False)
+    width = batch.feats["mask"].sum()
+    if recency:
+        assert hits == 1.0 and width == 3
+        assert lrn.predict_one({"tokens": ["item4", "item5", "item0", "item1", "item2", "item3"]}) == "item4"
+    else:
+        assert hits <= 0.5 and width == 2
+
+
 def test_next_item_histories_advance_in_record_order_in_prepare():
     lrn = learner("learner.task=next-item", "learner.history=2")
     batch = lrn.prepare([{"key": "u", "item": "a"}, {"key": "u", "item": "b"},
@@ -247,6 +274,93 @@ def test_step_reports_exactly_the_rows_it_changed():
         others = np.setdiff1d(np.arange(table.shape[0]), dirty[name])
         assert torch.equal(table.detach()[others], before[name][others])
     assert lrn.take_dirty() == {}
+
+
+# ---------------------------------------------------------------------------- closed-form step
+
+def dense_grads(lrn: Learner) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as a dense tensor, then cleared."""
+    out = {}
+    for name, p in lrn.model.named_parameters():
+        if p.grad is not None:
+            out[name] = p.grad.to_dense() if p.grad.is_sparse else p.grad.clone()
+        p.grad = None
+    return out
+
+
+@pytest.mark.parametrize("overrides", [(), ("learner.nb_weight=0",), ("learner.nb_weight=0.5", "learner.nb_alpha=0.5"),
+                                       ("embedding.k=3",)])
+def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
+    """At depth 0 on the CPU a classify step takes its gradients in closed form
+    (Classify.gradients). On every batch of a stream, from the same parameters, they
+    equal what autograd computes through the model (Classify.loss), as do the loss and
+    the logits; the sparse gradients come coalesced (one value row per table row)."""
+    lrn = learner(*overrides, "hashing.max_tokens=6")  # some texts are cut
+    assert lrn.model.depth == 0
+    for records in batches(topic_stream(80, seed=4) + [{"text": "team", "label": "sport", "weight": 3.0}], 16):
+        batch = lrn.prepare(records)
+        lrn.task.before_step(lrn.model, batch)  # new labels' rows, as learn_batch does first
+        with torch.no_grad():
+            closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
+        assert closed is not None
+        for name in ("E", "P"):
+            grad = lrn.model.row_tables()[name].grad
+            assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices()))
+        fast = dense_grads(lrn)
+        loss = lrn.task.loss(lrn.model, batch, lrn.dev)
+        loss.backward()
+        slow = dense_grads(lrn)
+        assert fast.keys() == slow.keys() == {"embedding.E", "embedding.P", "head.weight", "head.bias"}
+        for name in slow:
+            scale = float(slow[name].abs().max())
+            torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
+        assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(closed.outputs, lrn.task.label_logits(lrn.model, batch, lrn.dev))
+        lrn.learn_batch(batch)
+
+
+def test_a_closed_form_step_leaves_the_parameters_an_autograd_step_would():
+    """One stream through two learners whose models compute the same function: hash
+    embeddings with k = 1 summed (a closed-form step) and concatenated (autograd: no
+    closed form for concat). Every table, optimizer state and count ends equal to float
+    rounding, and each step reports the same rows."""
+    fast, slow = learner("embedding.k=1"), learner("embedding.k=1", "embedding.combine=concat")
+    for records in batches(topic_stream(96, seed=2), 16):
+        a, b = fast.learn_many(records), slow.learn_many(records)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert a.rows.keys() == b.rows.keys() and all(np.array_equal(a.rows[k], b.rows[k]) for k in a.rows)
+    pa, pb = params(fast), params(slow)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert torch.equal(fast.task.nb.counts, slow.task.nb.counts)
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_predict_learn_batch_scores_each_example_before_learning_it(layers):
+    """Prequential evaluation in one call: the probabilities equal a prediction made
+    before the step, over the labels known before the batch (renormalised), and the
+    step equals learn_batch's (the depth-0 step reuses its own forward for them)."""
+    both, apart = learner(f"model.layers={layers}"), learner(f"model.layers={layers}")
+    for records in batches(topic_stream(64, seed=1), 16):
+        a, b = both.prepare(records), apart.prepare(records)
+        known = len(apart.labels) - (b.n_labels - b.label_start)
+        want = apart.predict_proba_batch(b)[:, :known]
+        want = want / want.sum(1, keepdims=True) if known else want
+        probs, report = both.predict_learn_batch(a)
+        assert probs.shape == (len(records), known)
+        np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
+        assert report.loss == apart.learn_batch(b).loss
+    assert_same(params(both), params(apart))
+
+
+def test_predict_learn_batch_is_refused_for_a_token_task_before_it_learns():
+    lrn = learner("learner.task=mlm")
+    batch = lrn.prepare(set_stream(8))
+    with pytest.raises(StreamlearnError, match="defined for task classify"):
+        lrn.predict_learn_batch(batch)
+    assert lrn.steps == 0 and lrn.learn_batch(batch).examples  # the batch is still the next to learn
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -558,7 +672,9 @@ def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) 
 def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     """Exact NB scores whichever way the part gets its token ids: hash embeddings' D1
     when its range is wide enough, else (a narrow D1, or a scheme without one) a hash
-    of its own."""
+    of its own. The part counts words, not the bigrams and digit shapes the network
+    gets, and scores each record of a training batch from the records before it, its
+    own batch's earlier records included."""
     extra = {"d1": ["embedding.K=65536"], "hashed": [], "bloom": ["embedding.scheme=bloom"]}[ids]
     lrn = learner(*NB, *extra)
     stream = batches(topic_stream(48), 16)
@@ -566,18 +682,22 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     for records in stream:
         batch = lrn.prepare(records)
         mask = batch.feats["mask"]
-        np.testing.assert_array_equal(batch.nb_tokens >= 0, mask)
+        words = np.zeros_like(mask)
+        for r, rec in enumerate(records):
+            words[r, :len(rec["text"].split())] = True  # the words lead; their bigrams follow
+        assert (mask & ~words).any()
+        np.testing.assert_array_equal(batch.nb_tokens >= 0, words)
         if ids == "d1":
-            np.testing.assert_array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask] % lrn.task.nb.span)
+            np.testing.assert_array_equal(batch.nb_tokens[words], batch.feats["d1"][words] % lrn.task.nb.span)
         else:
-            assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[mask], batch.feats["d1"][mask])
-        if seen:  # the step's loss and a prequential prediction see the counts before the batch
-            got = lrn.task.nb.scores(batch.nb_tokens, batch.n_labels)
-            for row, r in zip(got, records):
+            assert "d1" not in batch.feats or not np.array_equal(batch.nb_tokens[words], batch.feats["d1"][words])
+        got = lrn.task.nb_scores(batch)  # what the step's predictions add
+        for i, r in enumerate(records):
+            if seen:
                 want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5)
-                np.testing.assert_allclose(row, want, rtol=1e-5)
+                np.testing.assert_allclose(got[i], want, rtol=1e-5)
+            seen.append(r)
         lrn.learn_batch(batch)
-        seen += records
     # the label logits are the model's plus nb_weight times those scores
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
@@ -585,6 +705,18 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
         model_logits = lrn.model.head(lrn.model.pool(lrn.model.encode(feats), feats["mask"]), q.n_labels).float()
     nb = torch.from_numpy(lrn.task.nb.scores(q.nb_tokens, q.n_labels))
     np.testing.assert_allclose(lrn.outputs(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_naive_bayes_part_counts_words_of_a_text_and_every_token_of_a_list():
+    """Bigrams and digit shapes of a text reach the network only; a record given as
+    ``tokens`` is the user's own tokenization, counted whole (spaces and all)."""
+    lrn = learner(*NB, "embedding.K=65536")
+    batch = lrn.prepare([{"text": "call 0800 now", "label": "a"}, {"tokens": ["new york", "x"], "label": "b"}])
+    # text: call, 0800, now, "call 0800", "0800 now", shape of 0800; tokens: both
+    assert batch.feats["mask"].sum(1).tolist() == [6, 2]
+    assert (batch.nb_tokens >= 0).tolist() == [[True, True, True, False, False, False], [True, True] + [False] * 4]
+    query = lrn.prepare([{"text": "call 0800 now"}, {"tokens": ["new york", "x"]}], train=False)
+    np.testing.assert_array_equal(query.nb_tokens, batch.nb_tokens)
 
 
 def test_naive_bayes_part_alone_learns_from_one_batch():
@@ -650,7 +782,7 @@ def test_naive_bayes_config_errors_say_what_to_change(bad):
 
 def test_naive_bayes_part_only_for_classify_and_only_when_weighted():
     assert learner("learner.nb_weight=0").task.nb is None
-    assert not learner("learner.task=mlm", "learner.nb_weight=0.5").task.count_tables()
+    assert "nb.counts" not in learner("learner.task=mlm", "learner.nb_weight=0.5").task.count_tables()
     assert "nb.counts" not in checkpoint.write(learner("learner.nb_weight=0"), full=True).rows
 
 
@@ -723,3 +855,30 @@ def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
     assert all(torch.isfinite(t).all() for t in params(guarded).values())
     query = topic_stream(8, seed=5)
     assert clean.predict_proba_many(query) == guarded.predict_proba_many(query)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_naive_bayes_scores_in_order_are_a_record_by_record_loop(seed):
+    """One batch scored at once equals scoring each record, then counting it, in turn:
+    repeated tokens, tokens shared between records, records of weight 0, labels met
+    first inside the batch, padding, and a span of 119 cells where (token, label) pairs
+    share cells."""
+    from streamlearn.heads import NaiveBayesHead
+
+    rng = np.random.default_rng(seed)
+    fast, slow = NaiveBayesHead(128, 4, 0.3), NaiveBayesHead(128, 4, 0.3)
+    warm = rng.integers(0, fast.span, (6, 5)), np.arange(6) % 2, np.ones(6, np.float32)
+    fast.learn(*warm), slow.learn(*warm)
+    tokens = rng.integers(0, 30, (9, 7))  # 30 of 119 token ids: records share tokens
+    tokens[rng.random(tokens.shape) < 0.25] = -1
+    tokens[:, 0] = tokens[:, 1] = rng.integers(0, 30, 9)  # a token twice in a record
+    labels = rng.integers(0, 4, 9)
+    weight = rng.choice([0.0, 1.0, 2.0], 9).astype(np.float32)
+    got = fast.scores_in_order(tokens, labels, weight, 4)
+    want = np.empty_like(got)
+    for i in range(9):
+        want[i] = slow.scores(tokens[i:i + 1], 4)[0]
+        slow.learn(tokens[i:i + 1], labels[i:i + 1], weight[i:i + 1])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    fast.learn(tokens, labels, weight)
+    assert torch.equal(fast.counts, slow.counts)

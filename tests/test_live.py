@@ -141,10 +141,18 @@ def test_without_naive_bayes_the_baseline_is_the_majority_label():
     assert lrn.prequential(batch, check).baseline == 1.0 and check.baseline == "majority label"
 
 
-@pytest.mark.parametrize("overrides", [(), ("embedding.scheme=tfree", "model.output=tfree"), ("model.output=sampled",)])
+@pytest.mark.parametrize("overrides", [
+    (),  # the mlm defaults: the sampled head with the count part
+    ("model.output=hashed", "model.counts=none"),
+    ("embedding.scheme=tfree", "model.output=tfree", "model.counts=none"),
+    ("model.output=sampled", "model.counts=none"),
+])
 def test_the_token_check_compares_the_models_loss_with_popularity_in_its_code(overrides):
     lrn = Learner(Config().override(*SMALL, "learner.task=mlm", "learner.mask_prob=0.5", *overrides))
     check = lrn.task.prequential_check()
+    warm = lrn.prepare([{"text": "a dog ran in the park today"}] * 8)  # tokens to draw negatives from
+    lrn.learn_batch(warm)
+    check.learn(warm)
     batch = lrn.prepare([{"text": "the cat sat on the mat again"}] * 8)
     scores = lrn.prequential(batch, check)
     with torch.inference_mode():
@@ -168,9 +176,19 @@ def test_hashed_popularity_is_the_heads_loss_of_bucket_frequencies():
 def test_sampled_popularity_is_the_cross_entropy_of_the_steps_candidates_by_frequency():
     pop = SampledPopularity()
     pop.learn({"hashes": np.array([[1, 2], [1, 2], [3, 4]])}, np.ones(3, np.float32))
-    step = {"candidates": np.array([[1, 2], [3, 4], [5, 6]]), "answer": np.array([1])}
+    step = {"choices": np.array([[1, 2], [3, 4], [5, 6]]), "answer": np.array([1])}
     want = -np.log((1 + 1) / ((2 + 1) + (1 + 1) + (0 + 1)))
     assert pop.loss(step, np.ones(1, np.float32)) == pytest.approx(want)
+
+
+def test_sampled_popularity_with_a_count_part_scores_each_answer_against_the_drawn_negatives_only():
+    pop = SampledPopularity()
+    pop.learn({"hashes": np.array([[1, 2], [1, 2], [3, 4]])}, np.ones(3, np.float32))
+    step = {"choices": np.array([[1, 2], [3, 4], [5, 6]]), "answer": np.array([0, 1]),
+            "negative": np.array([False, True, True])}
+    c = np.array([2 + 1, 1 + 1, 0 + 1])
+    want = [-np.log(c[0] / (c[0] + c[1] + c[2])), -np.log(c[1] / (c[1] + c[2]))]  # answer 1 is drawn too: counted once
+    assert pop.loss(step, np.ones(2, np.float32)) == pytest.approx(np.mean(want))
 
 
 def test_pattern_popularity_is_the_summed_bce_of_row_frequencies():

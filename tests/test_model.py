@@ -30,6 +30,9 @@ CPU = Device.pick("cpu")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+HASHED_MLM = ("learner.task=mlm", "model.output=auto", "model.counts=none")  # Superbloom's head, not mlm's default
+
+
 def small(*overrides: str) -> Config:
     return Config().override(*SMALL, *overrides)
 
@@ -87,7 +90,7 @@ def test_depth_zero_is_a_bag_of_embeddings():
 
 
 def test_depth_zero_mlm_reads_the_pooled_context_outside_the_slots():
-    model, task = build("model.layers=0", "learner.task=mlm")
+    model, task = build("model.layers=0", "learner.task=mlm", "model.positions=false")
     feats = feats_of(model, [["a", "b", "c"], ["d", "e", "f"]])
     slots = torch.tensor([[False, True, False], [True, False, True]])
     rows, cols = torch.tensor([0, 1, 1]), torch.tensor([1, 0, 2])
@@ -152,7 +155,7 @@ def test_label_head_reads_only_seen_labels_and_unseen_rows_get_no_gradient():
 
 
 def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
-    code = HashedCode(2, 5, None, lambda tokens: multi_hash(tokens, 2, 5, 0, "out"))
+    code = HashedCode(2, 5, lambda tokens: multi_hash(tokens, 2, 5, 0, "out"))
     torch.manual_seed(0)
     head = HashedHead(4, code, width=3)
     x = torch.randn(3, 4)
@@ -180,7 +183,7 @@ def test_sampled_head_is_cross_entropy_over_the_candidates_and_reaches_only_thei
     index = code.new_index()
     index.add([f"t{i}" for i in range(10)])
     targets = code.step_targets(code.targets(["t1", "t2", "t1"]), index, np.random.default_rng(0))
-    cands, answer = targets["candidates"], targets["answer"]
+    cands, answer = targets["choices"], targets["answer"]
     assert len(np.unique(cands, axis=0)) == len(cands) <= 2 + code.negatives
     np.testing.assert_array_equal(cands[answer], code.ids(["t1", "t2", "t1"]))
     x, w = torch.randn(3, 4), torch.tensor([1.0, 2.0, 0.5])
@@ -216,8 +219,10 @@ def test_sampled_head_answers_over_every_candidate_exactly():
 
 
 def test_sampled_head_tables_are_row_tables_a_query_reads_whole():
-    model, task = build("learner.task=next-token", "model.output=sampled")
+    model, task = build("learner.task=next-token", "model.output=sampled", "model.counts=none")
     assert set(model.row_tables()) >= {"O", "Ob"} and task.whole_tables(model) == {"O", "Ob"}
+    model, task = build("learner.task=next-token", "model.output=sampled", "model.counts=kn3")
+    assert task.whole_tables(model) == {"O", "Ob", "lm.kn3", "lm.kn12", "lm.stats"}  # hashed slots: read whole
     assert not set(model.dense_parameters()) & {"head.O", "head.Ob"}
 
 
@@ -249,12 +254,12 @@ def test_tfree_head_is_multilabel_bce_against_the_trigram_pattern():
 
 @pytest.mark.parametrize("scheme", ["hash", "bloom", "hashing-trick", "tfree"])
 def test_tying_shares_the_input_table(scheme):
-    tied, task = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=true")
+    tied, task = build(*HASHED_MLM, f"embedding.scheme={scheme}", "model.tie_output=true")
     table = tied.embedding.row_tables()["E"]
     assert task.code.table == "E" and tied.head.table is None
     assert task.whole_tables(tied) == {"E"}
     assert all(p is not table for p in tied.dense_parameters().values())
-    untied, task = build("learner.task=mlm", f"embedding.scheme={scheme}", "model.tie_output=false")
+    untied, task = build(*HASHED_MLM, f"embedding.scheme={scheme}", "model.tie_output=false")
     assert task.code.table is None and untied.head.table is not None
     assert task.whole_tables(untied) == set()
     # Tied, the output loss reaches the input table through the output matmul.
@@ -264,14 +269,14 @@ def test_tying_shares_the_input_table(scheme):
 
 
 def test_tied_output_hashes_are_the_input_hashes():
-    model, task = build("learner.task=mlm", "embedding.scheme=bloom", "embedding.m=3")
+    model, task = build(*HASHED_MLM, "embedding.scheme=bloom", "embedding.m=3")
     assert task.code.m == 3 and task.code.size == 64
     np.testing.assert_array_equal(task.code.targets(["a", "b"])["hashes"],
                                   model.embedding.featurizer.hash_ids(["a", "b"]))
 
 
 def test_untiable_scheme_gets_its_own_table():
-    model, task = build("learner.task=mlm", "embedding.scheme=hashformer-pool", "model.tie_output=true")
+    model, task = build(*HASHED_MLM, "embedding.scheme=hashformer-pool", "model.tie_output=true")
     assert task.code.table is None and model.head.table is not None
     assert task.code.size == 64 and task.code.m == 2
 

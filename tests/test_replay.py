@@ -440,3 +440,24 @@ def test_cli_bad_arguments_are_clear_errors(tmp_path, capsys, args, message):
     args = [a.format(path=path, tmp=tmp_path) for a in args]
     assert run_cli(*args, "--set", "model.layers=0") == 2
     assert message in capsys.readouterr().err
+
+
+def test_classify_baselines_see_a_texts_words_not_the_networks_ngrams_and_shapes():
+    """The bag-of-words peers get the words the peers score best on; the n-grams and digit
+    shapes are the network's own features (a list of tokens is taken whole)."""
+    build = Learner(cfg("hashing.ngrams=2", "hashing.shapes=true")).task.events(seed=0)
+    text = build(0, Record(text="Call 0800 now", label="spam"))[0]
+    assert text.tokens == ("call", "0800", "now")
+    listed = build(1, Record(tokens=("call now", "x"), label="spam"))[0]
+    assert listed.tokens == ("call now", "x")
+
+
+@pytest.mark.parametrize("counts", ["none", "kn3"])
+def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, counts):
+    """A next-token record brings an event per position; its mini-batches still hold
+    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 3 steps)."""
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(10)])
+    extra = ["learner.task=next-token", "learner.batch_size=4", "model.output=sampled", f"model.counts={counts}",
+             "model.count_slots=1024"]
+    report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
+    assert report["saved_step"] == 3 and report["evaluated"] == 60

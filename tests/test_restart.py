@@ -2,6 +2,7 @@
 mean are refused, naming each; keys safe between runs are allowed. Every key is in
 exactly one of the two sets (config.MODEL_KEYS, config.RUN_KEYS)."""
 import dataclasses
+import json
 
 import pytest
 
@@ -17,7 +18,7 @@ SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model
 
 # A valid value other than SMALL's for every model key (each must be refused on a restart).
 CHANGED = {
-    "hashing.seed": "5", "hashing.tokenizer": "ids", "hashing.lowercase": "false", "hashing.ngrams": "2",
+    "hashing.seed": "5", "hashing.tokenizer": "ids", "hashing.lowercase": "false", "hashing.ngrams": "3", "hashing.shapes": "false",
     "hashing.max_tokens": "64", "embedding.scheme": "bloom", "embedding.d": "8", "embedding.K": "3000",
     "embedding.B": "128", "embedding.k": "3", "embedding.m": "3", "embedding.append_p": "true",
     "embedding.combine": "concat", "embedding.init": "paper", "embedding.hashformer_hash": "lsh",
@@ -25,10 +26,13 @@ CHANGED = {
     "embedding.plain_vocab": "32", "model.layers": "1", "model.d_model": "8", "model.heads": "2",
     "model.ffn": "64", "model.positions": "true", "model.max_labels": "16", "model.out_B": "128",
     "model.out_m": "3", "model.tie_output": "false", "model.output": "tfree", "optim.sparse": "lazy-adam",
-    "learner.task": "mlm", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384",
-    "store.shards": "4",
+    "learner.task": "mlm", "learner.recency": "0", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384",
+    "store.shards": "4", "model.counts": "kn3", "model.count_slots": "4096",
+    "model.recent": "7",
 }
-EXTRA = {"learner.shuffle_random": ("model.positions=true",)}  # what a changed value needs to be valid
+EXTRA = {"learner.shuffle_random": ("model.positions=true",),  # what a changed value needs to be valid
+         "model.counts": ("learner.task=next-token", "model.output=sampled"),
+         "model.recent": ("learner.task=next-token", "model.output=sampled", "model.counts=kn3")}
 
 
 def all_keys() -> set[str]:
@@ -73,3 +77,25 @@ def test_a_changed_run_key_opens_the_stored_model(stored, assignment):
     with open_store(stored, readonly=True) as store:
         learner = checkpoint.read_full(store, Config().override(*SMALL, assignment))
     assert learner.labels == ["spam", "ham"]
+
+
+def test_a_stored_config_older_than_a_model_key_reads_as_that_version_behaved(tmp_path):
+    """A checkpoint written before ``hashing.shapes`` and ``learner.recency`` existed
+    trained without digit shapes and recency tokens: it reads so, and a restart at
+    today's defaults is refused, naming the keys, instead of applying them to its rows."""
+    cfg = Config().override(*SMALL, "hashing.shapes=false", "learner.recency=0")
+    learner = Learner(cfg)
+    learner.learn_many([{"text": "call 0800 now", "label": "spam"}, {"text": "see you", "label": "ham"}])
+    old = cfg.to_dict()
+    del old["hashing"]["shapes"], old["learner"]["recency"]
+    specs, rows, blobs, kv = checkpoint.write(learner, full=True)
+    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
+    with open_store(tmp_path, cfg.store) as store:
+        store.declare_tables(specs)
+        store.commit(Checkpoint(step=learner.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    with open_store(tmp_path, readonly=True) as store:
+        stored = checkpoint.stored_config(store)
+        assert (stored.hashing.shapes, stored.learner.recency) == (False, 0)
+        assert checkpoint.read_full(store, cfg).labels == ["spam", "ham"]
+        with pytest.raises(CheckpointMismatchError, match=r"hashing.shapes.*--set hashing.shapes=false"):
+            checkpoint.read_full(store, Config().override(*SMALL))

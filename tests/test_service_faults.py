@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-import httpx
+import httpx2
 import pytest
 from fastapi.testclient import TestClient
 
@@ -159,8 +159,8 @@ def test_healthz_answers_while_a_large_query_computes(tmp_path, task, path, body
     setattr(snapshot, name, held)
 
     async def scenario():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as http:
             slow = asyncio.create_task(http.post(path, json=body))
             assert await asyncio.to_thread(started.wait, 30)
             health = await http.get("/healthz")
@@ -197,15 +197,15 @@ def test_serve_waits_for_the_state_directory_to_appear_and_takes_its_token_from_
         deadline = time.monotonic() + 90
         while True:
             try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                health = httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
                 break
-            except httpx.TransportError:
+            except httpx2.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
                 time.sleep(0.3)
         assert health.status_code == 200 and health.json()["snapshot_step"] == 1
         url = f"http://127.0.0.1:{port}/v1/predict"
-        assert httpx.post(url, json={"text": "w1"}, timeout=10).status_code == 401
-        answer = httpx.post(url, json={"text": "w1"}, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert httpx2.post(url, json={"text": "w1"}, timeout=10).status_code == 401
+        answer = httpx2.post(url, json={"text": "w1"}, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         assert answer.status_code == 200 and answer.json()["snapshot_step"] == 1
     finally:
         proc.send_signal(signal.SIGINT)

@@ -77,6 +77,8 @@ def assert_same(task: str, got: list, want: list) -> None:
     ("plain", "classify", ()), ("hashformer-pool", "next-item", ()), ("tfree", "classify", ()),
     ("hash", "classify", ("learner.nb_weight=1.0", "learner.nb_cells=65536")),  # + the Naive Bayes counts
     ("hash", "next-token", ("model.output=sampled",)), ("hash", "mlm", ("model.output=sampled",)),
+    *(("hash", task, ("model.output=sampled", "model.counts=kn3", "model.count_slots=1024"))  # + the count part
+      for task in ("next-token", "mlm")),
 ])
 def test_answers_equal_a_restored_learner_at_every_checkpoint(scheme, task, extra, tmp_path):
     rng = random.Random(0)
@@ -104,7 +106,8 @@ def test_embed_gives_the_input_embedding_of_each_token(tmp_path):
         with Snapshot(store) as snap:
             answer = snap.embed([{"tokens": ["w1", 5, "unseen"]}, {"text": "W2 w3"}])
     first, second = answer.values
-    assert first.tokens == ["w1", "5", "unseen"] and second.tokens == ["w2", "w3"]
+    assert first.tokens == ["w1", "5", "unseen"]
+    assert second.tokens == ["w2", "w3", "w2 w3", "\x05w0", "\x05w0"]  # text: words, bigrams, digit shapes
     feats = learner.featurizer.featurize([first.tokens], 128)
     with torch.no_grad():
         want = learner.model.embedding({k: torch.from_numpy(v) for k, v in feats.items()})[0].numpy()

@@ -12,11 +12,16 @@ A scheme turns a batch of token lists into token vectors in two steps:
 
 Every table lookup uses sparse gradients, so a row-wise optimizer can update just
 the rows of ``featurizer.rows_touched``.
+
+A scheme may also offer :meth:`TokenEmbedding.bag`: the weighted sum of each record's
+token vectors with its gradient in closed form (a :class:`Bag`), which the depth-0 model
+uses instead of autograd (:meth:`~streamlearn.model.HashedTransformer.bag`).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..featurize import Featurizer
@@ -45,6 +50,73 @@ class TokenEmbedding(nn.Module):
         those rows' ids: ``(weights (N, T, k), rows (N, T, k))``; None for a scheme that
         learns no such weights."""
         return None
+
+    @property
+    def has_bag(self) -> bool:
+        """Whether :meth:`bag` gives a closed form (False: it returns None)."""
+        return False
+
+    def bag(self, feats: dict[str, np.ndarray], weight: np.ndarray) -> "Bag | None":
+        """The weighted sum of each record's token vectors, ``x_n = sum_t weight[n] *
+        e(t)`` over the valid tokens t of record n, as a :class:`Bag` whose backward is
+        closed-form; ``feats`` the featurizer's numpy arrays, ``weight`` (N,) float32.
+        None: this scheme has none (its callers use autograd)."""
+        return None
+
+
+class Bag:
+    """A batch's summed token vectors ``x`` (N, out_dim) and the gradient they pass on.
+
+    :meth:`backward` takes dL/dx and adds dL/d(table) to each row table's ``.grad`` as
+    autograd would (sparse; here already coalesced: unique ascending rows, so the row
+    optimizer and the gradient checks need not sort them again).
+    """
+
+    x: torch.Tensor
+
+    def backward(self, grad: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+def add_sparse_grad(table: nn.Parameter, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """Add a gradient of ``values`` (n, w) at unique ascending ``rows`` (n,) to ``table.grad``."""
+    grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, table.shape, is_coalesced=True,
+                                   check_invariants=False)
+    table.grad = grad if table.grad is None else table.grad + grad
+
+
+class RowGroups:
+    """The elements of a batch grouped by the table row each one hits (``ids`` (n,)
+    int64): ``rows``, the distinct rows ascending, and the sums per row of anything
+    indexed like the elements (:meth:`sums`).
+
+    A sum is one ``embedding_bag`` call over the elements in row order (a stable sort
+    in numpy): sequential reads and one write per row. ``index_add_`` into a zeroed
+    buffer, the obvious alternative, sorts its index again inside torch and cost about
+    1.5x as much per step (AG News, batch 16)."""
+
+    def __init__(self, ids: np.ndarray):
+        order = np.argsort(ids, kind="stable")
+        ranked = ids[order]
+        first = np.empty(len(ranked), dtype=bool)
+        first[:1] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        self.rows = torch.from_numpy(ranked[first])  # (U,)
+        self.order = torch.from_numpy(order)  # (n,)
+        self.starts = torch.from_numpy(np.flatnonzero(first))  # (U,): where each row's elements begin in order
+
+    def sums(self, source: torch.Tensor, index: torch.Tensor | None = None,
+             weight: torch.Tensor | None = None) -> torch.Tensor:
+        """(U, w): per row, the sum over its elements e of ``weight[e] * source[index[e]]``
+        (``index`` None: element e is ``source[e]``; ``weight`` None: 1)."""
+        at = self.order if index is None else index.index_select(0, self.order)
+        scale = None if weight is None else weight.index_select(0, self.order)
+        return F.embedding_bag(at, source, self.starts, mode="sum", per_sample_weights=scale)
+
+
+def flat_valid(feats: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """Feature ``name`` (N, T, ...) at the valid cells of ``feats["mask"]``, row-major: (M, ...)."""
+    return feats[name][feats["mask"]]
 
 
 def to_tensors(feats: dict[str, np.ndarray], device: torch.device | str | None = None) -> TensorFeats:

@@ -21,12 +21,16 @@ the hashing trick (:class:`HashingTrickEmbedding`, same hash function).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
-from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
+from .base import (
+    Bag, RowGroups, TensorFeats, TokenEmbedding, add_sparse_grad, flat_valid, gather_valid, normal_table,
+    scatter_valid, valid_index,
+)
 
 __all__ = ["HashEmbedding", "HashEmbeddingConfig", "HashingTrickConfig", "HashingTrickEmbedding"]
 
@@ -66,6 +70,55 @@ class HashEmbedding(TokenEmbedding):
     def importance(self, feats: TensorFeats) -> tuple[torch.Tensor, torch.Tensor]:
         """p_w = P[D1(w)] (N, T, k) and the rows h_1(w)..h_k(w) of E it weighs (N, T, k)."""
         return F.embedding(feats["d1"], self.P), feats["buckets"]
+
+    @property
+    def has_bag(self) -> bool:
+        return self.cfg.combine == "sum" and not self.cfg.append_p
+
+    def bag(self, feats: dict[str, np.ndarray], weight: np.ndarray) -> "HashBag | None":
+        """Summed token vectors with a closed-form gradient (:class:`HashBag`); None for
+        ``combine="concat"`` or ``append_p`` (autograd handles those)."""
+        return HashBag(self, feats, weight) if self.has_bag else None
+
+
+class HashBag(Bag):
+    """Per record n, ``x_n = a_n sum_t sum_i p_t[i] E[h_i(t)]`` over its valid tokens t
+    (``a_n``: the record's weight; p_t = P[D1(t)]), in one ``embedding_bag`` call, and
+    its gradient given g_n = dL/dx_n:
+
+        dL/dE[u]    = sum over (t, i) with h_i(t) = u   of  a_n p_t[i] g_n
+        dL/dP[r, i] = sum over t with D1(t) = r         of  a_n <E[h_i(t)], g_n>
+
+    This is WeightedLookup's backward with the pooling folded in, each table's rows
+    summed per distinct row (:class:`RowGroups`) instead of left for the optimizer to
+    coalesce. No autograd graph is built: a depth-0 step's forward and backward
+    through autograd cost about twice these few batched ops.
+    """
+
+    def __init__(self, emb: HashEmbedding, feats: dict[str, np.ndarray], weight: np.ndarray):
+        self.E, self.P = emb.E, emb.P
+        lengths = feats["mask"].sum(1)  # (N,)
+        self.d1 = flat_valid(feats, "d1")  # (M,)
+        self.buckets = flat_valid(feats, "buckets").reshape(-1)  # (M * k,), token-major
+        self.owner = np.repeat(np.arange(len(lengths)), lengths)  # (M,) record of each token
+        self.a = torch.from_numpy(np.repeat(np.asarray(weight, dtype=np.float32), lengths))  # (M,) a_n per token
+        self.p = self.P.detach().index_select(0, torch.from_numpy(self.d1))  # (M, k)
+        self.pa = (self.p * self.a.unsqueeze(1)).reshape(-1)  # (M * k,): a_n p_t[i] per slot
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1] * self.p.shape[1], out=offsets[1:])
+        self.x = F.embedding_bag(torch.from_numpy(self.buckets), self.E.detach(), torch.from_numpy(offsets),
+                                 mode="sum", per_sample_weights=self.pa)  # (N, d)
+
+    def backward(self, grad: torch.Tensor) -> None:  # grad (N, d)
+        M, k = self.p.shape
+        slots = RowGroups(self.buckets)
+        slot_owner = torch.from_numpy(np.repeat(self.owner, k))  # (M * k,)
+        add_sparse_grad(self.E, slots.rows, slots.sums(grad, slot_owner, self.pa))
+        g = grad.index_select(0, torch.from_numpy(self.owner)) * self.a.unsqueeze(1)  # (M, d): a_n g_n per token
+        c = self.E.detach().index_select(0, torch.from_numpy(self.buckets)).view(M, k, -1)  # (M, k, d)
+        grad_p = torch.bmm(c, g.unsqueeze(2)).squeeze(2)  # (M, k)
+        tokens = RowGroups(self.d1)
+        add_sparse_grad(self.P, tokens.rows, tokens.sums(grad_p))
 
 
 class WeightedLookup(torch.autograd.Function):

@@ -15,13 +15,13 @@ plus a Python filter of each list had spent ~85% of a MovieLens replay).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..decoding import CandidateIndex
 from ..exceptions import StreamlearnError
-from ..learner import Learner
+from ..learner import Learner, StepReport
 from ..tasks.base import Event
 
 __all__ = ["ModelContestant"]
@@ -33,8 +33,11 @@ class ModelContestant:
     """``learning=False`` is frozen replay: predictions only, the learner never changes.
 
     ``fused`` (a labels task, prequential, no label delay): each arriving mini-batch is
-    prepared once as a training batch, scored with ``predict_proba_batch`` and then
-    learned, instead of tokenizing and hashing it twice.
+    prepared once as a training batch and scored and learned by one
+    ``predict_learn_batch`` call, instead of tokenizing and hashing it twice (and, at
+    depth 0, running its forward twice): with no delay every arriving record is revealed
+    right after the contestants predict it, so the step taken at prediction time is the
+    step ``learn`` would take; ``learn`` hands back its report.
     """
 
     def __init__(self, name: str, learner: Learner, learning: bool, k: int, fused: bool):
@@ -43,7 +46,7 @@ class ModelContestant:
         self.fused = fused and learning and self.labels
         self.steps = 0
         self.notes: list[str] = []
-        self._prepared: tuple[tuple[int, ...], Any] | None = None
+        self._learned: tuple[tuple[int, ...], StepReport] | None = None  # fused: the step taken when predicting
         self._had: dict[str, _KeyItems] = {}  # keyed streams: per key, its items' candidate ids
 
     # ------------------------------------------------------------------ predict
@@ -59,16 +62,14 @@ class ModelContestant:
         return self.learner.predict_proba_many([e.record for e in events])
 
     def _fused_proba(self, events: Sequence[Event]) -> list[dict]:
-        known = len(self.learner.labels)  # labels learned before this batch
         batch = self.learner.prepare([e.record for e in events], train=True)
-        self._prepared = (tuple(e.position for e in events), batch)
-        rejected = {i for i, _ in batch.rejected}
         # Preparing added this batch's new labels to the table; a prediction made before
-        # learning must not know them: keep the labels known before, renormalised (the
-        # softmax over their logits alone).
-        probs = self.learner.predict_proba_batch(batch)[:, :known]  # (accepted, known)
-        probs = probs / np.maximum(probs.sum(axis=1, keepdims=True), 1e-30)
-        labels = self.learner.labels[:known]
+        # learning does not know them: the probabilities are over the labels known before.
+        probs, report = self.learner.predict_learn_batch(batch)  # (accepted, label_start)
+        self._learned = (tuple(e.position for e in events), report)
+        self.steps += 1
+        rejected = {i for i, _ in batch.rejected}
+        labels = self.learner.labels[:batch.label_start]
         rows = iter(probs.tolist())
         return [{} if i in rejected else dict(zip(labels, next(rows))) for i in range(len(events))]
 
@@ -95,17 +96,17 @@ class ModelContestant:
         if not self.learning or not events:
             return {}
         firsts = _first_of_each_record(events)  # a record with several events is learned once
-        report = self.learner.learn_batch(self._take_prepared(firsts))
-        self.steps += 1
+        report = self._take_learned(firsts)
+        if report is None:
+            report = self.learner.learn_many([e.record for e in firsts])
+            self.steps += 1
         return {firsts[i].position: str(err) for i, err in report.rejected}
 
-    def _take_prepared(self, events: Sequence[Event]) -> Any:
-        prepared, self._prepared = self._prepared, None
-        if prepared is None:
-            return self.learner.prepare([e.record for e in events], train=True)
-        if prepared[0] != tuple(e.position for e in events):
-            raise StreamlearnError("replay: a fused batch was not learned as predicted (internal order error)")
-        return prepared[1]
+    def _take_learned(self, events: Sequence[Event]) -> StepReport | None:
+        learned, self._learned = self._learned, None
+        if learned is not None and learned[0] != tuple(e.position for e in events):
+            raise StreamlearnError("replay: a fused batch was not revealed as predicted (internal order error)")
+        return None if learned is None else learned[1]
 
 
 def _first_of_each_record(events: Sequence[Event]) -> list[Event]:

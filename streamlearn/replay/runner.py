@@ -220,12 +220,18 @@ class _Loop:
 
     # ---- 4. labels revealed to the model: learn, score
     def _reveal_due(self, upto: int | None) -> None:
+        """One optimizer step per mini-batch of ``batch_size`` records, as arrived. Counted
+        in records, not events: a next-token record brings an event per position, and
+        split across mini-batches it would be learned once per piece."""
         due: list[Event] = []
+        records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
-            due.append(self.pending.popleft())
-            if len(due) == self.batch_size:  # one optimizer step per mini-batch, as arrived
+            new_record = not due or self.pending[0].position != due[-1].position
+            if new_record and records == self.batch_size:
                 self._reveal(due)
-                due = []
+                due, records = [], 0
+            records += new_record
+            due.append(self.pending.popleft())
         if due:
             self._reveal(due)
 

@@ -39,14 +39,21 @@ class Entry(NamedTuple):
     defaults: tuple[str, ...] = ()
 
 
+# The global defaults are classify's (the default task): word bigrams and digit shapes.
+# A token task predicts the tokens themselves, one word each, so it keeps words alone.
+# Token streams: a sampled softmax over hashed output rows plus the Kneser-Ney count part,
+# mini-batches of 8 records, output rows slower than input rows (docs/choosing-a-configuration.md)
+_TOKEN_STREAM = ("hashing.ngrams=1", "hashing.shapes=false", "model.positions=true", "model.output=sampled",
+                 "model.counts=kn3", "model.negatives=128", "optim.output_lr=0.01", "learner.batch_size=8")
+
 REGISTRY: dict[str, Entry] = {
     "classify": Entry("classify:Classify"),
-    "mlm": Entry("mlm:MaskedToken"),
+    "mlm": Entry("mlm:MaskedToken", _TOKEN_STREAM),  # depth 0: a layer did not pay (choosing-a-configuration.md)
     # opaque ids, not words; an own output space smaller than the tied input table
     "next-item": Entry("next_item:NextItem", (
         "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=4096", "embedding.K=100000",
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=256")),
-    "next-token": Entry("next_token:NextToken", ("model.positions=true",)),
+    "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.layers=1")),
 }
 
 

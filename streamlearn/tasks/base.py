@@ -26,6 +26,7 @@ from torch import nn
 
 from ..batching import Batch, Preparer, seed_of
 from ..config import Config
+from ..counts.part import CountPart, count_seed
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
 from ..exceptions import StreamlearnError
@@ -36,7 +37,16 @@ from ..outputs import OutputCode, output_code
 from ..prequential import Check, TokenCheck
 from ..records import Record
 
-__all__ = ["Event", "Task", "TokenPreparer", "TokenTask"]
+__all__ = ["ClosedForm", "Event", "Task", "TokenPreparer", "TokenTask"]
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """A step whose gradients a task computed in closed form (:meth:`Task.gradients`):
+    the loss and the raw outputs of the forward it ran, before the step."""
+
+    loss: float
+    outputs: torch.Tensor
 
 
 @dataclass(eq=False)
@@ -124,6 +134,17 @@ class Task:
         """The training loss of a prepared training batch with examples."""
         raise NotImplementedError
 
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        """Whether :meth:`gradients` takes this model's steps (False: autograd does)."""
+        return False
+
+    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
+        """The step of :meth:`loss` without autograd: add the loss's gradients to the
+        parameters' ``.grad`` as ``loss(...).backward()`` would, and return the loss and
+        the outputs. None (the default) where the task or the model has no closed form:
+        the learner runs autograd."""
+        return None
+
     def outputs(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """Raw outputs of a prepared batch: label logits (N, n_labels), hashed logits
         (N, m, size) or T-Free logits (N, v)."""
@@ -172,6 +193,11 @@ class Task:
         """Answer probabilities (N, answers) of a prepared batch, as an array."""
         raise StreamlearnError(f"predict_proba_batch is defined for task classify, not {self.name}")
 
+    def known_probabilities(self, outputs: torch.Tensor | None, batch: Batch) -> np.ndarray:
+        """From :meth:`outputs` of a training batch before its step: the answer
+        probabilities over the answers known before the batch (prequential scoring)."""
+        raise StreamlearnError(f"predict_learn_batch is defined for task classify, not {self.name}")
+
     def topk(self, model: HashedTransformer, batch: Batch, dev: Device, k: int, beam: int,
              exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
         """The k best answers per query record, best first, minus each record's
@@ -193,6 +219,8 @@ class TokenPreparer(Preparer):
     def __init__(self, cfg: Config, featurizer: Featurizer, code: OutputCode):
         super().__init__(cfg, featurizer)
         self.code = code
+        # the count part's token-hash seed; None: no count part (model.counts="none")
+        self.count_seed = None if cfg.model.counts == "none" else count_seed(cfg.hashing.seed)
 
 
 class TokenTask(Task):
@@ -206,6 +234,9 @@ class TokenTask(Task):
         self.code: OutputCode = output_code(cfg, featurizer)
         super().__init__(cfg, featurizer)
         self.reset_index()
+        # counted, not learned by gradient: its scores join the head's through gates
+        self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed,
+                                                                      cfg.model.recent)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
@@ -226,9 +257,19 @@ class TokenTask(Task):
     def _tied(self, model: HashedTransformer) -> torch.Tensor | None:
         return model.row_tables()[self.code.table] if self.code.table else None
 
+    def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """The count part's scores (N, F, C) of candidates (C,) (token hashes) in the
+        examples' contexts ``ctx`` (N, ...) (``batch.counts["ctx"]``), ``n`` candidates
+        known; a task that hosts a count part implements it."""
+        raise NotImplementedError
+
     def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        return model.head(states, self._tied(model), **dev.tensors(self.code.scoring_inputs(self.index)))
+        inputs = dev.tensors(self.code.scoring_inputs(self.index))
+        if self.counter is not None:
+            cands = self.counter.candidates(self.index)
+            inputs["counts"] = dev.tensor(self.score_counts(batch.counts["ctx"], cands, len(cands)))
+        return model.head(states, self._tied(model), **inputs)
 
     def loss(self, model, batch, dev):
         """The head's loss on the batch's states (:meth:`step_targets`)."""
@@ -241,20 +282,56 @@ class TokenTask(Task):
         are drawn from a generator seeded by the batch's sequence number (replays, and
         the worker's prequential check, repeat them)."""
         rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
-        return self.code.step_targets(batch.targets, self.index, rng)
+        return self._step_targets(batch, rng)
+
+    def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The code's step targets; with a count part, the choices are the distinct
+        answers and negatives by token hash, with the count part's scores of them, and
+        ``negative`` (c,) marks the drawn ones: each example's softmax runs over its own
+        answer and the drawn negatives only, as the research's objective. The batch's
+        other answers are no negatives there: they come from the unigram distribution,
+        not the uniform draw, and without a logQ correction they push frequent tokens
+        down for every example."""
+        if self.counter is None:
+            return self.code.step_targets(batch.targets, self.index, rng)
+        cands = self.counter.candidates(self.index)  # (C,)
+        K, n = self.code.negatives, len(cands)
+        q, total = self.counter.proposal(cands) if n and K else (np.zeros(0), 0.0)
+        ids = rng.choice(n, size=K, p=q) if n and K else np.empty(0, dtype=np.int64)
+        answers = batch.counts["answer"]  # (n,)
+        both = np.concatenate([answers, cands[ids]])
+        keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
+        negative = np.zeros(len(keys), dtype=bool)
+        negative[inverse[len(answers):]] = True
+        logq = np.log(K * self.counter.q_of(keys, total, n)) if n and K else np.zeros(len(keys))
+        return {"choices": choices, "answer": inverse[:len(answers)], "negative": negative,
+                "logq": logq.astype(np.float32), "counts": self.score_counts(batch.counts["ctx"], keys, n)}
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
 
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The candidate index learns the batch's tokens; the count part (if any) counts
+        its trigrams, after the step: a step's count scores never include its own batch,
+        as a prediction's never do."""
         if batch.candidates:
             self.index.add(batch.candidates)
-        return {}
+        if self.counter is None or batch.counts is None:
+            return {}
+        return self.counter.learn(batch.counts["tri"])
+
+    def count_tables(self) -> dict[str, torch.Tensor]:
+        return {} if self.counter is None else self.counter.tables()
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
-        """A tied head reads its input table in full, a sampled head its own tables."""
+        """A tied head reads its input table in full, a sampled head its own tables, a
+        count part its tables (hashed slots: which rows a query reads is known only once
+        it probes)."""
         own = model.head.row_tables() if model.head is not None else {}
-        return frozenset(own) | (frozenset({self.code.table}) if self.code.table else frozenset())
+        return (frozenset(own) | frozenset(self.count_tables())
+                | (frozenset({self.code.table}) if self.code.table else frozenset()))
 
     def prequential_check(self) -> TokenCheck:
         """The loss before the step against popularity in the output code."""

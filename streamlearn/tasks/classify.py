@@ -4,8 +4,19 @@ The pooled final states (:meth:`HashedTransformer.pool`) feed a
 :class:`~streamlearn.heads.LabelHead` whose first ``n_labels`` rows take part in the
 softmax. With ``learner.nb_weight > 0`` a Naive Bayes part
 (:class:`~streamlearn.heads.NaiveBayesHead`) adds its score, times ``nb_weight``, to the
-label logits: the step's loss sees that sum (the model learns what the counts get
-wrong), then the batch is counted.
+label logits of every prediction. The two are experts of their own:
+
+- the network's loss sees its own logits only. Trained on the sum, it learned to fight
+  the part's overconfidence instead of the label (about -1 point on short sentiment
+  sentences, docs/choosing-a-configuration.md);
+- the part counts the words of a text only: its word n-grams and digit shapes go to the
+  network alone (a sum of log-count ratios over a bigram and its two words counts the
+  same evidence twice);
+- a training batch's record is scored from the counts of every record before it, those
+  earlier in its own batch included (:meth:`NaiveBayesHead.scores_in_order`), then the
+  batch is counted after its step: a batch's lag cost about a point on a 1,000-record
+  stream. Counting stays in the training thread, in the label ids the step uses (a
+  replica of a group maps its batch to the group's ids first).
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.featurize import build_featurizer
@@ -23,19 +34,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..batching import Batch, Preparer, seed_of
+from ..batching import Batch, Preparer, fields_of, seed_of
 from ..config import Config
 from ..decoding import TopK
 from ..device import Device
 from ..exceptions import RecordError
 from ..featurize import Featurizer, flatten_batch
-from ..hashing import multi_hash
+from ..hashing import is_word_token, multi_hash
 from ..heads import LabelHead, NaiveBayesHead
 from ..model import HashedTransformer
 from ..objectives import LabelTable
 from ..prequential import LabelCheck
 from ..records import Record
-from .base import Event, Task
+from .base import ClosedForm, Event, Task
 
 __all__ = ["Classify", "ClassifyPreparer", "MODEL_PART", "NB_COUNTS", "NB_PART"]
 
@@ -73,7 +84,7 @@ class ClassifyPreparer(Preparer):
             return
         lists = [t for _, t in accepted]
         batch.feats = self.featurize(lists)
-        batch.nb_tokens = self.nb_tokens(lists, batch.feats)
+        batch.nb_tokens = self.nb_tokens(lists, batch.feats, [r.tokens is None for r, _ in accepted])
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
@@ -82,11 +93,14 @@ class ClassifyPreparer(Preparer):
         batch.n_labels = len(self.label_table)
         lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
         batch.feats = self.featurize(lists, grow=False)
-        batch.nb_tokens = self.nb_tokens(lists, batch.feats)
+        batch.nb_tokens = self.nb_tokens(lists, batch.feats, [fields_of(obj).get("tokens") is None for obj in records])
 
-    def nb_tokens(self, token_lists: Sequence[Sequence[str]], feats: dict[str, np.ndarray]) -> np.ndarray | None:
-        """The Naive Bayes part's token ids (N, T) in [0, nb_span), -1 at padding, cut
-        like the model's input; None when the part is off. Hash embeddings' D1
+    def nb_tokens(self, token_lists: Sequence[Sequence[str]], feats: dict[str, np.ndarray],
+                  from_text: Sequence[bool]) -> np.ndarray | None:
+        """The Naive Bayes part's token ids (N, T) in [0, nb_span), -1 at padding and at
+        the n-grams and digit shapes of a text (``from_text[i]``: list i came from text;
+        a list given as ``tokens`` counts whole), cut like the model's input; None when
+        the part is off. Hash embeddings' D1
         (``feats["d1"]``, already one uniform hash per token) is reused when its range K
         is at least half the part's span (so at most twice its own collisions): hashing
         every token again cost the fetch thread 0.04 CPU-s per 1,000 SMS records, more
@@ -95,11 +109,25 @@ class ClassifyPreparer(Preparer):
             return None
         mask = feats["mask"]
         if "d1" in feats and 2 * self.cfg.embedding.K >= self.nb_span:
-            return np.where(mask, feats["d1"] % self.nb_span, -1)
-        flat, mask = flatten_batch(token_lists, self.cfg.hashing.max_tokens)
-        out = np.full(mask.shape, -1, dtype=np.int64)
-        if len(flat):
-            out[mask] = multi_hash(flat, 1, self.nb_span, self.cfg.hashing.seed, "naive-bayes")[:, 0]
+            out = np.where(mask, feats["d1"] % self.nb_span, -1)
+        else:
+            flat, mask = flatten_batch(token_lists, self.cfg.hashing.max_tokens)
+            out = np.full(mask.shape, -1, dtype=np.int64)
+            if len(flat):
+                out[mask] = multi_hash(flat, 1, self.nb_span, self.cfg.hashing.seed, "naive-bayes")[:, 0]
+        h = self.cfg.hashing
+        if h.tokenizer == "words" and (h.ngrams > 1 or h.shapes):
+            out[~self._words(token_lists, from_text, out.shape[1])] = -1
+        return out
+
+    @staticmethod
+    def _words(token_lists: Sequence[Sequence[str]], from_text: Sequence[bool], T: int) -> np.ndarray:
+        """(N, T) True where the Naive Bayes part counts the token: a word of a text, or
+        any token of a list given as ``tokens``."""
+        out = np.zeros((len(token_lists), T), dtype=bool)
+        for r, (tokens, text) in enumerate(zip(token_lists, from_text)):
+            cut = tokens[:T]
+            out[r, :len(cut)] = [is_word_token(t) for t in cut] if text else True
         return out
 
 
@@ -143,20 +171,19 @@ class Classify(Task):
         model.head.start_rows(ids, labels, seed_of(self.cfg.learner.seed, "label-head"), scale)
 
     def label_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
-        """Label logits (N, n_labels): the model's, plus ``learner.nb_weight`` times the
-        Naive Bayes scores when that part is on (no gradient reaches the counts)."""
-        parts = self.logit_parts(model, batch, dev)
-        if self.nb is None:
-            return parts[MODEL_PART]
-        return parts[MODEL_PART] + parts[NB_PART]
+        """Label logits (N, n_labels) of a prediction: the model's, plus
+        ``learner.nb_weight`` times the Naive Bayes scores when that part is on.
+        Without autograd (queries, predictions) a depth-0 model on the CPU pools through
+        its bag (:meth:`HashedTransformer.bag`): the same states, computed without the
+        padded (N, T, d) tensor and without a graph for autograd to follow."""
+        return self.with_counts(self.network_logits(model, batch, dev), batch, dev)
 
     def logit_parts(self, model: HashedTransformer, batch: Batch, dev: Device) -> dict[str, torch.Tensor]:
         """The parts that add up to :meth:`label_logits`, (N, n_labels) each: ``"model"``,
         and ``"naive_bayes"`` (already times ``learner.nb_weight``) when that part is on."""
-        feats = dev.tensors(batch.feats)
-        parts = {MODEL_PART: model.head(model.pool(model.encode(feats), feats["mask"]), batch.n_labels).float()}
+        parts = {MODEL_PART: self.network_logits(model, batch, dev)}
         if self.nb is not None:
-            parts[NB_PART] = self.cfg.learner.nb_weight * dev.tensor(self.nb.scores(batch.nb_tokens, batch.n_labels))
+            parts[NB_PART] = self.cfg.learner.nb_weight * dev.tensor(self.nb_scores(batch))
         return parts
 
     def token_terms(self, model: HashedTransformer, batch: Batch, dev: Device) -> dict[str, torch.Tensor]:
@@ -179,17 +206,63 @@ class Classify(Task):
             terms[NB_PART] = self.cfg.learner.nb_weight * dev.tensor(nb)
         return terms
 
+    def network_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
+        """The network's label logits (N, n_labels), what its loss sees."""
+        bag = None if dev.cuda or torch.is_grad_enabled() else model.bag(batch.feats)
+        if bag is not None:
+            return model.head(bag.x, batch.n_labels).float()
+        feats = dev.tensors(batch.feats)
+        return model.head(model.pool(model.encode(feats), feats["mask"]), batch.n_labels).float()
+
+    def with_counts(self, logits: torch.Tensor, batch: Batch, dev: Device) -> torch.Tensor:
+        """``logits`` (N, n_labels) plus ``learner.nb_weight`` times :meth:`nb_scores`."""
+        if self.nb is None:
+            return logits
+        return logits + self.cfg.learner.nb_weight * dev.tensor(self.nb_scores(batch))
+
+    def nb_scores(self, batch: Batch) -> np.ndarray:
+        """The Naive Bayes scores (N, n_labels) of a prepared batch: a query's from the
+        counts as they are; a training batch's (not learned yet) in stream order, each
+        record's from the counts of every record before it, its batch's earlier ones
+        included (in the label ids the batch holds now)."""
+        if not batch.train:
+            return self.nb.scores(batch.nb_tokens, batch.n_labels)
+        return self.nb.scores_in_order(batch.nb_tokens, batch.targets["labels"], batch.weight, batch.n_labels)
+
     def loss(self, model, batch, dev):
-        ce = F.cross_entropy(self.label_logits(model, batch, dev), dev.tensor(batch.targets["labels"]),
+        ce = F.cross_entropy(self.network_logits(model, batch, dev), dev.tensor(batch.targets["labels"]),
                              reduction="none")
         return (ce * dev.tensor(batch.weight)).sum() / len(ce)
+
+    def has_closed_form(self, model: HashedTransformer, dev: Device) -> bool:
+        return not dev.cuda and model.has_bag
+
+    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
+        """:meth:`loss`'s step in closed form where the model pools through a bag (depth
+        0 on the CPU): with softmax q and weights w, dL/dlogits = (q - onehot(y)) w / N;
+        the head and the bag pass it back (:meth:`LabelHead.backward`,
+        :meth:`Bag.backward <streamlearn.embeddings.base.Bag.backward>`). Equal to
+        autograd's gradients to float rounding (tests/test_learner.py)."""
+        if not self.has_closed_form(model, dev):
+            return None
+        bag = model.bag(batch.feats)
+        logits = model.head(bag.x, batch.n_labels).float()  # (N, n_labels): the network's, as the loss sees
+        y = torch.from_numpy(batch.targets["labels"])  # (N,)
+        w = torch.from_numpy(batch.weight) / len(y)  # (N,)
+        logp = torch.log_softmax(logits, 1)
+        loss = -torch.dot(logp.gather(1, y.unsqueeze(1)).squeeze(1), w)
+        grad = logp.exp()  # (N, n_labels): q
+        grad[torch.arange(len(y)), y] -= 1.0
+        grad *= w.unsqueeze(1)
+        bag.backward(model.head.backward(bag.x, grad))
+        return ClosedForm(float(loss), self.with_counts(logits, batch, dev))
 
     def outputs(self, model, batch, dev):
         return self.label_logits(model, batch, dev)
 
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
-        """The Naive Bayes part counts the batch (after the step: the step's loss used
-        the counts from before it, as its prediction did)."""
+        """The Naive Bayes part counts the batch, after its step (the step's predictions
+        scored each record from the records before it, :meth:`nb_scores`)."""
         if self.nb is None or not batch.examples:
             return {}
         return {NB_COUNTS: self.nb.learn(batch.nb_tokens, batch.targets["labels"], batch.weight)}
@@ -209,6 +282,14 @@ class Classify(Task):
         if not batch.n_labels or batch.feats is None:
             return np.zeros((batch.examples if batch.train else batch.records, batch.n_labels), np.float32)
         return self.label_logits(model, batch, dev).softmax(-1).cpu().numpy()
+
+    def known_probabilities(self, outputs: torch.Tensor | None, batch: Batch) -> np.ndarray:
+        """The softmax over the labels known before the batch (its first ``label_start``
+        logits): what a prediction made before the batch was prepared could answer
+        (examples, label_start)."""
+        if outputs is None or not batch.label_start:
+            return np.zeros((batch.examples, batch.label_start), np.float32)
+        return outputs[:, :batch.label_start].float().softmax(-1).cpu().numpy()
 
     def predict_proba(self, model, batch, dev) -> list[dict]:
         """``{label: probability}`` over the labels seen so far ({} before any)."""
@@ -246,10 +327,13 @@ class Classify(Task):
 
     # ------------------------------------------------------------------ evaluation
     def events(self, seed: int):
-        """The record's tokens (the model's tokenizer, so bag-of-words baselines see the
-        same words); the answer is its label."""
+        """The record's words (the model's tokenizer, so bag-of-words baselines see the
+        same words, not the n-grams and digit shapes the network alone gets: the words
+        are what the peers score best on); the answer is its label."""
         def build(position: int, rec: Record) -> list[Event]:
             tokens = self.prep.text_tokens(rec)
+            if rec.tokens is None:
+                tokens = [t for t in tokens if is_word_token(t)]
             if rec.label is None:
                 raise RecordError("missing-field: label (task classify)")
             return [Event(position, rec, rec.label, True, rec, tokens=tuple(tokens))]

@@ -18,7 +18,8 @@ import torch
 import xxhash
 
 from ..batching import QUERY_MASK, Batch
-from ..hashing import derive_seed
+from ..counts.part import contexts, trigrams
+from ..hashing import derive_seed, hash64
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN, EOS_TOKEN, MASK_TOKEN, mlm_mask
 from ..records import Record
@@ -49,6 +50,10 @@ class MaskedTokenPreparer(TokenPreparer):
         weights = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.weight = weights[masked.rows]
         batch.candidates = [t for ts in lists for t in ts]
+        if self.count_seed is not None:
+            batch.counts = {"tri": trigrams(lists, self.count_seed),
+                            "ctx": contexts(lists, masked.rows, masked.cols, self.count_seed),
+                            "answer": hash64(masked.targets, self.count_seed)}
 
     def fill_query(self, batch: Batch, records: list) -> None:
         lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
@@ -57,6 +62,8 @@ class MaskedTokenPreparer(TokenPreparer):
         batch.slots = np.zeros(batch.feats["mask"].shape, dtype=bool)
         for r, ts in enumerate(lists):
             batch.slots[r, [c for c, t in enumerate(ts) if t == MASK_TOKEN]] = True
+        if self.count_seed is not None:
+            batch.counts = {"ctx": contexts(lists, batch.rows, batch.cols, self.count_seed)}
 
     def query_text(self, text: str) -> list[str]:
         """Text tokenized around each literal ``[MASK]``, which stays one token."""
@@ -75,6 +82,10 @@ class MaskedToken(TokenTask):
     name = "mlm"
     target_field = None
     Preparer = MaskedTokenPreparer
+
+    def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """The KN chain (N, 1, C): log P(w | l2 l1) + log P(r1 | l1 w) + log P(r2 | w r1)."""
+        return self.counter.chain(ctx, cands, n)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The states (n, d) at the positions (rows[i], cols[i]); at depth 0 the pooled

@@ -3,8 +3,11 @@
 Records carry a ``key`` (e.g. a user) and an ``item``. The preparer keeps each key's
 last ``learner.history`` items in stream order: a record's input is its key's items
 before it (a key's first event has none and teaches nothing, but its item joins the
-history), so two events of one key in one batch chain correctly. The head reads the
-pooled states of that history. A query asks by ``key`` (its stored history) or with
+history), so two events of one key in one batch chain correctly, and its last
+``learner.recency`` items again as tokens of their own, tagged with their place from
+the end (:meth:`NextItemPreparer.model_input`): a pooled bag cannot tell which item came
+last, and where the next item follows the last one (sessions, routes, a first-order
+world) that is most of the answer. The head reads the pooled states of that input. A query asks by ``key`` (its stored history) or with
 ``tokens`` (a history of its own).
 
 In a replay, the items a key already had are excluded from every contestant's top-k
@@ -12,6 +15,7 @@ list (a recommender does not recommend what the user already rated).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +32,9 @@ from ..outputs import OutputCode
 from ..records import Record
 from .base import Event, TokenPreparer, TokenTask
 
-__all__ = ["NextItem", "NextItemPreparer"]
+__all__ = ["NextItem", "NextItemPreparer", "RECENT"]
+
+RECENT = "\x01"  # starts a recency token (NextItemPreparer.model_input); a control character, not an id
 
 
 class NextItemPreparer(TokenPreparer):
@@ -51,7 +57,7 @@ class NextItemPreparer(TokenPreparer):
             item = canonical_id(rec.item)
             history = self.histories.get(rec.key)
             if history:
-                inputs.append(list(history))
+                inputs.append(self.model_input(history))
                 targets.append(item)
                 weights.append(rec.weight)
             self.histories.push(rec.key, item)
@@ -63,7 +69,26 @@ class NextItemPreparer(TokenPreparer):
         batch.weight = np.array(weights, dtype=np.float32)
 
     def fill_query(self, batch: Batch, records: list) -> None:
-        batch.feats = self.featurize([self._query_history(obj, i) for i, obj in enumerate(records)], grow=False)
+        inputs = [self.model_input(self._query_history(obj, i)) for i, obj in enumerate(records)]
+        batch.feats = self.featurize(inputs, grow=False)
+
+    def model_input(self, history: Sequence[str]) -> list[str]:
+        """The model's input for a key's items (oldest first): the items, then the last
+        ``learner.recency`` of them again, most recent first, each tagged with its place
+        from the end (:data:`RECENT` + "1:" + the last item).
+
+        >>> from streamlearn.config import Config
+        >>> from streamlearn.tasks import build_task
+        >>> from streamlearn.featurize import build_featurizer
+        >>> cfg = Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100")
+        >>> task = build_task(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
+        >>> [t.replace(RECENT, "@") for t in task.prep.model_input(("a", "b", "c"))]
+        ['a', 'b', 'c', '@1:c']
+        """
+        out = list(history)
+        for r in range(1, min(self.cfg.learner.recency, len(history)) + 1):
+            out.append(f"{RECENT}{r}:{history[-r]}")
+        return out
 
     def _query_history(self, obj: Any, i: int) -> list[str]:
         fields = fields_of(obj)

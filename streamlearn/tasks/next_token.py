@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from ..batching import Batch
+from ..counts.part import trigrams
+from ..hashing import hash64
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN
 from ..records import Record
@@ -46,6 +48,9 @@ class NextTokenPreparer(TokenPreparer):
         weights = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.weight = weights[batch.rows]
         batch.candidates = answers
+        if self.count_seed is not None:
+            tri = trigrams(lists, self.count_seed)  # (n, 3): position i's (u, v) and answer
+            batch.counts = {"tri": tri, "ctx": tri[:, :2], "answer": tri[:, 2]}
 
     def fill_query(self, batch: Batch, records: list) -> None:
         """Each query is read out at its last input. A query that is a prefix of another
@@ -58,6 +63,9 @@ class NextTokenPreparer(TokenPreparer):
         batch.feats = self.featurize(sequences, grow=False)
         batch.rows = rows
         batch.cols = np.array([len(t) - 1 for t in lists], dtype=np.int64)  # what follows the last input
+        if self.count_seed is not None:
+            last = [[BOS_TOKEN, *t][-2:] for t in lists]  # the two tokens before the answer, BOS-padded
+            batch.counts = {"ctx": hash64([x for pair in last for x in pair], self.count_seed).reshape(-1, 2)}
 
 
 def _covering(lists: list[list[str]]) -> tuple[list[list[str]], np.ndarray]:
@@ -85,6 +93,10 @@ class NextToken(TokenTask):
     name = "next-token"
     target_field = None
     Preparer = NextTokenPreparer
+
+    def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """log P_KN(w | u v) of the two tokens before each answer (N, 1, C)."""
+        return self.counter.next_token(ctx, cands, n)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The causal state (n, d) at each answered position."""

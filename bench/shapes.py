@@ -1,0 +1,260 @@
+"""One set of defaults per task, on every stream shape, against fair peers (issue 17).
+
+    python bench/shapes.py [--task all|text|next-item] [--streams sms yelp ml-time ...] [--seeds 0 1 2]
+                           [--set model.layers=1 ...] [--data DIR]
+
+The model predicts each mini-batch, then learns it (one step); its peers predict then
+learn record by record in stream order, on the same records and the same tokens
+(bench/peers.py), so their figures do not depend on the model's batch size. Text:
+accuracy against river MultinomialNB, river LogisticRegression and VW --oaa --ngram 2,
+each on our tokens and on its own tokenizer (the better counts). Next-item: recall@10
+against first-order Markov and popularity; every method ranks the items seen before the
+event and excludes the key's earlier items.
+
+Each run prints one line per stream: model mean and min over the seeds, the best peer,
+the ratio (text: accuracy minus best peer, in points; next-item: recall / the better of
+Markov and popularity), and the worst over the streams. ``--log FILE`` appends every run
+as a JSON line. Peers are cached in ``--cache`` (they are deterministic).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from streamlearn.config import load_config
+from streamlearn.datasets import DatasetReader
+from streamlearn.hashing import tokenize
+from streamlearn.learner import Learner
+
+import peers
+from data import add_data_option, data_dir
+import synthetic_items as synth
+
+DATA = data_dir(None)  # main() sets --data's folder before any stream is read
+AG_CLASSES = ("World", "Sports", "Business", "Sci/Tech")
+ITEM_BASE = ("learner.task=next-item",)  # the task's defaults (streamlearn.tasks.REGISTRY)
+
+
+# ---------------------------------------------------------------------------- streams
+
+def sms() -> list[dict]:
+    return [row.record for row in DatasetReader(DATA / "sms-spam-collection" / "SMSSpamCollection")]
+
+
+def ag_news() -> list[dict]:
+    folder = DATA / "ag-news-train-samples"
+    out = [{"text": r.record["text"], "label": AG_CLASSES[int(float(r.record["label"]))]}
+           for r in DatasetReader(folder / "train_random5000_text_label.csv")]
+    out += [{"text": r.record["text"], "label": AG_CLASSES[int(r.record["label"]) - 1]}
+            for r in DatasetReader(folder / "train_first581.csv")]
+    return out
+
+
+def yelp() -> list[dict]:
+    out = []
+    for line in (DATA / "sentiment-labelled-sentences" / "yelp_labelled.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            text, label = line.rsplit("\t", 1)
+            out.append({"text": text.strip(), "label": "pos" if label.strip() == "1" else "neg"})
+    return out
+
+
+def movielens(order: str) -> list[dict]:
+    """u.data as next-item events: ``time`` = (time, file order), ``user`` = (time, user, item)."""
+    rows = np.loadtxt(DATA / "movielens-100k" / "u.data", dtype=np.int64)
+    keys = (rows[:, 1], rows[:, 0], rows[:, 3]) if order == "user" else (np.arange(len(rows)), rows[:, 3])
+    idx = np.lexsort(keys)
+    return [{"key": str(rows[i, 0]), "item": str(rows[i, 1])} for i in idx.tolist()]
+
+
+def shuffled(load, seed: int):
+    """A research stream: the same records in a seeded random order (a second opinion on a
+    small stream; reported figures use file order)."""
+    def make():
+        recs = load()
+        return [recs[i] for i in np.random.default_rng(seed).permutation(len(recs)).tolist()]
+    return make
+
+
+TEXT_STREAMS = {"sms": sms, "ag_news": ag_news, "yelp": yelp,
+                **{f"yelp-p{k}": shuffled(yelp, k) for k in range(1, 5)}}
+ITEM_STREAMS = {
+    "ml-time": lambda: movielens("time"),
+    "ml-user": lambda: movielens("user"),
+    "markov-1k": lambda: synth.markov_world(1_000).events,
+    "markov-50k": lambda: synth.markov_world(50_000).events,
+    "routes": lambda: synth.route_world().events,
+    "taste": lambda: synth.taste_world().events,
+    "taste-10k": lambda: synth.taste_world(10_000, n_users=600).events,
+}
+
+
+# ---------------------------------------------------------------------------- peers
+
+def text_peers(records: list[dict]) -> dict:
+    labels = [r["label"] for r in records]
+    toks = [tokenize(r["text"]) for r in records]
+    texts = [r["text"] for r in records]
+    out = {}
+    for name, fn in (("river_nb", peers.river_nb), ("river_logreg", peers.river_logreg), ("vw", peers.vw_oaa)):
+        ours, native = fn(labels, token_lists=toks), fn(labels, texts=texts)
+        out[name] = {"our_tokens": ours, "native": native, "best": max(x for x in (ours, native) if x is not None)}
+    return out
+
+
+def item_peers(events: list[dict]) -> dict:
+    return peers.recall_of_peers([(e["key"], e["item"]) for e in events])
+
+
+def cached_peers(cache: Path, name: str, make) -> dict:
+    data = json.loads(cache.read_text()) if cache.exists() else {}
+    if name not in data:
+        data[name] = make()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(data, indent=1, sort_keys=True))
+    return data[name]
+
+
+# ---------------------------------------------------------------------------- model runs
+
+def learner(overrides) -> Learner:
+    return Learner(load_config(overrides=list(overrides), use_env=False))
+
+
+def classify(records: list[dict], overrides) -> float:
+    """Prequential accuracy: predict each batch with the labels known before it, learn it."""
+    L = learner(("learner.task=classify", *overrides))
+    batch = L.cfg.learner.batch_size
+    hits = 0
+    for start in range(0, len(records), batch):
+        known = len(L.labels)
+        b = L.prepare(records[start:start + batch])
+        if known:
+            probs = L.predict_proba_batch(b)[:, :known]
+            hits += int((probs.argmax(1) == b.targets["labels"]).sum())
+        L.learn_batch(b)
+    return hits / len(records)
+
+
+def item_scores(L: Learner, b, codes: np.ndarray) -> np.ndarray:
+    """Exact scores (n, items) of the items whose output codes are ``codes`` (items, m)."""
+    logp = torch.log_softmax(L.outputs(b).float(), dim=-1).numpy()  # (n, m, size)
+    s = logp[:, 0, codes[:, 0]]
+    for j in range(1, codes.shape[1]):
+        s = s + logp[:, j, codes[:, j]]
+    return s
+
+
+def next_item(events: list[dict], overrides, k: int = 10) -> float:
+    """Prequential recall@k over the items seen before each event, the key's earlier
+    items excluded; the batch is scored with the weights from before it."""
+    L = learner((*ITEM_BASE, *overrides))
+    batch = L.cfg.learner.batch_size
+    index: dict[str, int] = {}
+    first: list[int] = []  # event at which item j was first seen
+    codes = np.empty((0, 0), dtype=np.int64)
+    codes_size = L.task.code.size
+    seen: dict[str, list[int]] = {}
+    hits = evaluated = 0
+    for start in range(0, len(events), batch):
+        chunk = events[start:start + batch]
+        fresh = [e["item"] for e in chunk if e["item"] not in index]
+        for j, e in enumerate(chunk):
+            if e["item"] not in index:
+                index[e["item"]] = len(first)
+                first.append(start + j)
+        if fresh:
+            new = L.task.code.ids(list(dict.fromkeys(fresh)))
+            codes = new if codes.size == 0 else np.concatenate([codes, new])
+        if codes.size and len(codes) and codes_size != L.task.code.size:  # the output space grew
+            codes, codes_size = L.task.code.ids(list(index)), L.task.code.size
+        codes_size = L.task.code.size
+        b = L.prepare(chunk)
+        scores = item_scores(L, b, codes) if b.examples else None
+        first_arr = np.asarray(first)
+        row = 0
+        for j, e in enumerate(chunk):
+            key, item = e["key"], index[e["item"]]
+            if key in seen:
+                s = scores[row]
+                row += 1
+                s[first_arr >= start + j] = -np.inf
+                s[seen[key]] = -np.inf
+                top = np.argpartition(-s, k)[:k] if len(s) > k else np.arange(len(s))
+                hits += bool(item in top[np.isfinite(s[top])])
+                evaluated += 1
+            seen.setdefault(key, []).append(item)
+        L.learn_batch(b)
+    return hits / max(evaluated, 1)
+
+
+# ---------------------------------------------------------------------------- report
+
+def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cache: Path) -> list[dict]:
+    out = []
+    for name in names:
+        t = time.perf_counter()
+        if task == "text":
+            data = TEXT_STREAMS[name]()
+            peer = cached_peers(cache, name, lambda data=data: text_peers(data))
+            best_name = max(peer, key=lambda p: peer[p]["best"])
+            best = peer[best_name]["best"]
+            scores = [classify(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
+            ratio = lambda x, best=best: (x - best) * 100  # noqa: E731  points over the best peer
+        else:
+            data = ITEM_STREAMS[name]()
+            peer = cached_peers(cache, name, lambda data=data: item_peers(data))
+            best_name = max(("markov", "popularity"), key=lambda p: peer[p])
+            best = peer[best_name]
+            scores = [next_item(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
+            ratio = lambda x, best=best: x / best  # noqa: E731
+        row = {"task": task, "stream": name, "overrides": overrides, "seeds": seeds, "scores": scores,
+               "mean": float(np.mean(scores)), "min": float(np.min(scores)), "best_peer": best_name,
+               "best_peer_score": best, "peers": peer, "ratio_mean": ratio(np.mean(scores)),
+               "ratio_min": ratio(np.min(scores)), "seconds": time.perf_counter() - t}
+        unit = "pt" if task == "text" else "x"
+        print(f"{name:11s} model {row['mean']:.4f} (min {row['min']:.4f}) | {best_name} {best:.4f} | "
+              f"{row['ratio_mean']:+.2f}{unit} (min {row['ratio_min']:+.2f}{unit}) | {row['seconds']:.0f}s", flush=True)
+        out.append(row)
+    worst = min(out, key=lambda r: r["ratio_min"])
+    print(f"worst: {worst['stream']} {worst['ratio_min']:+.3f} (min over seeds)  overrides: {' '.join(overrides) or '-'}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", choices=("text", "next-item", "all"), default="all")
+    ap.add_argument("--streams", nargs="*")
+    ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    ap.add_argument("--set", nargs="*", default=[], dest="overrides", help="config overrides (dotted)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent / "out" / "peers.json")
+    ap.add_argument("--log", type=Path, default=None)
+    ap.add_argument("--tag", default="")
+    add_data_option(ap)
+    args = ap.parse_args()
+    global DATA
+    DATA = data_dir(args.data)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for task, streams in (("text", TEXT_STREAMS), ("next-item", ITEM_STREAMS)):
+        names = [n for n in (args.streams or streams) if n in streams]
+        if args.task in (task, "all") and names:
+            rows += run(task, names, args.overrides, args.seeds, args.cache)
+    if args.log:
+        with args.log.open("a") as f:
+            for r in rows:
+                f.write(json.dumps({"tag": args.tag, **r}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

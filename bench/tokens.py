@@ -1,0 +1,339 @@
+"""War and Peace as a token stream: the model at depths 0/1/2 against counting, both token tasks.
+
+    python bench/tokens.py [--data DIR] [--records N] [--seeds 3] [--depths 0,1,2]
+                           [--tasks next-token,mlm] [--rss-records 500000] [--dry-run]
+
+Stream (from --data, default ../shared/data next to the repository): War and Peace split on
+whitespace into records of 32 words ``{"text": ...}`` in book order (17,578 records; the
+product's tokenizer makes punctuation marks tokens, so a record holds about 39 tokens); a
+synthetic Zipf text of the same record count stands in, labelled SYNTHETIC, without it.
+
+Per task, one prequential pass of ``replay`` (each mini-batch predicted, then learned) at
+the task's defaults with ``model.layers`` set to each depth, for each ``learner.seed``;
+``markov`` and ``ngram`` run in the first pass, predicting then learning record by record
+(their results do not depend on the model's seed). recall@10 overall and over the last 20%
+of the records (a rolling window exactly that many events long, counted with the task's
+own event builder, so every contestant is scored on the same events).
+
+Speed and sparsity at the defaults, from a learner that has seen the first 80% of the
+stream: ``learn_many`` records/s over the last 20% in mini-batches, rows each step changed
+(every row table, optimizer state included) and their bytes (what an incremental
+checkpoint of that step writes); and a bare-torch reference of the same shape measured in
+the same run: ``nn.Embedding`` over token ids for the hash embedding, torch's own
+``TransformerEncoderLayer`` stack at the same width, heads, ffn and mask, the same sampled
+softmax (the batch's answers plus the same number of uniform negatives, ``nn.Embedding``
+output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
+count part and no hashing: it is the floor the hashed model's bookkeeping is measured
+against, not a contestant.
+
+Memory: RSS of a ``Learner`` used from Python at the defaults, sampled every tenth of
+``--rss-records`` records while the stream is fed round and round (an endless stream: the
+vocabulary stops growing after the first pass, so growth after it is a leak).
+
+The table goes between ``<!-- bench/tokens.py:begin -->`` and ``<!-- bench/tokens.py:end -->``
+in docs/benchmarks.md unless --dry-run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import os
+import resource
+import statistics
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data import ROOT, add_data_option, data_dir, write_between_markers
+
+from streamlearn.config import load_config
+from streamlearn.learner import Learner
+from streamlearn.records import from_dict
+from streamlearn.replay import ReplayOptions, run_replay
+from streamlearn.replay.sources import Item
+
+BEGIN, END = "<!-- bench/tokens.py:begin -->", "<!-- bench/tokens.py:end -->"
+FILE = "war-and-peace/war-and-peace.txt"
+WORDS = 32  # words per record, as TOKEN-STREAMS.md
+TARGETS = {"markov": 1.25, "ngram": 1.05}  # issue 16: recall@10 ratios, overall and last 20%
+K = 10
+
+
+# ---------------------------------------------------------------------------- stream
+
+def stream(data: Path, n: int) -> tuple[list[dict], str]:
+    """The records and where they came from (``n``: the first n; 0: all)."""
+    file = data / FILE
+    if file.is_file():
+        words = file.read_text(encoding="utf-8").split()
+        source = os.path.relpath(file, ROOT)  # no machine's absolute path in the docs
+    else:
+        words = synthetic_words(17_578 * WORDS)
+        source = f"SYNTHETIC Zipf text standing in for War and Peace ({file} not found)"
+    records = [{"text": " ".join(words[i:i + WORDS])} for i in range(0, len(words), WORDS)]
+    return (records[:n] if n else records), source
+
+
+def synthetic_words(n: int, seed: int = 0) -> list[str]:
+    """A first-order chain over 5,000 Zipf-weighted words: each word's successors are
+    drawn from its own 20 (so order carries signal for the counters and the model)."""
+    rng = np.random.default_rng(seed)
+    follow = rng.zipf(1.4, (5_000, 20)) % 5_000  # (word, 20 successors)
+    out, w = [], 0
+    for step in rng.random(n):
+        w = int(follow[w, int(step * 20)]) if step > 0.1 else int(rng.zipf(1.3) % 5_000)
+        out.append(f"w{w}")
+    return out
+
+
+def items(records: list[dict]) -> list[Item]:
+    return [Item(from_dict(r), None, f"bench:{i}") for i, r in enumerate(records)]
+
+
+def config(task: str, depth: int | None, seed: int, extra: tuple[str, ...]):
+    sets = [f"learner.task={task}", f"learner.seed={seed}", *extra]
+    if depth is not None:
+        sets.append(f"model.layers={depth}")
+    return load_config(None, sets, use_env=False)
+
+
+def last_events(task: str, records: list[dict]) -> int:
+    """Events (scored answers) of the last 20% of ``records``, by the task's event builder."""
+    build = Learner(config(task, None, 0, ())).task.events(0)
+    start = len(records) - len(records) // 5
+    return sum(len(build(i, from_dict(r))) for i, r in enumerate(records) if i >= start)
+
+
+# ---------------------------------------------------------------------------- quality
+
+def quality(task: str, records: list[dict], depths: list[int], seeds: list[int], extra: tuple[str, ...]) -> dict:
+    """recall@10 (overall, last 20%) per (depth, seed), and the baselines' from the first run."""
+    window = max(1, last_events(task, records))
+    runs, baselines = {}, {}
+    for depth, seed in itertools.product(depths, seeds):
+        options = ReplayOptions(window=window, k=K, baselines=() if baselines else ("markov", "ngram"))
+        started = time.perf_counter()
+        result = run_replay(items(records), {"model": Learner(config(task, depth, seed, extra))}, options)
+        wall = time.perf_counter() - started
+        for c in result.contestants:
+            scores = (c.metrics.overall()[f"recall@{K}"], c.metrics.rolling()[f"recall@{K}"])
+            if c.is_model:
+                runs[depth, seed] = {"scores": scores, "rate": len(records) / c.seconds if c.seconds else 0.0,
+                                     "wall": wall}
+            else:
+                baselines[c.name] = {"scores": scores, "rate": len(records) / c.seconds if c.seconds else 0.0}
+        print(f"  {task} depth {depth} seed {seed}: {runs[depth, seed]['scores']} ({wall:.0f} s)", file=sys.stderr)
+    return {"runs": runs, "baselines": baselines, "window": window}
+
+
+# ---------------------------------------------------------------------------- speed and sparsity
+
+def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
+    """learn_many records/s, rows and row bytes per step at the defaults after 80% of the
+    stream, against the bare-torch reference over the same batches."""
+    cfg = config(task, None, 0, extra)
+    learner = Learner(cfg)
+    bs = cfg.learner.batch_size
+    cut = len(records) - len(records) // 5
+    for i in range(0, cut, bs):
+        learner.learn_many(records[i:i + bs])
+    tail = [records[i:i + bs] for i in range(cut, len(records), bs)]
+    sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
+    rows, nbytes = [], []
+    started = time.perf_counter()
+    for batch in tail:
+        report = learner.learn_many(batch)
+        rows.append(sum(len(ids) for ids in report.rows.values()))
+        nbytes.append(sum(len(ids) * size for base, ids in report.rows.items()
+                          for name, size in sizes.items() if name == base or name.startswith(base + ".")))
+    seconds = time.perf_counter() - started
+    table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
+    reference = bare_torch_rate(learner, cfg, tail)
+    return {"rate": sum(map(len, tail)) / seconds, "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
+            "table_rows": table_rows, "reference": reference, "layers": cfg.model.layers, "batch": bs}
+
+
+class BareLM(nn.Module):
+    """The reference: token ids -> nn.Embedding + positions -> torch's encoder -> states."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, ffn: int, positions: int):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, sparse=True)
+        self.pos = nn.Embedding(positions, d)
+        layer = nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False) if layers else None
+        self.out = nn.Embedding(vocab, d, sparse=True)
+        self.out_b = nn.Embedding(vocab, 1, sparse=True)
+
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))  # (b, t, d)
+        if self.encoder is not None:
+            x = self.encoder(x, mask=causal, src_key_padding_mask=pad)
+        return x
+
+
+def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
+    """Records/s of :class:`BareLM` learning the same batches with the same objective
+    shape: next-token at every position (causal), mlm at ``learner.mask_prob`` of them."""
+    m = cfg.model
+    vocab: dict[str, int] = {}
+    batches = []
+    for batch in tail:
+        seqs = [[vocab.setdefault(t, len(vocab)) for t in learner.prep.text_tokens(from_dict(r))[:cfg.hashing.max_tokens]]
+                for r in batch]
+        batches.append(seqs)
+    width = max(len(s) for b in batches for s in b) + 1
+    lm = BareLM(len(vocab) + 2, m.d_model, m.layers, m.heads, m.ffn, width)
+    sparse = [lm.emb.weight, lm.out.weight, lm.out_b.weight]
+    dense = [p for p in lm.parameters() if all(p is not q for q in sparse)]
+    opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr), torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
+    causal = cfg.learner.task == "next-token"
+    gen = torch.Generator().manual_seed(0)
+    started = time.perf_counter()
+    for seqs in batches:
+        t = max(map(len, seqs)) + 1
+        ids = torch.zeros(len(seqs), t, dtype=torch.long)  # 0: BOS / MASK / pad
+        for i, s in enumerate(seqs):
+            ids[i, 1:len(s) + 1] = torch.tensor(s) + 2
+        pad = torch.arange(t)[None, :] > torch.tensor([len(s) for s in seqs])[:, None]
+        if causal:
+            inputs, answers, where = ids[:, :-1], ids[:, 1:], ~pad[:, 1:]
+            mask = nn.Transformer.generate_square_subsequent_mask(t - 1)
+            states = lm(inputs, pad[:, :-1], mask)
+        else:
+            where = (torch.rand(ids.shape, generator=gen) < cfg.learner.mask_prob) & ~pad
+            where[:, 0] = False
+            answers = ids
+            states = lm(ids.masked_fill(where, 1), pad, None)
+        h, y = states[where], answers[where]  # (n, d), (n,)
+        choices = torch.unique(torch.cat([y, torch.randint(2, len(vocab) + 2, (m.negatives,), generator=gen)]))
+        logits = h @ lm.out(choices).t() + lm.out_b(choices)[:, 0]  # (n, c)
+        target = torch.searchsorted(choices, y)
+        loss = F.cross_entropy(logits, target)
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+    return sum(map(len, tail)) / (time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------------------- memory
+
+def rss_mb() -> float:
+    """Resident set size now, MB (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * resource.getpagesize() / 2 ** 20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -> list[tuple[int, float]]:
+    """(records learned, RSS MB) every tenth of ``total`` records, the stream fed round and round."""
+    cfg = config(task, None, 0, extra)
+    learner = Learner(cfg)
+    bs, every = cfg.learner.batch_size, max(1, total // 10)
+    samples, seen = [(0, rss_mb())], 0
+    for start in itertools.count(0, bs):
+        if seen >= total:
+            break
+        at = start % len(records)
+        batch = records[at:at + bs]
+        learner.learn_many(batch)
+        before, seen = seen, seen + len(batch)
+        if seen // every > before // every:
+            samples.append((seen, rss_mb()))
+            print(f"  {task} rss: {seen:,} records {samples[-1][1]:.0f} MB", file=sys.stderr)
+    return samples
+
+
+# ---------------------------------------------------------------------------- report
+
+def section(results: dict, source: str, command: str, records: int, seeds: list[int]) -> str:
+    intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared "
+             f"2-core machine; one torch thread). Stream: {source}, {records:,} records of {WORDS} words in book "
+             f"order. recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); "
+             "baselines predict then learn record by record. Ratios are the model's mean over the baseline's; "
+             "records/s are each contestant's own predict + learn time in the replay.")
+    lines = [textwrap.fill(intro, width=100, break_long_words=False, break_on_hyphens=False), ""]
+    for task, r in results.items():
+        q = r["quality"]
+        base = q["baselines"]
+        lines += [f"**{task}** (last 20% = the last {q['window']:,} events)", "",
+                  "| contestant | recall@10 | last 20% | x markov | x ngram | x markov, last 20% | x ngram, last 20% | records/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for depth in sorted({d for d, _ in q["runs"]}):
+            runs = [v for (d, _), v in q["runs"].items() if d == depth]
+            means = [statistics.mean(v["scores"][i] for v in runs) for i in (0, 1)]
+            spread = [f"{min(v['scores'][i] for v in runs):.4f}-{max(v['scores'][i] for v in runs):.4f}" for i in (0, 1)]
+            ratios = [means[i] / base[b]["scores"][i] for i in (0, 1) for b in ("markov", "ngram")]
+            lines.append(f"| model, `model.layers={depth}` | {means[0]:.4f} ({spread[0]}) | {means[1]:.4f} ({spread[1]}) | "
+                         f"{ratios[0]:.3f}x | {ratios[1]:.3f}x | {ratios[2]:.3f}x | {ratios[3]:.3f}x | "
+                         f"{statistics.mean(v['rate'] for v in runs):,.0f} |")
+        for name in ("markov", "ngram"):
+            b = base[name]
+            lines.append(f"| {name} | {b['scores'][0]:.4f} | {b['scores'][1]:.4f} | | | | | {b['rate']:,.0f} |")
+        s = r["speed"]
+        lines += ["", f"At the defaults (`model.layers={s['layers']}`, batch {s['batch']}), after 80% of the stream: "
+                  f"`learn_many` {s['rate']:,.0f} records/s, bare torch of the same shape {s['reference']:,.0f} "
+                  f"(**{s['rate'] / s['reference']:.2f}x**); {s['rows']:,.0f} rows changed per step of "
+                  f"{s['table_rows']:,} rows in the value tables, {s['bytes'] / 2 ** 10:,.0f} KB of row data per step "
+                  "(optimizer state included: what an incremental checkpoint of one step writes)."]
+        if r["rss"]:
+            first, last = r["rss"][1] if len(r["rss"]) > 1 else r["rss"][0], r["rss"][-1]
+            lines += ["", "RSS of a `Learner` fed the stream round and round: "
+                      + ", ".join(f"{n:,}: {mb:,.0f} MB" for n, mb in r["rss"])
+                      + f" ({last[1] - first[1]:+,.0f} MB from {first[0]:,} to {last[0]:,} records)."]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_option(parser)
+    parser.add_argument("--records", type=int, default=0, help="first N records (0: the whole book)")
+    parser.add_argument("--seeds", type=int, default=3, help="learner.seed 0..N-1 per depth")
+    parser.add_argument("--depths", default="0,1,2", help="comma-separated model.layers values")
+    parser.add_argument("--tasks", default="next-token,mlm")
+    parser.add_argument("--rss-records", type=int, default=500_000, help="records for the memory curve (0: skip)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every model run (on top of the task's defaults)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    records, source = stream(data_dir(args.data), args.records)
+    depths = [int(d) for d in args.depths.split(",")]
+    seeds = list(range(args.seeds))
+    extra = tuple(args.set)
+    results = {}
+    for task in args.tasks.split(","):
+        results[task] = {"quality": quality(task, records, depths, seeds, extra), "speed": speed(task, records, extra),
+                         "rss": memory(task, records, args.rss_records, extra) if args.rss_records else []}
+    command = "python bench/tokens.py " + " ".join(sys.argv[1:])
+    text = section(results, source, command.strip(), len(records), seeds)
+    print(text)
+    verdict = []
+    for task, r in results.items():
+        q, best = r["quality"], None
+        for depth in sorted({d for d, _ in q["runs"]}):
+            means = [statistics.mean(v["scores"][i] for (d, _), v in q["runs"].items() if d == depth) for i in (0, 1)]
+            worst = min(means[i] / q["baselines"][b]["scores"][i] / TARGETS[b] for i in (0, 1) for b in TARGETS)
+            best = max(best or worst, worst)
+        verdict.append(f"{task}: best depth's worst ratio / target {best:.3f} ({'met' if best >= 1 else 'missed'})")
+    print("targets: " + "; ".join(verdict))
+    if not args.dry_run:
+        write_between_markers(args.out, BEGIN, END, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The interpolated Kneser-Ney trigram (Chen & Goodman) on two hashed count tables,
+learned a batch at a time and read for (slot, candidate) grids.
+
+Statistics (records BOS-padded), each under its own 64-bit key:
+
+    T3 (u, v, w)  c(u v w)                    C3 (u, v)  c(u v .), N1+(u v .)
+    T2 (v, w)     N1+(. v w)                  C2 (v)     sum_w N1+(. v w), |{w: N1+(. v w) > 0}|
+    T1 (w)        N1+(. w)                    stats      sum N1+(. w), |{w: N1+(. w) > 0}|,
+                                                         counts-of-counts n1, n2 per order
+
+    P1(w)       = max(N1+(.w) - D1, 0) / N1 + D1 |{w}| / N1 / n        (n: the candidates)
+    P2(w | v)   = max(N1+(.vw) - D2, 0) / S(v) + D2 L(v) / S(v) P1(w)  (P1 if S(v) = 0)
+    P3(w | u v) = max(c(uvw) - D3, 0) / c(uv.) + D3 N1+(uv.) / c(uv.) P2(w | v)
+
+with D_k = n1 / (n1 + 2 n2) of order k. The trigram statistics (T3, C3: most keys) live
+in the "big" table; the bigram and unigram ones in the "small" table, which T2 is read
+from at every (slot, candidate) cell, so it is kept small enough to stay in cache. The
+scalars live in a one-row ``stats`` table, so the three tables are the whole state: a
+restored copy of their rows is the same count part.
+
+Token hashes (uint64, xxh3 under a seed derived from ``hashing.seed``, BOS included) are
+the inputs; a key mixes the statistic's tag and the hashes (splitmix64's finaliser). The
+key's low 3 bits are the tag's id, so a scan (after halving) tells statistics apart.
+
+Bounded memory: a table about to pass its maximum load is halved (every statistic
+halved and rounded down, the ones reaching 0 dropped) and rewritten in place; old counts
+fade, recent ones dominate. A halving dirties every row of that table once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .table import CountTable
+
+__all__ = ["KneserNey3"]
+
+_M = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)]
+_TAG_IDS = {"T3": 1, "C3": 2, "T2": 3, "C2": 4, "T1": 5}
+_TAGS = {name: np.uint64((i * 0x632BE59BD9B4E019) & ((1 << 64) - 1)) for name, i in _TAG_IDS.items()}
+_LOW = np.uint64(7)
+_BIG_TAGS = ("T3", "C3")
+# stats row: n1 of orders 1..3, n2 of orders 1..3, N1 (sum N1+(. w)), |{w}|
+_N1, _N2, _TOTAL, _TYPES = 0, 3, 6, 7
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 that spreads every input bit."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def key(tag: str, *parts: np.ndarray) -> np.ndarray:
+    """64-bit key of an n-gram of token hashes (broadcasting). Every part but the last is
+    mixed in fully (slot contexts: few); the last (often a (slot, candidate) grid) is
+    multiplied by an odd constant and xor-ed in, one pass instead of seven: the token
+    hashes are uniform, so keys stay uniform. The low 3 bits hold the tag's id (never 0:
+    no key reads as an empty slot)."""
+    with np.errstate(over="ignore"):
+        acc = _TAGS[tag]
+        for m, p in zip(_M, parts[:-1]):
+            acc = _mix(acc ^ (p * m))
+        return ((acc ^ (parts[-1] * _M[len(parts) - 1])) & ~_LOW) | np.uint64(_TAG_IDS[tag])
+
+
+class KneserNey3:
+    """The KN trigram count part (module docstring); ``tables()`` are its row tables."""
+
+    def __init__(self, slots: int, small_slots: int, max_load: float = 0.5):
+        self.big = CountTable(slots, max_load)
+        self.small = CountTable(small_slots, max_load)
+        self.stats = torch.zeros(1, 64)  # (1, 64) float32: the scalars (module docstring)
+        self._s = self.stats.numpy()[0]  # a view
+        self.halvings = 0
+
+    def tables(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {f"{prefix}.kn3": self.big.buf, f"{prefix}.kn12": self.small.buf, f"{prefix}.stats": self.stats}
+
+    # ------------------------------------------------------------ counting
+
+    def learn(self, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Count the trigrams (u[i], v[i], w[i]) (token hashes, BOS-padded) in three table
+        passes (what each adds depends on which types the previous one found new); the
+        result equals counting them one by one. Returns the touched rows of the big and
+        the small table."""
+        n = len(u)
+        halved = [self._halve_if_full(t, 3 * n) for t in (self.big, self.small)]
+        if any(halved):
+            self._recount()
+        uk3, first, cnt3 = np.unique(key("T3", u, v, w), return_index=True, return_counts=True)
+        ukc, cntc = np.unique(key("C3", u, v), return_counts=True)
+        old, rows_big = self._add(self.big, [uk3, ukc], [cnt3, 0 * cnt3], [cntc, 0 * cntc])
+        old3 = old[:len(uk3), 0]
+        self._count_of_counts(3, old3, old3 + cnt3)
+        fresh = first[old3 == 0]  # occurrences standing for trigram types new in this batch
+        rows_small = [np.empty(0, np.int64)]
+        if len(fresh):
+            rows_big, rows_small = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
+        return tuple(np.arange(t.rows) if h else r for t, h, r in
+                     zip((self.big, self.small), halved, (rows_big, np.unique(np.concatenate(rows_small)))))
+
+    def _learn_fresh(self, u, v, w, rows_big):
+        """Passes 2 and 3 over the new trigram types: N1+(u v .), N1+(. v w), v's
+        continuation totals and N1+(. w)."""
+        ukf, cntf = np.unique(key("C3", u, v), return_counts=True)
+        uk2, first2, cnt2 = np.unique(key("T2", v, w), return_index=True, return_counts=True)
+        _, rows2 = self._add(self.big, [ukf], [0 * cntf, cntf])
+        old, rows2s = self._add(self.small, [uk2], [cnt2, 0 * cnt2])
+        old2 = old[:, 0]
+        self._count_of_counts(2, old2, old2 + cnt2)
+        ukv, inv = np.unique(key("C2", v[first2]), return_inverse=True)
+        dv = np.zeros((len(ukv), 2), dtype=np.float32)
+        np.add.at(dv, inv.reshape(-1), np.stack([cnt2, old2 == 0], 1).astype(np.float32))
+        uk1, cnt1 = np.unique(key("T1", w[first2][old2 == 0]), return_counts=True)
+        old, rows3 = self._add(self.small, [ukv, uk1], [dv[:, 0], dv[:, 1]], [cnt1, 0 * cnt1])
+        old1 = old[len(ukv):, 0]
+        self._count_of_counts(1, old1, old1 + cnt1)
+        self._s[_TOTAL] += float(cnt1.sum())
+        self._s[_TYPES] += float(np.count_nonzero(old1 == 0))
+        return np.union1d(rows_big, rows2), [rows2s, rows3]
+
+    def _count_of_counts(self, order: int, old: np.ndarray, new: np.ndarray) -> None:
+        self._s[_N1 + order - 1] += np.count_nonzero(new == 1) - np.count_nonzero(old == 1)
+        self._s[_N2 + order - 1] += np.count_nonzero(new == 2) - np.count_nonzero(old == 2)
+
+    def D(self, order: int) -> float:
+        n1, n2 = float(self._s[_N1 + order - 1]), float(self._s[_N2 + order - 1])
+        return n1 / (n1 + 2 * n2) if n1 + 2 * n2 else 0.5
+
+    @staticmethod
+    def _halve_if_full(table: CountTable, adding: int) -> bool:
+        """Halve ``table`` in place if ``adding`` new keys could pass its load (module
+        docstring). Approximate: a context's totals are halved as a whole while its
+        dropped entries cannot be found from it (keys are hashes), so its distribution
+        loses the dropped entries' mass."""
+        if table.used + adding <= table.max_load * table.slots:
+            return False
+        keys, vals = table.entries()
+        vals = np.floor(vals / 2)
+        keep = (vals != 0).any(1)
+        table.clear()
+        table.add_unique(keys[keep], vals[keep])
+        return True
+
+    def _recount(self) -> None:
+        """Counts-of-counts and unigram totals from the tables (after a halving)."""
+        self._s[:] = 0
+        self.halvings += 1
+        for order, (table, tag) in {3: (self.big, "T3"), 2: (self.small, "T2"), 1: (self.small, "T1")}.items():
+            keys, vals = table.entries()
+            c = vals[(keys & _LOW) == np.uint64(_TAG_IDS[tag]), 0]
+            self._count_of_counts(order, np.zeros(0), c)
+            if order == 1:
+                self._s[_TOTAL], self._s[_TYPES] = float(c.sum()), float(np.count_nonzero(c))
+
+    @staticmethod
+    def _add(table: CountTable, keys: list[np.ndarray], *deltas: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """One table pass over distinct key groups (distinct tags: no key in two groups);
+        deltas: per group, its two value columns."""
+        d = np.concatenate([np.stack([a, b], 1) for a, b in deltas]).astype(np.float32)
+        return table.add_unique(np.concatenate(keys), d)
+
+    # ------------------------------------------------------------ probabilities
+    # Each lookup is made at the natural broadcast shape of the tokens it depends on. On a
+    # (slot, candidate) grid only N1+(. v w) is read everywhere: c(u v w) can be non-zero
+    # only where N1+(. v w) is, and a context (x w) has statistics only where N1+(. x w) > 0.
+
+    def _get(self, tag: str, *parts: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+        """Values (..., 2) at the broadcast shape of the parts; ``where``: only there (zeros elsewhere)."""
+        table = self.big if tag in _BIG_TAGS else self.small
+        if where is None:
+            k = key(tag, *parts)
+            return table.get(k.ravel()).reshape(*k.shape, 2)
+        out = np.zeros((*where.shape, 2), dtype=np.float32)
+        if where.any():
+            out[where] = table.get(key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts)))
+        return out
+
+    def token_stats(self, w: np.ndarray) -> np.ndarray:
+        """(..., 3): N1+(. w), and w's statistics as a bigram context (S(w), L(w))."""
+        return np.concatenate([self._get("T1", w)[..., :1], self._get("C2", w)], -1)
+
+    def _p1(self, c1: np.ndarray, n: int) -> np.ndarray:
+        total = float(self._s[_TOTAL])
+        if total == 0:
+            return np.full(c1.shape, 1.0 / n, dtype=np.float32)
+        D = self.D(1)
+        return (np.maximum(c1 - D, 0) / total + D * float(self._s[_TYPES]) / total / n).astype(np.float32)
+
+    def _p2(self, v, w, p1w: np.ndarray, ctx2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P2(w | v), N1+(. v w)); ctx2 (..., 2) = v's (S(v), L(v))."""
+        D = self.D(2)
+        c = self._t2(v, w)
+        S, L = ctx2[..., 0], ctx2[..., 1]
+        inv = np.where(S > 0, 1.0 / np.maximum(S, 1.0), 0.0).astype(np.float32)  # unseen context: P1
+        lam = np.where(S > 0, D * L * inv, 1.0).astype(np.float32)
+        return np.maximum(c - D, 0) * inv + lam * p1w, c
+
+    def _t2(self, v, w) -> np.ndarray:
+        """N1+(. v w); for slots' v (S, 1) against shared candidates w (1, K), read once per
+        distinct v (a batch's slots share many previous tokens)."""
+        if np.ndim(v) == 2 and np.shape(v)[1] == 1 and np.ndim(w) == 2 and np.shape(w)[0] == 1 and np.shape(w)[1] > 1:
+            uv, inv = np.unique(v[:, 0], return_inverse=True)
+            return self._get("T2", uv[:, None], w)[..., 0][inv.reshape(-1)]
+        return self._get("T2", v, w)[..., 0]
+
+    def _p3(self, u, v, w, p2w: np.ndarray, c2: np.ndarray, ctx_seen: np.ndarray | None = None) -> np.ndarray:
+        """P3(w | u v) given P2(w | v) and N1+(. v w) (c2); ``ctx_seen``: where N1+(. u v) > 0."""
+        D = self.D(3)
+        ctx = self._get("C3", u, v, where=ctx_seen)
+        tot, nf = ctx[..., 0], ctx[..., 1]
+        grid = np.broadcast_shapes(np.shape(c2), np.shape(tot))
+        c = self._get("T3", u, v, w, where=np.broadcast_to((c2 > 0) & (tot > 0), grid))[..., 0]
+        inv = np.where(tot > 0, 1.0 / np.maximum(tot, 1.0), 0.0).astype(np.float32)  # unseen context: P2
+        lam = np.where(tot > 0, D * nf * inv, 1.0).astype(np.float32)
+        return np.maximum(c - D, 0) * inv + lam * p2w
+
+    def next_token(self, u: np.ndarray, v: np.ndarray, w: np.ndarray, n: int, with_c2: bool = False):
+        """P3(w | u v) of slots' contexts u, v (S, 1) and candidates w (S or 1, C);
+        ``n``: the number of candidates (P1's uniform share)."""
+        w_stats = self.token_stats(w)
+        p2, c2 = self._p2(v, w, self._p1(w_stats[..., 0], n), self._get("C2", v))
+        p3 = self._p3(u, v, w, p2, c2)
+        return (p3, c2, w_stats) if with_c2 else p3
+
+    def chain(self, l2, l1, r1, r2, has_r1, has_r2, w, n: int) -> np.ndarray:
+        """mlm: log P3(w | l2 l1) + [log P3(r1 | l1 w)] + [log P3(r2 | w r1)] of slots'
+        context (S, 1) and candidates w (S or 1, C); the bracketed terms only where the
+        record has r1, r2 (``has_r1``, ``has_r2`` (S, 1) bool)."""
+        left, c2_l1w, w_stats = self.next_token(l2, l1, w, n, with_c2=True)
+        out = np.log(np.maximum(left, 1e-30))
+        r1_stats = self.token_stats(r1)
+        p2_mid, c2_wr1 = self._p2(w, r1, self._p1(r1_stats[..., 0], n), w_stats[..., 1:])
+        mid = self._p3(l1, w, r1, p2_mid, c2_wr1, ctx_seen=np.broadcast_to(c2_l1w > 0, np.shape(c2_wr1)))
+        p2_r2, c2_r1r2 = self._p2(r1, r2, self._p1(self._get("T1", r2)[..., 0], n), r1_stats[..., 1:])
+        right = self._p3(w, r1, r2, p2_r2, c2_r1r2, ctx_seen=c2_wr1 > 0)
+        out = out + np.where(has_r1, np.log(np.maximum(mid, 1e-30)), 0.0)
+        out = out + np.where(has_r2, np.log(np.maximum(right, 1e-30)), 0.0)
+        return out.astype(np.float32)

@@ -1,0 +1,151 @@
+"""The count part as a token task hosts it: token hashing, the KN tables as named row
+tables, and count scores for (example, candidate) grids.
+
+Token hashes are xxh3 under ``derive_seed(hashing.seed, "counts")`` (never Python's
+``hash()``: the tables are persisted and read by other processes). Contexts are
+BOS-padded with ``objectives.BOS_TOKEN``'s hash, as the replay's n-gram baseline pads.
+The ingest stage computes every hash (:func:`trigrams`, :func:`contexts`); the task
+reads the scores (:meth:`CountPart.next_token`, :meth:`CountPart.chain`) and counts
+the batch after its step (:meth:`CountPart.learn`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..hashing import derive_seed, hash64
+from ..objectives import BOS_TOKEN
+from .kn import KneserNey3
+from .recent import RecentTokens
+
+__all__ = ["PREFIX", "CountPart", "contexts", "count_seed", "trigrams"]
+
+PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.recent"
+
+
+def count_seed(seed: int) -> int:
+    """The token-hash seed of the count part under ``hashing.seed``."""
+    return derive_seed(seed, "counts")
+
+
+def _padded(lists: Sequence[Sequence[str]], seed: int, left: int, right: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token hashes of every list BOS-padded (``left`` before, ``right`` after), flat, and
+    each list's start in the flat array (the first padding's index)."""
+    bos = hash64([BOS_TOKEN], seed)[0]
+    flat = hash64([t for ts in lists for t in ts], seed)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    sizes = lengths + left + right
+    starts = np.cumsum(sizes) - sizes  # (L,) each padded list's start
+    out = np.full(int(sizes.sum()), bos, dtype=np.uint64)
+    own = np.repeat(starts + left - (np.cumsum(lengths) - lengths), lengths) + np.arange(len(flat))
+    out[own] = flat
+    return out, starts
+
+
+def trigrams(lists: Sequence[Sequence[str]], seed: int) -> np.ndarray:
+    """(M, 3) uint64: the hashes (u, v, w) of every position of every list, BOS-padded,
+    row-major (next-token: position i's context and answer)."""
+    padded, starts = _padded(lists, seed, 2, 0)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    at = np.repeat(starts, lengths) + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.stack([padded[at], padded[at + 1], padded[at + 2]], 1)  # (M, 3)
+
+
+def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray, seed: int) -> np.ndarray:
+    """(n, 6) uint64 of the slots (rows[i], cols[i]): the hashes of the two tokens before
+    and the two after (BOS-padded), then 1/0 for "the list has a token 1 / 2 after"."""
+    padded, starts = _padded(lists, seed, 2, 2)
+    lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
+    j = starts[rows] + cols + 2
+    after = lengths[rows] - cols - 1
+    return np.stack([padded[j - 2], padded[j - 1], padded[j + 1], padded[j + 2],
+                     (after >= 1).astype(np.uint64), (after >= 2).astype(np.uint64)], 1)
+
+
+class CountPart:
+    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`) and, with
+    ``recent`` > 0, the cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`):
+    score column 0 is the KN model's, column 1 the cache's."""
+
+    def __init__(self, slots: int, seed: int, recent: int = 0):
+        self.kn = KneserNey3(slots, slots // 2)
+        self.recent = RecentTokens(recent) if recent else None
+        self.seed = count_seed(seed)
+        self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
+
+    @staticmethod
+    def features(recent: int) -> int:
+        """Score columns per (example, candidate) of a part with cache size ``recent``."""
+        return 1 + (recent > 0)
+
+    @property
+    def columns(self) -> int:
+        return self.features(0 if self.recent is None else self.recent.size)
+
+    def tables(self) -> dict[str, torch.Tensor]:
+        own = {} if self.recent is None else {f"{PREFIX}.recent": self.recent.buf}
+        return {**self.kn.tables(PREFIX), **own}
+
+    def learn(self, tri: np.ndarray) -> dict[str, np.ndarray]:
+        """Count trigrams (M, 3) (their third tokens, in stream order, enter the cache);
+        the changed rows by store name."""
+        if not len(tri):
+            return {}
+        big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
+        out = dict(zip(self.kn.tables(PREFIX), (big, small, np.zeros(1, np.int64))))
+        if self.recent is not None:
+            out[f"{PREFIX}.recent"] = self.recent.learn(tri[:, 2])
+        return out
+
+    def _with_recent(self, scores: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example)."""
+        if self.recent is None:
+            return scores[:, None]
+        recent = np.broadcast_to(self.recent.logp(cands, max(n, 1)), scores.shape)
+        return np.stack([scores, recent], 1)
+
+    def candidates(self, index) -> np.ndarray:
+        """Hashes (n,) of the candidate index's tokens, in its order (it is append-only:
+        only new ones are hashed; a smaller index is a new one, hashed again)."""
+        n, have = len(index), len(self._cands)
+        if n < have:
+            self._cands, have = self._cands[:0], 0
+        if n > have:
+            self._cands = np.concatenate([self._cands, hash64(index.new_since(have), self.seed)])
+        return self._cands[:n]
+
+    def proposal(self, cands: np.ndarray) -> tuple[np.ndarray, float]:
+        """The negatives' proposal Q over the candidates (C,) (token hashes): 0.9 of it
+        proportional to N1+(. w)^0.75 (the KN unigram's counts, word2vec's power), 0.1
+        uniform; returns (Q (C,), the power's normaliser, for :meth:`q_of`)."""
+        n = len(cands)
+        weight = self.kn.token_stats(cands)[:, 0].astype(np.float64) ** 0.75
+        total = float(weight.sum())
+        if total == 0:
+            return np.full(n, 1.0 / n), 0.0
+        return 0.9 * weight / total + 0.1 / n, total
+
+    def q_of(self, hashes: np.ndarray, total: float, n: int) -> np.ndarray:
+        """Q (as :meth:`proposal`) of any tokens' hashes, ``n`` candidates."""
+        if total == 0:
+            return np.full(len(hashes), 1.0 / n)
+        return 0.9 * self.kn.token_stats(hashes)[:, 0].astype(np.float64) ** 0.75 / total + 0.1 / n
+
+    def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
+        hashes, candidates (C,)."""
+        if not len(cands) or not len(ctx):
+            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
+        p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], cands[None], max(n, 1))
+        return self._with_recent(np.log(np.maximum(p, 1e-30)).astype(np.float32), cands, n)
+
+    def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
+        """(N, F, C) float32 mlm chain scores (and log P_recent(w)): contexts ctx (N, 6)
+        of :func:`contexts`."""
+        if not len(cands) or not len(ctx):
+            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
+        c = [ctx[:, i:i + 1] for i in range(4)]
+        has1, has2 = ctx[:, 4:5] == 1, ctx[:, 5:6] == 1
+        return self._with_recent(self.kn.chain(*c, has1, has2, cands[None], max(n, 1)), cands, n)

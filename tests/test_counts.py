@@ -1,0 +1,329 @@
+"""The hashed KN trigram count part (streamlearn.counts) against exact dictionary
+counting and a hand-computed example; its tables as row tables (rows touched, restore)."""
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from streamlearn.counts import ROW, CountTable, KneserNey3
+from streamlearn.counts.table import TableFullError
+
+BOS = -1
+
+
+class DictKN:
+    """Interpolated Kneser-Ney trigram on dictionaries, one token at a time (the reference)."""
+
+    def __init__(self):
+        self.c = {k: defaultdict(dict) for k in (1, 2, 3)}
+        self.tot = {k: defaultdict(int) for k in (1, 2, 3)}
+        self.n = {k: [0, 0] for k in (1, 2, 3)}  # counts-of-counts n1, n2
+
+    def learn(self, rec):
+        r = [BOS, BOS] + list(rec)
+        for i in range(2, len(r)):
+            for k in (3, 2, 1):
+                ctx, w = tuple(r[i - k + 1:i]), r[i]
+                old = self.c[k][ctx].get(w, 0)
+                self.c[k][ctx][w] = old + 1
+                self.tot[k][ctx] += 1
+                self.n[k][0] += (old == 0) - (old == 1)
+                self.n[k][1] += (old == 1) - (old == 2)
+                if old:
+                    break  # lower orders count continuations: only a new type reaches them
+
+    def D(self, k):
+        n1, n2 = self.n[k]
+        return n1 / (n1 + 2 * n2) if n1 + 2 * n2 else 0.5
+
+    def p(self, ctx, w, cands):
+        row = self.c[1].get(())
+        if not row:
+            p = 1.0 / len(cands)
+        else:
+            D, tot = self.D(1), self.tot[1][()]
+            p = max(row.get(w, 0) - D, 0) / tot + D * len(row) / tot / len(cands)
+        for k in (2, 3):
+            c = tuple(ctx[3 - k:])
+            row = self.c[k].get(c)
+            if row:
+                D, tot = self.D(k), self.tot[k][c]
+                p = max(row.get(w, 0) - D, 0) / tot + D * len(row) / tot * p
+        return p
+
+
+def stream(seed, n_rec=150, vocab=15):
+    rng = np.random.default_rng(seed)
+    return [[int(x) % vocab for x in rng.zipf(1.5, rng.integers(1, 9))] for _ in range(n_rec)]
+
+
+H = np.random.default_rng(99).integers(1, 2**63, 1000, dtype=np.uint64)  # token id -> hash; BOS is H[-1]
+
+
+def trigrams(recs):
+    u, v, w = [], [], []
+    for r in recs:
+        p = [BOS, BOS] + r
+        u += p[:-2]
+        v += p[1:-1]
+        w += p[2:]
+    return H[np.array(u)], H[np.array(v)], H[np.array(w)]
+
+
+def test_table_counts_and_probes_under_load():
+    t = CountTable(1 << 10, max_load=0.7)  # 600 keys in 1024 slots: long probe chains
+    rng = np.random.default_rng(0)
+    keys = rng.integers(1, 2**63, 600, dtype=np.uint64)
+    reps = rng.integers(1, 4, 600)
+    t.add(np.repeat(keys, reps), np.ones((reps.sum(), 2), np.float32))
+    assert t.get(keys)[:, 0].tolist() == reps.astype(np.float32).tolist()
+    assert not t.get(rng.integers(1, 2**63, 100, dtype=np.uint64)).any()
+    assert t.used == 600
+    rows = t.add(keys[:10], np.ones((10, 2), np.float32))  # existing keys: no new slots
+    assert t.used == 600 and t.get(keys[:10])[:, 1].tolist() == (reps[:10] + 1).astype(np.float32).tolist()
+    assert 3 <= len(rows) <= 21 and rows.max() < t.rows
+
+
+def test_table_refuses_to_pass_its_load():
+    t = CountTable(128)
+    t.add(np.arange(1, 65, dtype=np.uint64), np.ones((64, 2), np.float32))
+    with pytest.raises(TableFullError, match="model.count_slots"):
+        t.add(np.array([999], dtype=np.uint64), np.ones((1, 2), np.float32))
+
+
+def test_a_table_is_its_rows():
+    """Copying the stored rows into a fresh table's buffer gives the same table (a restore)."""
+    t = CountTable(256)
+    keys = np.random.default_rng(1).integers(1, 2**63, 50, dtype=np.uint64)
+    t.add(keys, np.full((50, 2), 3.0, np.float32))
+    fresh = CountTable(256)
+    fresh.buf.copy_(t.buf.clone())
+    assert fresh.used == 50 and fresh.get(keys)[:, 0].tolist() == [3.0] * 50
+
+
+def test_hand_computed_kn():
+    """Records "a b", "a c" (BOS-padded): hand-computed interpolated KN."""
+    a, b, c = 1, 2, 3
+    kn = KneserNey3(1 << 10, 1 << 10)
+    kn.learn(*trigrams([[a, b], [a, c]]))
+    # order 3: c(BOS BOS a) = 2, c(BOS a b) = c(BOS a c) = 1 -> n1 = 2, n2 = 1, D3 = 2 / 4
+    # order 2 (continuations): N1+(. BOS a) = 1, N1+(. a b) = N1+(. a c) = 1 -> D2 = 1
+    # order 1: N1+(. a) = N1+(. b) = N1+(. c) = 1 -> D1 = 1, N1 = 3, 3 types
+    assert (kn.D(3), kn.D(2), kn.D(1)) == (0.5, 1.0, 1.0)
+    n = 3
+    p1 = 1.0 * 3 / 3 / n  # max(1 - 1, 0) / 3 + 1 * 3 / 3 / 3
+    p2 = 0 + 1.0 * 2 / 2 * p1  # context a: S = 2, L = 2, N1+(. a b) - D2 = 0
+    p3 = (1 - 0.5) / 2 + 0.5 * 2 / 2 * p2  # context (BOS a): c = 1 of 2, 2 types
+    w = H[np.array([[b]])]
+    got = kn.next_token(H[np.array([[BOS]])], H[np.array([[a]])], w, n)
+    assert got[0, 0] == pytest.approx(p3)
+
+
+@pytest.mark.parametrize("bs", [1, 7])
+def test_next_token_probabilities_equal_dict_kn(bs):
+    recs = stream(1)
+    ref, kn = DictKN(), KneserNey3(1 << 14, 1 << 12)
+    seen, checked = [], 0
+    for s in range(0, len(recs), bs):
+        batch = recs[s:s + bs]
+        if seen:
+            cands = np.array(seen)
+            for r in batch:
+                p = [BOS, BOS] + r
+                for i in range(len(r)):
+                    want = [ref.p((p[i], p[i + 1]), w, seen) for w in seen]
+                    got = kn.next_token(H[[[p[i]]]], H[[[p[i + 1]]]], H[cands][None], len(seen))[0]
+                    assert got == pytest.approx(want, rel=1e-5)
+                    checked += 1
+        for r in batch:
+            ref.learn(r)
+            seen += [t for t in r if t not in seen]
+        kn.learn(*trigrams(batch))
+    assert checked > 300
+
+
+def test_chain_equals_the_trigram_scored_token_by_token():
+    recs = stream(2)
+    ref, kn = DictKN(), KneserNey3(1 << 14, 1 << 12)
+    rng = np.random.default_rng(3)
+    seen, checked = [], 0
+    for r in recs:
+        if seen:
+            s = int(rng.integers(0, len(r)))
+            p = [BOS, BOS] + r + [BOS, BOS]
+            j = s + 2
+            want = []
+            for w in seen:
+                x = np.log(ref.p((p[j - 2], p[j - 1]), w, seen))
+                if s + 1 < len(r):
+                    x += np.log(ref.p((p[j - 1], w), p[j + 1], seen))
+                if s + 2 < len(r):
+                    x += np.log(ref.p((w, p[j + 1]), p[j + 2], seen))
+                want.append(x)
+            ctx = [H[[[p[j + d]]]] for d in (-2, -1, 1, 2)]
+            got = kn.chain(*ctx, np.array([[s + 1 < len(r)]]), np.array([[s + 2 < len(r)]]), H[np.array(seen)][None],
+                           len(seen))[0]
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
+            checked += 1
+        ref.learn(r)
+        seen += [t for t in r if t not in seen]
+        kn.learn(*trigrams([r]))
+    assert checked > 100
+
+
+def test_rows_touched_scale_with_the_batch_not_the_table():
+    recs = stream(5, n_rec=400, vocab=200)
+    kn = KneserNey3(1 << 16, 1 << 15)
+    for s in range(0, 400, 8):
+        batch = recs[s:s + 8]
+        big, small = kn.learn(*trigrams(batch))
+        positions = sum(len(r) for r in batch)
+        assert 0 < len(big) <= 4 * positions + 1 and len(small) <= 8 * positions + 1  # a key touches 2 rows
+        assert big.max() < kn.big.rows and (len(small) == 0 or small.max() < kn.small.rows)
+
+
+def test_a_full_table_halves_in_place_and_stays_bounded():
+    recs = stream(4, n_rec=3000, vocab=400)
+    kn = KneserNey3(1 << 11, 1 << 10)
+    buf = kn.big.buf
+    for s in range(0, len(recs), 10):
+        big, _ = kn.learn(*trigrams(recs[s:s + 10]))
+        assert kn.big.used <= 0.5 * kn.big.slots and kn.small.used <= 0.5 * kn.small.slots
+    assert kn.halvings > 0 and kn.big.buf is buf  # rewritten in place: the stored table is the same tensor
+    cands = H[np.arange(400)][None]
+    p = kn.next_token(H[[[BOS]]], H[[[BOS]]], cands, 400)[0]
+    assert np.isfinite(np.log(p)).all() and p.sum() < 1.5  # halving loses some mass (kn._halve_if_full)
+    assert (kn.stats.numpy() >= 0).all()
+
+
+def test_restored_rows_are_the_same_count_part():
+    recs = stream(6)
+    kn = KneserNey3(1 << 12, 1 << 11)
+    kn.learn(*trigrams(recs))
+    back = KneserNey3(1 << 12, 1 << 11)
+    for name, t in back.tables("lm").items():
+        t.copy_(kn.tables("lm")[name])
+    cands = H[np.arange(15)][None]
+    ctx = H[[[BOS]]], H[[[3]]]
+    assert back.next_token(*ctx, cands, 15).tolist() == kn.next_token(*ctx, cands, 15).tolist()
+    assert ROW == 128 and kn.big.buf.shape == (2 * kn.big.slots // ROW + 1, 2 * ROW)
+
+
+# ---------------------------------------------------------------------------- in the learner
+
+def _learner(task: str, *extra: str):
+    from streamlearn.config import Config
+    from streamlearn.learner import Learner
+
+    return Learner(Config().override(
+        "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16", "model.heads=2",
+        "model.ffn=32", "model.out_B=256", "model.layers=1", "model.positions=true", f"learner.task={task}",
+        "model.output=sampled", "model.counts=kn3", "model.count_slots=4096", "model.negatives=16",
+        "learner.batch_size=4", "store.shards=2", *extra))
+
+
+def _records(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"tokens": [f"w{int(x) % 50}" for x in rng.zipf(1.3, int(rng.integers(2, 12)))]} for _ in range(n)]
+
+
+QUERY = {"next-token": [{"tokens": ["w1", "w2"]}, {"tokens": []}, {"text": "w4 never-seen"}],
+         "mlm": [{"tokens": ["w1", "[MASK]", "w3"]}, {"text": "w4 w5"}, {"tokens": ["w2", "w1", "[MASK]"]}]}
+
+
+def _commit(store, learner, full=False):
+    from streamlearn.checkpoint import write
+    from streamlearn.state import Checkpoint
+
+    specs, rows, blobs, kv = write(learner, full=full)
+    store.declare_tables(specs)
+    store.commit(Checkpoint(step=learner.steps, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
+
+
+def _same_answers(a, b, task):
+    for x, y in zip(a.topk_many(QUERY[task], k=5), b.topk_many(QUERY[task], k=5)):
+        assert x.tokens == y.tokens
+        np.testing.assert_allclose(x.scores, y.scores, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("task,recent", [("next-token", 0), ("next-token", 20), ("mlm", 0)])
+def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, tmp_path):
+    """Checkpoints of dirty rows only, a restore, and training on: the restored learner
+    answers and keeps learning as the live one (counts, the recent-token cache, gates,
+    output rows)."""
+    from streamlearn.checkpoint import read_full
+    from streamlearn.state import open_store
+
+    live = _learner(task, f"model.recent={recent}")
+    assert ("lm.recent" in live.task.count_tables()) == bool(recent)
+    with open_store(tmp_path / "state", live.cfg.store) as store:
+        for i in range(3):
+            for j in range(3):
+                live.learn_many(_records(4, 10 * i + j))
+            _commit(store, live)
+        back = read_full(store)
+    assert live.task.counter.kn.big.used > 0
+    for name, t in live.task.count_tables().items():
+        assert back.task.count_tables()[name].numpy().tobytes() == t.numpy().tobytes(), name  # keys can read as NaN
+    _same_answers(live, back, task)
+    for s in range(3):
+        live.learn_many(_records(4, 100 + s))
+        back.learn_many(_records(4, 100 + s))
+    _same_answers(live, back, task)
+    assert live.model.head.gates.weight.abs().sum() > 0  # the gates learn (they start at W = 0)
+
+
+@pytest.mark.parametrize("task", ["next-token", "mlm"])
+def test_rows_dirtied_per_step_scale_with_the_batch_not_the_tables(task):
+    learner = _learner(task, "model.count_slots=65536", "model.out_B=50000")
+    for s in range(20):
+        records = _records(4, s)
+        report = learner.learn_many(records)
+        positions = sum(len(r["tokens"]) for r in records)
+        changed = {name: len(ids) for name, ids in report.rows.items()}
+        assert 0 < changed["lm.kn3"] <= 4 * positions + 1 and changed.get("lm.kn12", 0) <= 8 * positions + 1
+        assert changed["lm.stats"] == 1
+        assert changed["O"] <= 2 * (positions + 16)  # m = 2 rows per answer and negative
+    tables = learner.task.count_tables()
+    assert tables["lm.kn3"].shape[0] == 1025 and tables["lm.kn12"].shape[0] == 513
+
+
+@pytest.mark.parametrize("task", ["next-token", "mlm"])
+def test_bad_records_are_refused_and_not_counted(task):
+    learner = _learner(task)
+    report = learner.learn_many([{"tokens": []}, {"text": 5}, {"tokens": ["a", "b"]}])
+    assert [i for i, _ in report.rejected] == [0, 1] and report.records == 1
+    assert learner.task.counter.kn.stats.numpy()[0, 7] == 2  # two types counted: a, b (not BOS, not the bad ones)
+
+
+@pytest.mark.parametrize("bad", [("model.counts=kn3",),  # classify
+                                 ("learner.task=next-token", "model.output=hashed", "model.counts=kn3"),
+                                 ("learner.task=next-item", "model.output=sampled", "model.counts=kn3")])
+def test_a_count_part_outside_the_token_streams_sampled_head_is_refused(bad):
+    from streamlearn.config import Config
+    from streamlearn.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="model.counts='kn3' is a count part of task next-token or mlm"):
+        Config().override(*bad)
+    with pytest.raises(ConfigError, match="model.count_slots must be a power of two"):
+        Config().override("model.count_slots=1000")
+    with pytest.raises(ConfigError, match="model.recent=5 is a feature of the count part"):
+        Config().override("model.recent=5")
+
+
+def test_the_recent_cache_counts_the_last_tokens():
+    from collections import Counter
+
+    from streamlearn.counts.recent import RecentTokens
+
+    rng = np.random.default_rng(5)
+    cache, seen = RecentTokens(50), []
+    for _ in range(100):
+        batch = rng.integers(1, 40, int(rng.integers(1, 70))).astype(np.uint64)
+        rows = cache.learn(batch)
+        assert rows.max() < cache.buf.shape[0] and 0 in rows
+        seen += batch.tolist()
+        last = Counter(seen[-50:])
+        w = np.arange(1, 41, dtype=np.uint64)
+        want = np.log((np.array([last[int(x)] for x in w]) + 0.1) / (len(seen[-50:]) + 0.1 * 40))
+        assert cache.logp(w, 40) == pytest.approx(want, rel=1e-5)

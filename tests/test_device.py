@@ -1,0 +1,56 @@
+"""Torch's intra-op threads: a Learner sets them when the program chose none, and never
+when it did (streamlearn.device.adopt_threads). Each case runs in a fresh interpreter:
+the thread count is process-wide."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys, torch
+from streamlearn.config import Config
+from streamlearn.device import intra_op_threads, set_threads, torch_default_threads
+from streamlearn.learner import Learner
+cfg = Config().override("embedding.K=1000", "embedding.B=100", "learner.nb_cells=4096", "model.max_labels=8")
+before = {"count": torch.get_num_threads(), "torch_default": torch_default_threads(), "want": intra_op_threads(cfg)}
+exec(sys.argv[1])  # what the program does before it builds a learner
+before["chosen"] = torch.get_num_threads()
+Learner(cfg)
+after = torch.get_num_threads()
+Learner(cfg)  # a second learner changes nothing more
+print(json.dumps({**before, "after": after, "again": torch.get_num_threads()}))
+"""
+
+
+def probe(setup: str = "", **env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", PROBE, setup], capture_output=True, text=True, check=True,
+                         env={**environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_torchs_default_is_recognised_and_replaced_by_the_learners_count():
+    """A program that never chose a count gets intra_op_threads (CPUs - 1, at least 1)."""
+    got = probe()
+    assert got["torch_default"] == got["count"]  # the formula reads torch's own default
+    assert got["after"] == got["again"] == got["want"]
+
+
+def test_a_count_the_program_set_is_kept():
+    got = probe("torch.set_num_threads(torch.get_num_threads() + 1)")
+    assert got["after"] == got["again"] == got["count"] + 1
+
+
+@pytest.mark.parametrize("var", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_a_count_the_environment_set_is_kept(var):
+    got = probe(**{var: "3"})
+    assert got["torch_default"] is None
+    assert got["after"] == got["again"] == got["chosen"]
+
+
+def test_set_threads_pins_a_count_even_equal_to_torchs_default():
+    """The service's --threads: kept, whatever its value."""
+    got = probe("set_threads(torch.get_num_threads())")
+    assert got["after"] == got["again"] == got["count"]
