@@ -25,6 +25,9 @@ How a token's contribution is measured, per part (``Explanation.methods``):
   effect in each copy. One batched forward pass covers the query and all its variants.
 
 ``[MASK]`` (the slot an mlm query asks about) is never left out: its contribution is None.
+The tokens are the network's input: a text's words, then its n-grams (``hashing.ngrams``)
+and digit shapes, each with its own contribution (the Naive Bayes part counts the words
+only, so it gives the others none).
 
 >>> from streamlearn.config import Config
 >>> from streamlearn.learner import Learner
@@ -32,7 +35,7 @@ How a token's contribution is measured, per part (``Explanation.methods``):
 >>> _ = learner.learn_many([{"text": "free prize now", "label": "spam"}, {"text": "see you at noon", "label": "ham"}])
 >>> e = learner.explain_many([{"text": "free prize at noon"}])[0]
 >>> e.tokens, e.methods
-(['free', 'prize', 'at', 'noon'], {'model': 'exact', 'naive_bayes': 'exact'})
+(['free', 'prize', 'at', 'noon', 'free prize', 'prize at', 'at noon'], {'model': 'exact', 'naive_bayes': 'exact'})
 >>> abs(sum(e.contributions) + e.rest - e.score) < 1e-4
 True
 """
