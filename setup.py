@@ -30,7 +30,7 @@ setup(
         "streamlearn.consumers": "consumers",
         "streamlearn.state": "state",
     },
-    package_data={"streamlearn": ["data/*"]},
+    package_data={"streamlearn": ["data/*", "web/*"]},
     install_requires=[
         # 2.13 is the CPU wheel on the project machines; the range admits it so pip
         # installs nothing more once the Makefile has put it in place.
@@ -61,6 +61,9 @@ setup(
             "httpx2>=2.16",
             # `make lint`; pinned to a minor release so ruff.toml's rule groups keep their meaning
             "ruff>=0.17,<0.18",
+            # tests/test_dashboard_browser.py drives the dashboard in Debian's chromium (never
+            # a browser playwright downloads): `.ci/run` installs chromium
+            "playwright>=1.44",
         ],
         # Vowpal Wabbit as a replay baseline (`--baselines vw`); replay skips it, saying so, without.
         "vw": ["vowpalwabbit>=9"],

@@ -27,6 +27,7 @@ from ..exceptions import CheckpointMismatchError
 from ..learner import Learner
 from ..state import Checkpoint, Store
 from .handoff import Prepared
+from .live import LiveHistory
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,11 @@ class Checkpointer:
     ``positions``: partition -> next offset to consume (the learner holds every record
     before it); ``applied``: partition -> records applied (learned or dead-lettered).
     Both start from the store's manifest and advance in :meth:`note`, after each learned
-    batch; :meth:`commit` writes them with the learner (steps 2-3 of the module docstring).
+    batch; :meth:`commit` writes them with the learner (steps 2-3 of the module docstring)
+    and, when ``live`` is set (the worker's :class:`~.live.LiveHistory`), the live figures.
     """
+
+    live: LiveHistory | None = None
 
     def __init__(self, store: Store, learner: Learner, topic: str, audit: bool = False):
         self.store, self.learner, self.topic = store, learner, topic
@@ -169,6 +173,8 @@ class Checkpointer:
         file under LMDB's copy-on-write, and so kept failing on a disk that had been full.)
         """
         started = time.perf_counter()
+        if self.live is not None:
+            self.live.close()  # the figures up to now go with this checkpoint
         specs, rows, blobs, kv = self._take_parts()
         try:
             if not self._specs_declared:
@@ -177,13 +183,18 @@ class Checkpointer:
             self.store.commit(self._checkpoint(rows, blobs, kv, metrics, config))
         except BaseException:
             self._unwritten = ({name: ids for name, (ids, _) in rows.items()}, kv)
+            if self.live is not None:
+                self.live.checkpointed(0.0, False, self.last_rows)
             raise
         self._unwritten = None
         self._full = False
         self.commits += 1
         if self._audit is not None:
             self._audit.clear()
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        if self.live is not None:
+            self.live.checkpointed(seconds, True, self.last_rows)
+        return seconds
 
     def _take_parts(self):
         """The learner's checkpoint parts, with what a failed attempt carried merged in:
@@ -201,6 +212,9 @@ class Checkpointer:
     def _checkpoint(self, rows: dict, blobs: dict, kv: dict, metrics: dict, config: Config) -> Checkpoint:
         if self._audit is not None:
             kv.update(audit_kv(self.commits + 1, self._audit.ranges))
+        if self.live is not None:
+            for namespace, entries in self.live.take_kv().items():  # under a failed attempt's entries
+                kv[namespace] = {**kv.get(namespace, {}), **entries}
         key = lambda p: partition_key(self.topic, p)  # noqa: E731
         return Checkpoint(
             step=self.learner.steps,

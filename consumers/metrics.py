@@ -29,6 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..learner import Batch, Learner, StepReport
+from ..prequential import Check, Scores
 from .handoff import Prepared
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,12 @@ _SMOOTHING = 0.05  # weight of the newest batch in the moving averages (about 20
 _CHECKPOINT_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 
 
-def prequential_hits(learner: Learner, batch: Batch) -> int | None:
-    """Correct predictions on a training batch, made before learning it (the task's
-    check: a classifier's labels); None for tasks without one and empty batches. Uses
-    the prepared batch, so the records are not tokenized and hashed again on the
-    training thread."""
-    return learner.prequential_hits(batch)
+def prequential_scores(learner: Learner, batch: Batch, check: Check) -> Scores | None:
+    """The model's and the counting baseline's scores on a training batch, made before
+    learning it (the task's ``check``: a classifier's right labels, a token task's loss);
+    None for an empty batch. Uses the prepared batch, so the records are not tokenized
+    and hashed again on the training thread."""
+    return learner.prequential(batch, check)
 
 
 class _Average:

@@ -22,10 +22,12 @@ from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
 from ..state import open_store
+from ..checkpoint import read_live
 from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
-from .metrics import WorkerMetrics, prequential_hits
+from .live import Gauges, LiveHistory
+from .metrics import WorkerMetrics, prequential_scores
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,9 @@ class Worker:
         plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s,
                          assign=cfg.worker.assignment == "manual")
         self.fetcher = self._new_fetcher(plan)
+        self.check = self.learner.task.prequential_check()
+        self.live = LiveHistory(read_live(self.store), gauges=self._gauges)
+        self.checkpointer.live = self.live  # committed with every checkpoint
         self.summary = RunSummary()
         self._batches = 0
         self._broker_errors = 0
@@ -157,14 +162,18 @@ class Worker:
 
     def _learn(self, item: Prepared) -> None:
         every = self.cfg.worker.eval_every
-        hits = prequential_hits(self.learner, item.batch) if every and self._batches % every == 0 else None
+        evaluate = every and self._batches % every == 0
+        scores = prequential_scores(self.learner, item.batch, self.check) if evaluate else None
         report = self.learner.learn_batch(item.batch)
+        self.check.learn(item.batch)
         if report.records and not self.metrics.learned_records:  # bench/startup.py reads its time
             log.info("first records learned (%d)", report.records)
         self._batches += 1
+        hits = None if scores is None else scores.hits
         evaluated = report.examples if hits is not None else 0
         self.checkpointer.note(item, report.records, evaluated, hits or 0)
         self.metrics.learned(item, report, hits)
+        self.live.learned(item, report, scores, self.check.baseline)
 
     def _checkpoint(self, request: CheckpointRequest) -> None:
         ok, seconds = True, 0.0
@@ -190,6 +199,13 @@ class Worker:
         line = self.metrics.status(self.checkpointer.positions, self.fetcher.end_offsets)
         if line:
             log.info("%s: %s", self.options.topic, line)
+        self.live.tick()
+
+    def _gauges(self) -> Gauges:
+        """The live history's gauges now: stream position, steps, lag, event-time lag."""
+        c = self.checkpointer
+        lag = {p: end - c.positions.get(p, 0) for p, end in self.fetcher.end_offsets.items()}
+        return Gauges(sum(c.applied.values()), self.learner.steps, lag, self.metrics.event_lag_s())
 
     def _summarize(self, finished: Finished) -> RunSummary:
         s, m = self.summary, self.metrics

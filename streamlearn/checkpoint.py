@@ -31,7 +31,9 @@ What a checkpoint of format :data:`FORMAT` holds:
   only), :data:`CANDIDATES_NS` (8-byte big-endian sequence number -> token, UTF-8; only
   tokens added since the previous checkpoint, replayed in order) and, with
   ``worker.audit``, :data:`AUDIT_NS` (8-byte big-endian commit number -> msgpack
-  ``[[partition, first offset, last offset, records]]``; :func:`audit_kv`).
+  ``[[partition, first offset, last offset, records]]``; :func:`audit_kv`); from the
+  worker, :data:`LIVE_NS` (8-byte big-endian point number -> msgpack map of the figures
+  the dashboard draws, new and merged points only; :func:`live_kv`, :func:`read_live`).
 
 Older formats still read: 1 -> 2 the Naive Bayes counts index tokens by hash embeddings'
 D1 (format-1 counts are refused, :func:`check_format`); 2 -> 3 the task's head is the
@@ -63,10 +65,10 @@ from .tasks.classify import NB_COUNTS
 
 __all__ = [
     "AUDIT_NS", "BLOBS", "CANDIDATES_NS", "CONFIG_BLOB", "DENSE_BLOB", "DENSE_OPTIM_BLOB", "FENCE_BLOB", "FORMAT",
-    "HISTORY_NS", "LABELS_BLOB", "LazyCheckpoint", "META_APPLIED", "META_BLOB", "META_CANDIDATES", "META_FORMAT",
-    "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "audit_kv", "check_format",
-    "config_diff", "fence_blob", "has_checkpoint", "history_key", "read_audit", "read_full", "read_lazy",
-    "stored_config", "stored_generation", "write",
+    "HISTORY_NS", "LABELS_BLOB", "LIVE_NS", "LazyCheckpoint", "META_APPLIED", "META_BLOB", "META_CANDIDATES",
+    "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "audit_kv", "check_format",
+    "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit", "read_full", "read_lazy",
+    "read_live", "stored_config", "stored_generation", "stored_labels", "write",
 ]
 
 FORMAT = 3
@@ -88,7 +90,8 @@ BLOBS = (CONFIG_BLOB, META_BLOB, LABELS_BLOB, DENSE_BLOB, DENSE_OPTIM_BLOB, ROW_
 HISTORY_NS = "history"
 CANDIDATES_NS = "candidates"
 AUDIT_NS = "audit"
-NAMESPACES = (HISTORY_NS, CANDIDATES_NS, AUDIT_NS)
+LIVE_NS = "live"
+NAMESPACES = (HISTORY_NS, CANDIDATES_NS, AUDIT_NS, LIVE_NS)
 
 META_FORMAT = "format"
 META_STEPS = "steps"
@@ -201,6 +204,14 @@ def audit_kv(commit: int, ranges: list[list[int]]) -> dict[str, dict[bytes, byte
     return {AUDIT_NS: {_seq_key(commit): msgpack.packb(ranges)}}
 
 
+def live_kv(points: dict[int, dict | None]) -> dict[str, dict[bytes, bytes | None]]:
+    """The :data:`LIVE_NS` entries of a commit: point number -> its figures (a map of
+    str keys to numbers, None, lists and maps of them), or None to delete a point (one
+    merged into its neighbour). The worker's live history (``consumers/live.py``)."""
+    return {LIVE_NS: {_seq_key(n): None if figures is None else msgpack.packb(figures)
+                      for n, figures in points.items()}}
+
+
 def fence_blob(generation: int, rank: int, world_size: int) -> dict[str, bytes]:
     """The :data:`FENCE_BLOB` a group's writer commits with every checkpoint."""
     return {FENCE_BLOB: msgpack.packb({"generation": generation, "rank": rank, "world_size": world_size})}
@@ -233,6 +244,26 @@ def read_audit(store) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
     first offset, last offset, records)])``. Present only with ``worker.audit=true``."""
     for key, value in store.iter_kv(AUDIT_NS):
         yield int.from_bytes(key, "big"), [tuple(r) for r in _unpack(value, AUDIT_NS, store)]
+
+
+def read_live(store) -> list[tuple[int, dict]]:
+    """Every stored :data:`LIVE_NS` point in order: ``(point number, figures)`` (empty
+    for a store no worker wrote figures into). Call it inside ``store.snapshot()`` to
+    read the points of one checkpoint."""
+    points = []
+    for key, value in store.iter_kv(LIVE_NS):
+        figures = _unpack(value, LIVE_NS, store)
+        if len(key) != 8 or not isinstance(figures, dict):
+            raise _corrupt(store, LIVE_NS, f"entry {key[:40]!r} is not a numbered map")
+        points.append((int.from_bytes(key, "big"), figures))
+    return points
+
+
+def stored_labels(store) -> list:
+    """classify: the labels of a store's checkpoint, in label-id order (empty for the
+    other tasks, which store none)."""
+    raw = store.read_blob(LABELS_BLOB)
+    return [] if raw is None else _read_labels(store)
 
 
 def config_diff(old: Config, new: Config) -> str:

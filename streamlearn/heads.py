@@ -420,6 +420,23 @@ class NaiveBayesHead:
         fresh = self._pairs[cells] == 0
         return np.bincount(rec[live][first[fresh]], minlength=N).astype(np.float64)
 
+    def token_terms(self, tokens: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`scores` split into what each token adds and what does not depend on the
+        tokens: ``(terms (N, T, n_labels), prior (n_labels,))``, terms zero at padding, with
+        ``terms.sum(1) + prior`` equal to the scores (up to float32 rounding). A token adds
+        its log-count ratio and its share of the length term: s_c(x) is linear in the tokens."""
+        valid = tokens >= 0  # (N, T)
+        n_tc = self.flat[self._cells(np.maximum(tokens, 0)[..., None], np.arange(n_labels))]  # (N, T, n_labels)
+        rest = n_tc.sum(-1, keepdims=True) - n_tc
+        ratio = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
+        L, a = self.max_labels, self.alpha
+        docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
+        aV = a * max(float(self.flat[2 * L]), 1.0)
+        norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
+        prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
+        terms = (ratio + norm.astype(np.float32)) * valid[..., None]
+        return terms.astype(np.float32), prior.astype(np.float32)
+
     def rows_read(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """The rows of ``counts`` that :meth:`scores` reads for these tokens (N, T): what a
         reader that loads rows lazily (a snapshot) must have current."""

@@ -52,9 +52,11 @@ from .decoding import TopK
 from .device import Device, adopt_threads
 from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
+from .explain import Explanation, Plan, explainer
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
+from .prequential import Check, Scores
 from .records import from_features
 from .sync import Replica
 from .tasks import build_task
@@ -276,6 +278,28 @@ class Learner(river_base.Classifier):
         holds no example."""
         with self._inference():
             return self.task.hits(self.model, batch, self.dev)
+
+    def prequential(self, batch: Batch, check: Check) -> Scores | None:
+        """``check``'s scores (:meth:`Task.prequential_check`) of a training batch before
+        :meth:`learn_batch`: the model's and a counting baseline's (the worker's live figures)."""
+        with self._inference():
+            return check.score(self.model, batch, self.dev)
+
+    def explain_many(self, records: Iterable, outputs: Sequence | None = None, k: int = 5) -> list[Explanation]:
+        """Per record, why the model answers as it does (:mod:`streamlearn.explain`): each
+        token's contribution to ``outputs[i]`` (a label, or a token; None: the best
+        answer), the top ``k`` answers, each token's importance weights."""
+        return self.explain_batch(self.explain_plan(records, outputs), k)
+
+    def explain_plan(self, records: Iterable, outputs: Sequence | None = None) -> Plan:
+        """:meth:`explain_many`'s preparation (numpy): its ``batch`` lists the rows the
+        explanation reads (:meth:`rows_read`). RecordError for a bad query."""
+        return explainer(self).plan(list(records), outputs)
+
+    def explain_batch(self, plan: Plan, k: int = 5) -> list[Explanation]:
+        """:meth:`explain_many` of a prepared :class:`~streamlearn.explain.Plan`."""
+        with self._inference():
+            return explainer(self).run(plan, k)
 
     def outputs(self, batch: Batch) -> torch.Tensor:
         """The model's raw outputs for a prepared query batch: label logits (N, n_labels),

@@ -40,8 +40,10 @@ from .config import Config
 from .decoding import (
     CandidateIndex, PatternIndex, TopK, beam_topk_many, candidate_topk_many, exhaustive_topk_many, tfree_topk,
 )
+from .exceptions import RecordError
 from .featurize import Featurizer, PatternSpace
 from .hashing import multi_hash
+from .prequential import HashedPopularity, PatternPopularity, SampledPopularity
 
 __all__ = ["HashedCode", "OutputCode", "PatternCode", "SampledCode", "output_code"]
 
@@ -78,6 +80,16 @@ class OutputCode:
         minus each row's ``exclude`` candidate ids."""
         raise NotImplementedError
 
+    def score_of(self, scores: np.ndarray, token: str, index) -> np.ndarray:
+        """The score (n,) each row of ``scores`` gives ``token``, as :meth:`decode` ranks
+        it (a code that scores only the candidates of ``index``: RecordError for another
+        token)."""
+        raise NotImplementedError
+
+    def popularity(self) -> HashedPopularity | PatternPopularity | SampledPopularity:
+        """A counting baseline in this code: how often each output row was an answer."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class _HashRows(OutputCode):
@@ -112,6 +124,14 @@ class HashedCode(_HashRows):
             return exhaustive_topk_many(scores, index, k, exclude)
         return beam_topk_many(scores, index, k, beam)
 
+    def score_of(self, scores, token, index):
+        """The sum of the token's m bucket log-probabilities, candidate or not."""
+        buckets = self.ids([token])[0]  # (m,)
+        return scores[:, np.arange(self.m), buckets].sum(-1)
+
+    def popularity(self) -> HashedPopularity:
+        return HashedPopularity(self.m, self.size)
+
 
 @dataclass(frozen=True)
 class PatternCode(OutputCode):
@@ -143,6 +163,15 @@ class PatternCode(OutputCode):
                 top = TopK([top.tokens[j] for j in keep], top.scores[keep], top.exact, top.visited)
             out.append(top)
         return out
+
+    def score_of(self, scores, token, index):
+        """The sum of the logits of the token's distinct pattern rows (``tfree_topk``'s
+        rule), candidate or not."""
+        ids, _ = self.space.patterns([token])
+        return scores[:, np.unique(ids)].sum(-1)
+
+    def popularity(self) -> PatternPopularity:
+        return PatternPopularity(self.space.v)
 
 
 @dataclass(frozen=True)
@@ -182,6 +211,17 @@ class SampledCode(_HashRows):
     def decode(self, scores, index, k, beam, exclude=None) -> list[TopK]:
         """``scores``: log-probabilities (n, candidates), every candidate scored: exact."""
         return candidate_topk_many(scores, index, k, exclude)
+
+    def score_of(self, scores, token, index):
+        """The candidate's log-probability: the softmax is over the candidates only."""
+        pos = int(index.ids([token])[0])
+        if pos < 0:
+            raise RecordError(f"bad-value: output {token!r} is not a candidate: a sampled head scores only the "
+                              f"{len(index)} tokens the stream has shown")
+        return scores[:, pos]
+
+    def popularity(self) -> SampledPopularity:
+        return SampledPopularity()
 
 
 def output_kind(cfg: Config) -> str:

@@ -7,7 +7,9 @@ Endpoints (JSON; the OpenAPI document is at ``/openapi.json``):
 - ``POST /v1/topk``: ``text``/``tokens`` (mlm: the ``[MASK]`` to fill) or ``key``/``tokens``
   (next-item) -> ``tokens``, ``scores`` (log-probabilities) and the ``exact`` certificate;
 - ``POST /v1/embed``: ``text`` or ``tokens`` -> each token's input vector;
-- ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus).
+- ``POST /v1/explain``: per-token contributions to an answer (:mod:`streamlearn.service_explain`);
+- ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus);
+- ``GET /``: the dashboard, and ``GET /v1/dashboard`` its data (:mod:`streamlearn.dashboard`).
 
 Each POST takes one query (its fields at the top level) or a batch (``records``: a list
 of queries, at most ``service.max_batch``); a batch answer lists ``results`` in order.
@@ -69,7 +71,8 @@ MAX_BEAM = 10_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COALESCE_RECORDS = 64  # records per coalesced snapshot call (a larger batch request runs alone)
 INLINE_TOKENS = 1024  # a group this small runs on the event loop (a few ms of predict/embed work)
-ENDPOINTS = ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/snapshot", "/healthz", "/metrics")
+ENDPOINTS = ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/explain", "/v1/snapshot", "/v1/dashboard", "/healthz",
+             "/metrics", "/", "/login")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,14 +294,19 @@ def create_app(settings: Settings) -> FastAPI:
     here with a :class:`~streamlearn.exceptions.StreamlearnError` that says what to do."""
     if settings.threads:
         set_threads(settings.threads)  # kept: the snapshot's learner does not adjust it
+    from .dashboard import Dashboard, add_dashboard_routes, login_page
+    from .service_explain import add_explain_route  # imports this module's request types: not at the top
+
     snapshot = Snapshot.open(settings.state, wait=settings.wait, device=settings.device)
     watch = StateWatch(settings.state)
     worker = _QueryThread()
+    dashboard = Dashboard(settings.state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         worker.close()  # the last query ends before the store closes under it
+        dashboard.close()
         snapshot.close()
 
     app = FastAPI(title="streamlearn", version=__version__, lifespan=lifespan,
@@ -306,12 +314,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.snapshot = snapshot
     app.state.metrics = _Metrics(snapshot, watch, settings.metrics_dir)
     app.add_middleware(Guard, observe=app.state.metrics.observe, max_body_bytes=settings.service.max_body_bytes,
-                       token=settings.token)
+                       token=settings.token, login_page=login_page())
     _add_error_handlers(app)
     coalescer = _Coalescer(worker, watch.guard, functools.partial(watch.probe, snapshot.behind),
                            _coalesce_records(settings))  # every read of the store goes through the watch
     _add_query_routes(app, snapshot, settings.service, coalescer)
     _add_status_routes(app, snapshot, worker, watch)
+    limit = settings.service.max_request_tokens
+    add_explain_route(app, snapshot, settings.service, run=functools.partial(worker.run, watch.guard),
+                      check_size=lambda records: _check_size(records, limit))
+    add_dashboard_routes(app, dashboard, check=watch.check, token=settings.token)
     return app
 
 

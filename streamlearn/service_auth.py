@@ -5,7 +5,9 @@ The token comes from a file (``--token-file``) or from the environment variable
 stored in every checkpoint; a state directory is copied around). Every endpoint but
 ``/healthz`` then needs ``Authorization: Bearer <token>``; the service keeps only the
 token's SHA-256 digest and compares digests in constant time, so neither the token nor
-its length can be learned from response times.
+its length can be learned from response times. A browser, which cannot send that header
+when it opens the dashboard at ``/``, logs in once (``POST /login`` with the token) and
+gets a session cookie derived from the token (:meth:`BearerToken.session`).
 """
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from collections.abc import Mapping
 
 from .exceptions import ConfigError
 
-__all__ = ["TOKEN_ENV", "BearerToken", "load_token"]
+__all__ = ["SESSION_COOKIE", "TOKEN_ENV", "BearerToken", "load_token"]
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STREAMLEARN_SERVE_TOKEN"
+SESSION_COOKIE = "streamlearn_session"  # the dashboard's login: a browser cannot send a bearer header
 MIN_TOKEN_CHARS = 16
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750's b64token: what a header may carry as is
 _GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
@@ -40,6 +43,9 @@ class BearerToken:
                 f"(RFC 6750), got {len(token)} characters: generate one with {_GENERATE}"
             )
         self._digest = _digest(token.encode("ascii"))
+        # What a browser holds after logging in to the dashboard: derived from the token, so
+        # the cookie jar never holds the token itself (which may open other doors, e.g. curl).
+        self._session = hmac.new(self._digest, b"streamlearn dashboard session", hashlib.sha256).hexdigest()
 
     def accepts(self, authorization: bytes | None) -> bool:
         """Whether an ``Authorization`` header value carries this token (scheme
@@ -48,6 +54,15 @@ class BearerToken:
         if scheme.lower() != b"bearer":
             return False
         return hmac.compare_digest(_digest(credentials.strip()), self._digest)
+
+    def session(self) -> str:
+        """The value of the :data:`SESSION_COOKIE` a browser gets for the token (``POST
+        /login``): HttpOnly, SameSite=Strict, so no other site's page can send it."""
+        return self._session
+
+    def accepts_session(self, cookie: bytes | None) -> bool:
+        """Whether a :data:`SESSION_COOKIE` value is this token's session (constant time)."""
+        return cookie is not None and hmac.compare_digest(cookie, self._session.encode())
 
     def __repr__(self) -> str:
         return "BearerToken(<hidden>)"

@@ -1,12 +1,14 @@
 """The HTTP edge of the query service: what is checked before a route runs.
 
 - :class:`Guard` (ASGI middleware): times every request (``observe``), refuses a request
-  without the bearer token when one is set (401; ``/healthz`` stays open) and a body over
-  ``service.max_body_bytes`` (413, counted as it streams in), and reads every body as
-  JSON whatever its declared type;
+  without the bearer token (or the dashboard's session cookie) when one is set (401;
+  ``/healthz`` and ``/login`` stay open; a browser opening a page gets the login page
+  instead of JSON) and a body over ``service.max_body_bytes`` (413, counted as it streams
+  in), and reads every body as JSON whatever its declared type;
 - :class:`JsonRoute`: a route whose body must be UTF-8 JSON (400 otherwise).
 
-Every refusal is JSON ``{"error": CODE, "detail": ...}`` (:func:`json_error`).
+Every refusal is JSON ``{"error": CODE, "detail": ...}`` (:func:`json_error`), but for the
+login page.
 """
 from __future__ import annotations
 
@@ -14,13 +16,16 @@ import time
 from typing import Any, Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .service_auth import TOKEN_ENV, BearerToken
+from .service_auth import SESSION_COOKIE, TOKEN_ENV, BearerToken
 
-__all__ = ["Guard", "JsonRoute", "TooLarge", "json_error"]
+__all__ = ["Guard", "JsonRoute", "LOGIN_PATH", "OPEN_PATHS", "TooLarge", "json_error"]
+
+LOGIN_PATH = "/login"  # the dashboard's login (streamlearn.dashboard): the token in, a session cookie out
+OPEN_PATHS = ("/healthz", LOGIN_PATH)  # answered without the token
 
 
 def json_error(status: int, code: str, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -34,8 +39,9 @@ class Guard:
     missing or false Content-Length does not get past it)."""
 
     def __init__(self, app, observe: Callable[[str, int, float], None], max_body_bytes: int,
-                 token: BearerToken | None):
+                 token: BearerToken | None, login_page: bytes = b""):
         self.app, self.observe, self.max_body_bytes, self.token = app, observe, max_body_bytes, token
+        self.login_page = login_page  # what a browser asking for a page gets instead of a JSON 401
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -69,9 +75,11 @@ class Guard:
 
     def _refusal(self, scope) -> JSONResponse | None:
         """The answer to a request refused before it is read, or None."""
-        if self.token is not None and scope.get("path") != "/healthz":
+        if self.token is not None and scope.get("path") not in OPEN_PATHS:
             given = _header(scope, b"authorization")
-            if not self.token.accepts(given):
+            if not (self.token.accepts(given) or self.token.accepts_session(_cookie(scope, SESSION_COOKIE))):
+                if self.login_page and given is None and _wants_page(scope):
+                    return HTMLResponse(self.login_page, status_code=401, headers={"cache-control": "no-store"})
                 return _unauthorized(given is not None)
         if _declared_length(scope) > self.max_body_bytes:
             too_large = _body_too_large(self.max_body_bytes)
@@ -96,6 +104,22 @@ def _header(scope, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
+
+
+def _cookie(scope, name: str) -> bytes | None:
+    """The value of cookie ``name`` in the request's Cookie headers, or None."""
+    for key, value in scope.get("headers", ()):
+        if key == b"cookie":
+            for pair in value.split(b";"):
+                k, _, v = pair.strip().partition(b"=")
+                if k == name.encode():
+                    return v
+    return None
+
+
+def _wants_page(scope) -> bool:
+    """A browser navigating (GET, HTML accepted), not a script calling the API."""
+    return scope.get("method") == "GET" and b"text/html" in (_header(scope, b"accept") or b"")
 
 
 class TooLarge(StarletteHTTPException):

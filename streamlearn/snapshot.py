@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -203,6 +203,18 @@ class Snapshot:
         """:class:`TokenVectors` per record (``text`` or ``tokens``): each token's input
         embedding (the embedding scheme's output, width e; no encoder)."""
         return self._answer(records, self._embed, prepare=self._embed_feats)
+
+    def explain(self, records: Iterable, outputs: Sequence | None = None, k: int = 5) -> Answer:
+        """:class:`~streamlearn.explain.Explanation` per record (``text`` or ``tokens``;
+        next-item also ``key``): each token's contribution to ``outputs[i]`` (a label or a
+        token; None: the best answer), the top ``k`` answers and each token's importance
+        weights (:meth:`Learner.explain_many <streamlearn.learner.Learner.explain_many>`)."""
+        return self._answer(records, lambda rs, plan: self._learner.explain_batch(plan, k),
+                            prepare=lambda rs: self._explain_plan(rs, outputs))
+
+    def _explain_plan(self, records: list, outputs: Sequence | None) -> tuple[dict[str, np.ndarray], Any]:
+        plan = self._learner.explain_plan(records, outputs)
+        return self._learner.rows_read(plan.batch), plan
 
     # ------------------------------------------------------------------ query path
 

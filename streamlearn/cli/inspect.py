@@ -1,5 +1,7 @@
 """``streamlearn inspect --state DIR [--json] [--verify]``: the snapshot's manifest, tables
-and sizes; with ``--verify``, a scan of every stored value for damage.
+and sizes; with ``--verify``, a scan of every stored value for damage. ``--tokens "w1 w2"``
+explains instead: each token's contribution to the model's answer for those tokens and
+its importance weights (what ``POST /v1/explain`` answers; :mod:`streamlearn.explain`).
 
 Opens the directory read-only (a consistent snapshot while a worker keeps writing). With
 ``--json`` it prints one JSON object: ``step``, ``offsets`` and ``records_applied`` (keyed
@@ -31,12 +33,21 @@ def register(subparsers: Any) -> None:
                         help="also read every stored row, blob and kv value and check it (checksums, keys, "
                         "lengths, finite values); list what is damaged and exit 1 if anything is. Reads the "
                         "whole file: seconds per GB")
+    parser.add_argument("--tokens", metavar='"W1 W2 ..."', default=None,
+                        help="explain the model's answer for these space-separated tokens: each token's "
+                        "contribution and its learned importance weights (see docs/serving.md, /v1/explain)")
+    parser.add_argument("--output", default=None, metavar="ANSWER",
+                        help="with --tokens: the label or token to explain (default: the best answer)")
+    parser.add_argument("-k", type=int, default=5, help="with --tokens: how many best answers to list (default: 5)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..state import open_store  # the CLI imports the store only when it is used
     from ..state.verify import verify_in_child
+
+    if args.tokens is not None:
+        return explain_tokens(args)
 
     with open_store(args.state, readonly=True, backend="lmdb") as store:
         with store.snapshot():
@@ -118,3 +129,47 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+# ---------------------------------------------------------------------------- --tokens
+
+def explain_tokens(args: argparse.Namespace) -> int:
+    """``--tokens``: the snapshot's explanation of one query of those tokens."""
+    from ..exceptions import StreamlearnError
+    from ..service_explain import explanation_json
+    from ..snapshot import Snapshot
+
+    tokens = args.tokens.split()
+    if not tokens:
+        raise StreamlearnError('--tokens needs at least one token, e.g. --tokens "free prize now"')
+    if not 1 <= args.k <= 1000:
+        raise StreamlearnError(f"-k must be in [1, 1000], got {args.k}")
+    with Snapshot.open(args.state) as snap:
+        answer = snap.explain([{"tokens": tokens}], [args.output], k=args.k)
+    body = {"snapshot_step": answer.step, **explanation_json(answer.values[0])}
+    print(json.dumps(body, sort_keys=True) if args.json else format_explanation(body))
+    return 0
+
+
+def format_explanation(e: dict) -> str:
+    """An explanation as lines: the answer, the best answers, then one line per token."""
+    if e["output"] is None:
+        head = [f"step     {e['snapshot_step']}: nothing to explain yet (no label or candidate learned)"]
+    else:
+        methods = ", ".join(f"{part} {how}" for part, how in e["methods"].items())
+        head = [f"step     {e['snapshot_step']}",
+                f"output   {e['output']!r}  score {_f(e['score'])} = contributions + rest {_f(e['rest'])}  ({methods})"]
+    head.append("top      " + ", ".join(f"{t['output']!r} {_f(t['value'])}" for t in e["top"]))
+    parts = list(e["parts"])
+    head.append(f"{'token':<20} {'contribution':>12} " + " ".join(f"{p:>12}" for p in parts)
+                + "  importance p_w over rows of E")
+    for i, token in enumerate(e["tokens"]):
+        weights = "-" if e["importance"] is None else ", ".join(
+            f"{_f(w)} (row {r})" for w, r in zip(e["importance"][i], e["rows"][i]))
+        head.append(f"{token[:20]:<20} {_f(e['contributions'][i]):>12} "
+                    + " ".join(f"{_f(e['parts'][p][i]):>12}" for p in parts) + f"  {weights}")
+    return "\n".join(head)
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.4f}"

@@ -32,8 +32,8 @@ def register(subparsers: Any) -> None:
         help="HTTP query service on the live snapshot of a state directory",
         description="Serve predictions from the latest checkpoint of --state while a worker "
         "keeps training (each query moves to a newer checkpoint as soon as it is committed). "
-        "Endpoints: POST /v1/predict, /v1/topk, /v1/embed; GET /v1/snapshot, /healthz, "
-        "/metrics; the OpenAPI document is at /openapi.json.",
+        "Endpoints: POST /v1/predict, /v1/topk, /v1/embed, /v1/explain; GET /v1/snapshot, /healthz, "
+        "/metrics; the dashboard at /; the OpenAPI document is at /openapi.json.",
     )
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory a worker writes")
     parser.add_argument("--host", default=None, help=f"bind address (default: service.host, {ServiceConfig.host})")
@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
                         "up (default: %(default)s)")
     parser.add_argument("--token-file", metavar="FILE", default=None,
                         help="require 'Authorization: Bearer TOKEN' on every endpoint but /healthz, TOKEN being "
-                        f"this file's content (or set {TOKEN_ENV}; never in a config file). Default: no token")
+                        f"this file's content (or set {TOKEN_ENV}; never in a config file); the dashboard at / "
+                        "asks a browser for it once. Default: no token")
     parser.add_argument("--device", default=None, help="torch device for queries (default: the stored learner.device)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per process; 0 keeps torch's default (default: %(default)s: "

@@ -45,6 +45,12 @@ class TokenEmbedding(nn.Module):
         """The tables updated row-wise (they receive sparse gradients), by name."""
         raise NotImplementedError
 
+    def importance(self, feats: TensorFeats) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each token's learned importance weights over the component rows it picks and
+        those rows' ids: ``(weights (N, T, k), rows (N, T, k))``; None for a scheme that
+        learns no such weights."""
+        return None
+
     @property
     def has_bag(self) -> bool:
         """Whether :meth:`bag` gives a closed form (False: it returns None)."""

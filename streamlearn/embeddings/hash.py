@@ -67,6 +67,10 @@ class HashEmbedding(TokenEmbedding):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E, "P": self.P}
 
+    def importance(self, feats: TensorFeats) -> tuple[torch.Tensor, torch.Tensor]:
+        """p_w = P[D1(w)] (N, T, k) and the rows h_1(w)..h_k(w) of E it weighs (N, T, k)."""
+        return F.embedding(feats["d1"], self.P), feats["buckets"]
+
     @property
     def has_bag(self) -> bool:
         return self.cfg.combine == "sum" and not self.cfg.append_p

@@ -34,6 +34,7 @@ from ..featurize import Featurizer
 from ..heads import output_head
 from ..model import HashedTransformer
 from ..outputs import OutputCode, output_code
+from ..prequential import Check, TokenCheck
 from ..records import Record
 
 __all__ = ["ClosedForm", "Event", "Task", "TokenPreparer", "TokenTask"]
@@ -171,6 +172,11 @@ class Task:
         worker's cheap prequential check); None where the task has no such check."""
         return None
 
+    def prequential_check(self) -> Check:
+        """A new :class:`~streamlearn.prequential.Check`: the model's score on a training
+        batch before it is learned and a counting baseline's (the worker's live figures)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ answers
     def predict(self, model: HashedTransformer, batch: Batch, dev: Device) -> list:
         """``predict_many``'s answer per query record."""
@@ -266,12 +272,17 @@ class TokenTask(Task):
         return model.head(states, self._tied(model), **inputs)
 
     def loss(self, model, batch, dev):
-        """The head's loss on the batch's states; a sampled head's candidates are drawn
-        from a generator seeded by the batch's sequence number (replays repeat them)."""
+        """The head's loss on the batch's states (:meth:`step_targets`)."""
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
-        targets = self._step_targets(batch, rng)
+        targets = self.step_targets(batch)
         return model.head.fit_loss(states, dev.tensors(targets), dev.tensor(batch.weight), self._tied(model))
+
+    def step_targets(self, batch: Batch) -> dict[str, np.ndarray]:
+        """What the head's loss reads for a training batch; a sampled head's candidates
+        are drawn from a generator seeded by the batch's sequence number (replays, and
+        the worker's prequential check, repeat them)."""
+        rng = np.random.default_rng(seed_of(self.cfg.learner.seed, f"negatives/{batch.seq}"))
+        return self._step_targets(batch, rng)
 
     def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """The code's step targets; with a count part, the choices are the distinct
@@ -322,13 +333,22 @@ class TokenTask(Task):
         return (frozenset(own) | frozenset(self.count_tables())
                 | (frozenset({self.code.table}) if self.code.table else frozenset()))
 
+    def prequential_check(self) -> TokenCheck:
+        """The loss before the step against popularity in the output code."""
+        return TokenCheck(self)
+
     def predict(self, model, batch, dev) -> list:
         """The best candidate token (None while the candidate index is empty)."""
         return [top.tokens[0] if top.tokens else None
                 for top in self.topk(model, batch, dev, 1, self.cfg.learner.beam)]
 
+    def decodable(self, model: HashedTransformer, batch: Batch, dev: Device) -> np.ndarray:
+        """The scores the output code decodes, per query record: (N, m, size)
+        log-probabilities (hashed), (N, v) logits (T-Free) or (N, candidates)
+        log-probabilities (sampled)."""
+        return model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
+
     def topk(self, model, batch, dev, k, beam, exclude=None) -> list[TopK]:
         if not batch.records:
             return []
-        scores = model.head.decodable(self.outputs(model, batch, dev)).cpu().numpy()
-        return self.code.decode(scores, self.index, k, beam, exclude)
+        return self.code.decode(self.decodable(model, batch, dev), self.index, k, beam, exclude)

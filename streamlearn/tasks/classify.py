@@ -44,12 +44,14 @@ from ..hashing import is_word_token, multi_hash
 from ..heads import LabelHead, NaiveBayesHead
 from ..model import HashedTransformer
 from ..objectives import LabelTable
+from ..prequential import LabelCheck
 from ..records import Record
 from .base import ClosedForm, Event, Task
 
-__all__ = ["Classify", "ClassifyPreparer", "NB_COUNTS"]
+__all__ = ["Classify", "ClassifyPreparer", "MODEL_PART", "NB_COUNTS", "NB_PART"]
 
 NB_COUNTS = "nb.counts"  # the Naive Bayes part's count table (a row table: stored like embedding rows)
+MODEL_PART, NB_PART = "model", "naive_bayes"  # the parts of the label logits (Classify.logit_parts)
 
 
 class ClassifyPreparer(Preparer):
@@ -176,6 +178,34 @@ class Classify(Task):
         padded (N, T, d) tensor and without a graph for autograd to follow."""
         return self.with_counts(self.network_logits(model, batch, dev), batch, dev)
 
+    def logit_parts(self, model: HashedTransformer, batch: Batch, dev: Device) -> dict[str, torch.Tensor]:
+        """The parts that add up to :meth:`label_logits`, (N, n_labels) each: ``"model"``,
+        and ``"naive_bayes"`` (already times ``learner.nb_weight``) when that part is on."""
+        parts = {MODEL_PART: self.network_logits(model, batch, dev)}
+        if self.nb is not None:
+            parts[NB_PART] = self.cfg.learner.nb_weight * dev.tensor(self.nb_scores(batch))
+        return parts
+
+    def token_terms(self, model: HashedTransformer, batch: Batch, dev: Device) -> dict[str, torch.Tensor]:
+        """What each token adds to the parts of :meth:`logit_parts` that are linear in the
+        tokens, exactly: (N, T, n_labels) per part, zero at padding. The Naive Bayes part
+        always; the model's at depth 0, where the pooled per-token states feed a linear
+        head (a part's logits are its terms summed plus a part that no token changes:
+        the head's bias, the Naive Bayes prior). A part missing here is not linear."""
+        feats = dev.tensors(batch.feats)
+        terms = {}
+        if model.depth == 0:
+            h = model.encode(feats)  # (N, T, d): per token at depth 0, nothing mixes positions
+            N, T = feats["mask"].shape
+            basis = torch.eye(T, device=h.device, dtype=h.dtype).expand(N, T, T)
+            weight = model.pool(basis, feats["mask"])  # (N, T): the pool's coefficient of each token
+            head = model.head(weight.unsqueeze(-1) * h, batch.n_labels).float()  # (N, T, n_labels)
+            terms[MODEL_PART] = head - model.head(torch.zeros_like(h[:, :1]), batch.n_labels).float()
+        if self.nb is not None:
+            nb, _ = self.nb.token_terms(batch.nb_tokens, batch.n_labels)
+            terms[NB_PART] = self.cfg.learner.nb_weight * dev.tensor(nb)
+        return terms
+
     def network_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """The network's label logits (N, n_labels), what its loss sees."""
         bag = None if dev.cuda or torch.is_grad_enabled() else model.bag(batch.feats)
@@ -290,6 +320,10 @@ class Classify(Task):
             return None
         predicted = self.probabilities(model, batch, dev).argmax(-1)  # (N,)
         return int((predicted == batch.targets["labels"]).sum())
+
+    def prequential_check(self) -> LabelCheck:
+        """Accuracy against the Naive Bayes part alone (the majority label without it)."""
+        return LabelCheck(self)
 
     # ------------------------------------------------------------------ evaluation
     def events(self, seed: int):

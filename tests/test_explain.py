@@ -1,0 +1,221 @@
+"""Explanations: exact contributions add up to the logits the model computes, leave-one-out
+contributions equal the score drops a user would measure by deleting a token, importance
+weights are the rows of P, and the snapshot, /v1/explain and `inspect --tokens` give the
+same answer as the learner restored from the same checkpoint."""
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from streamlearn.checkpoint import read_full
+from streamlearn.config import Config
+from streamlearn.exceptions import RecordError
+from streamlearn.explain import EXACT, LEAVE_ONE_OUT
+from streamlearn.learner import Learner
+from streamlearn.service import Settings, create_app
+from streamlearn.snapshot import Snapshot
+from streamlearn.state import open_store
+from test_snapshot import SMALL, commit
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SPAM = ["free prize now", "win cash prize", "claim your free reward", "urgent win now"]
+HAM = ["see you at noon", "lunch at the usual place", "call you later", "meeting at noon today"]
+
+
+def classifier(*overrides: str) -> Learner:
+    lrn = Learner(Config().override(*SMALL, *overrides))
+    rng = random.Random(0)
+    for _ in range(6):
+        lrn.learn_many([{"text": rng.choice(SPAM), "label": "spam"} for _ in range(4)]
+                       + [{"text": rng.choice(HAM), "label": "ham"} for _ in range(4)])
+    return lrn
+
+
+def token_learner(task: str, *overrides: str) -> Learner:
+    lrn = Learner(Config().override(*SMALL, f"learner.task={task}", *overrides))
+    if task == "next-item":
+        lrn.learn_many([{"key": f"u{i % 5}", "item": f"i{i % 7}"} for i in range(80)])
+    else:
+        lrn.learn_many([{"text": t} for t in SPAM + HAM] * 3)
+    return lrn
+
+
+def centered_logit(lrn: Learner, record: dict, label) -> float:
+    logits = lrn.outputs(lrn.prepare([record], train=False))[0].double()  # (L,)
+    return float(logits[lrn.labels.index(label)] - logits.mean())
+
+
+# ---------------------------------------------------------------------------- exact parts
+
+@pytest.mark.parametrize("nb", ["0.2", "0"])
+def test_depth_0_contributions_are_exact_and_add_up_to_the_centered_logit(nb):
+    lrn = classifier("model.layers=0", f"learner.nb_weight={nb}")
+    query = {"text": "free prize at noon free"}
+    e = lrn.explain_many([query])[0]
+    # the network's input tokens: the words, then the bigrams (hashing.ngrams=2)
+    assert e.tokens == ["free", "prize", "at", "noon", "free", "free prize", "prize at", "at noon", "noon free"]
+    if nb != "0":
+        assert e.parts["naive_bayes"][5:] == [0.0] * 4  # the Naive Bayes part counts words only
+    assert set(e.methods.values()) == {EXACT}
+    assert ("naive_bayes" in e.parts) == (nb != "0")
+    assert e.score == pytest.approx(centered_logit(lrn, query, e.output), abs=1e-5)
+    assert sum(e.contributions) + e.rest == pytest.approx(e.score, abs=1e-5)
+    assert e.contributions[0] == pytest.approx(e.contributions[4], abs=1e-6)  # a repeated token counts twice alike
+    assert e.contributions[1] > 0 > e.contributions[3]  # "prize" pushes towards spam, "noon" away
+
+
+def test_an_exact_term_is_what_the_token_adds_to_the_logit():
+    """Checked from the outside: at depth 0 with the Naive Bayes part off, a lone token's
+    contribution is the logit minus the bias, and beside a second token it is scaled by
+    the pool's 1/sqrt(n); the bias (rest) does not move."""
+    lrn = classifier("model.layers=0", "learner.nb_weight=0")
+    one = lrn.explain_many([{"tokens": ["prize"]}], ["spam"])[0]
+    assert one.contributions[0] == pytest.approx(centered_logit(lrn, {"tokens": ["prize"]}, "spam") - one.rest,
+                                                 abs=1e-6)
+    two = lrn.explain_many([{"tokens": ["prize", "noon"]}], ["spam"])[0]
+    assert two.contributions[0] == pytest.approx(one.contributions[0] / np.sqrt(2), abs=1e-6)
+    assert two.rest == pytest.approx(one.rest, abs=1e-6)  # the bias: no token changes it
+
+
+def test_naive_bayes_token_terms_add_up_to_its_scores():
+    lrn = classifier()
+    nb = lrn.task.nb
+    batch = lrn.prepare([{"text": "free prize"}, {"text": "see you at noon now"}], train=False)
+    terms, prior = nb.token_terms(batch.nb_tokens, batch.n_labels)  # (N, T, L), (L,)
+    np.testing.assert_allclose(terms.sum(1) + prior, nb.scores(batch.nb_tokens, batch.n_labels), rtol=1e-5, atol=1e-4)
+    assert (terms[0, 2:] == 0).all()  # padding adds nothing
+
+
+# ---------------------------------------------------------------------------- leave-one-out
+
+def test_with_layers_the_model_part_is_leave_one_out_and_equals_deleting_the_token():
+    lrn = classifier("model.layers=1")
+    query = {"tokens": ["free", "prize", "noon"]}
+    e = lrn.explain_many([query], ["spam"])[0]
+    assert e.methods == {"model": LEAVE_ONE_OUT, "naive_bayes": EXACT}
+    assert e.score == pytest.approx(centered_logit(lrn, query, "spam"), abs=1e-5)
+    # the model part's drop when "prize" goes, from the task's own logit parts
+    parts = lrn.task.logit_parts
+    with torch.inference_mode():
+        full = parts(lrn.model, lrn.prepare([query], train=False), lrn.dev)["model"][0].double()
+        cut = parts(lrn.model, lrn.prepare([{"tokens": ["free", "noon"]}], train=False), lrn.dev)["model"][0].double()
+    c = lrn.labels.index("spam")
+    assert e.parts["model"][1] == pytest.approx(float((full[c] - full.mean()) - (cut[c] - cut.mean())), abs=1e-5)
+
+
+@pytest.mark.parametrize("task, overrides", [
+    ("mlm", ()), ("next-item", ()), ("next-token", ()),  # each task's defaults (mlm, next-token: with the count part)
+    ("next-token", ("model.output=hashed", "model.counts=none")),
+    ("next-token", ("model.output=sampled", "model.counts=none")),
+    ("mlm", ("model.output=tfree", "model.counts=none")),
+])
+def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, overrides):
+    lrn = token_learner(task, *overrides)
+    tokens = {"mlm": ["free", "[MASK]", "noon"], "next-item": ["i1", "i2", "i3"], "next-token": ["see", "you", "at"]}[task]
+    e = lrn.explain_many([{"tokens": tokens}], k=3)[0]
+    top = lrn.topk_many([{"tokens": tokens}], k=3)[0]
+    assert e.output == top.tokens[0] and e.methods == {"model": LEAVE_ONE_OUT}
+    assert e.score == pytest.approx(float(top.scores[0]), abs=1e-4)
+    assert [t for t, _ in e.top] == top.tokens
+    for i, token in enumerate(tokens):
+        if token == "[MASK]":
+            assert e.contributions[i] is None  # the slot asked about is never left out
+            continue
+        rest = tokens[:i] + tokens[i + 1:]
+        batch = lrn.prepare([{"tokens": rest}], train=False)
+        with torch.inference_mode():
+            scores = lrn.task.decodable(lrn.model, batch, lrn.dev)
+        dropped = float(lrn.task.code.score_of(scores, e.output, lrn.task.index)[0])
+        assert e.contributions[i] == pytest.approx(e.score - dropped, abs=1e-4)
+
+
+def test_a_token_not_among_the_candidates_can_be_explained_unless_the_head_scores_candidates_only():
+    lrn = token_learner("mlm", "model.output=hashed", "model.counts=none")  # the tied hashed head scores any token
+    e = lrn.explain_many([{"tokens": ["free", "[MASK]"]}], ["zebra"])[0]
+    assert e.output == "zebra" and e.score is not None and e.score < e.top[0][1]
+    sampled = token_learner("next-token")  # the default: sampled, over the stream's candidates
+    with pytest.raises(RecordError, match="not a candidate"):
+        sampled.explain_many([{"tokens": ["free"]}], ["zebra"])
+
+
+# ---------------------------------------------------------------------------- importance, outputs
+
+def test_importance_weights_are_the_rows_of_P_the_tokens_pick():
+    lrn = classifier()
+    e = lrn.explain_many([{"tokens": ["free", "never-seen"]}])[0]
+    feats = lrn.featurizer.featurize([["free", "never-seen"]], 128)
+    P, d1 = lrn.model.embedding.P.detach().numpy(), feats["d1"][0]
+    np.testing.assert_allclose(e.importance, P[d1], rtol=1e-6)
+    assert e.rows == feats["buckets"][0].tolist()
+    assert len(e.importance[0]) == lrn.cfg.embedding.k
+
+
+def test_a_scheme_without_importance_weights_says_so():
+    lrn = classifier("embedding.scheme=bloom")
+    e = lrn.explain_many([{"text": "free prize"}])[0]
+    assert e.importance is None and e.rows is None and len(e.contributions) == 3  # "free", "prize", "free prize"
+
+
+def test_the_output_is_a_label_by_value_or_by_its_string():
+    lrn = Learner(Config().override(*SMALL))
+    lrn.learn_many([{"text": "a b", "label": 1}, {"text": "c d", "label": "x"}])
+    assert lrn.explain_many([{"text": "a"}], ["1"])[0].output == 1  # JSON keys are strings
+    with pytest.raises(RecordError, match="not a label"):
+        lrn.explain_many([{"text": "a"}], ["nope"])
+
+
+def test_nothing_to_explain_before_any_label():
+    e = Learner(Config().override(*SMALL)).explain_many([{"text": "a b"}])[0]
+    assert e.output is None and e.score is None and e.contributions == [None] * 3 and e.top == []  # a, b, "a b"
+
+
+# ---------------------------------------------------------------------------- the ways in
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    path = tmp_path_factory.mktemp("explain") / "state"
+    with open_store(path) as store:
+        commit(store, classifier(), 1)
+    return str(path)
+
+
+def test_the_snapshot_service_and_cli_agree_with_the_restored_learner(state):
+    with open_store(state, readonly=True) as store:
+        want = read_full(store).explain_many([{"tokens": ["free", "prize", "noon"]}], k=2)[0]
+    with Snapshot.open(state) as snap:
+        got = snap.explain([{"tokens": ["free", "prize", "noon"]}], k=2)
+    assert got.step == 1 and got.values[0].contributions == pytest.approx(want.contributions)
+
+    client = TestClient(create_app(Settings(state=state)))
+    body = client.post("/v1/explain", json={"tokens": ["free", "prize", "noon"], "k": 2}).json()
+    assert body["snapshot_step"] == 1 and body["output"] == want.output
+    assert body["contributions"] == pytest.approx(want.contributions)
+    assert body["top"][0] == {"output": want.top[0][0], "value": pytest.approx(want.top[0][1])}
+    batch = client.post("/v1/explain", json={"records": [{"text": "free prize", "output": "ham"}, {"text": "noon"}]})
+    given, best = batch.json()["results"]
+    assert given["output"] == "ham" and best["output"] == best["top"][0]["output"]
+
+    out = subprocess.run([sys.executable, "-m", "streamlearn.cli", "inspect", "--state", state, "--tokens",
+                          "free prize noon", "-k", "2", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["contributions"] == pytest.approx(want.contributions)
+    text = subprocess.run([sys.executable, "-m", "streamlearn.cli", "inspect", "--state", state, "--tokens",
+                           "free prize noon"], capture_output=True, text=True, check=True).stdout
+    assert "importance p_w" in text and "prize" in text and "exact" in text
+
+
+@pytest.mark.parametrize("body, code", [
+    ({"text": "a", "tokens": ["b"]}, "invalid-request"),
+    ({"records": [{"text": "a"}], "output": "spam"}, "invalid-request"),
+    ({"text": "a", "k": 0}, "invalid-request"),
+    ({"records": [{"text": "a"}] * 17}, "invalid-request"),
+    ({"text": "a", "output": "no-such-label"}, "bad-record"),
+])
+def test_bad_explain_requests_are_422_saying_why(state, body, code):
+    r = TestClient(create_app(Settings(state=state))).post("/v1/explain", json=body)
+    assert r.status_code == 422 and r.json()["error"] == code
