@@ -35,17 +35,20 @@ from .config import Config
 from .service_auth import SESSION_COOKIE, BearerToken
 from .service_guard import LOGIN_PATH, JsonRoute, json_error
 from .state import open_store
+from .tasks import task_defaults
 
-__all__ = ["CARD_KEYS", "Dashboard", "add_dashboard_routes", "login_page"]
+__all__ = ["CARD_KEYS", "TASK_CARD_KEYS", "card_keys", "Dashboard", "add_dashboard_routes", "login_page"]
 
-# The configuration a model card shows first: what the model is and how big (the page
-# lists every other key that differs from the task's defaults after them).
+# The configuration a model card shows first: what the model is and how big, then what
+# the task's own defaults set (its head, count part, ...: card_keys), then the keys only one
+# task reads; the page lists every other key that differs from the task's defaults after them.
 CARD_KEYS = (
     "learner.task", "embedding.scheme", "embedding.K", "embedding.B", "embedding.d", "embedding.k",
     "model.layers", "model.d_model", "hashing.tokenizer", "hashing.max_tokens", "learner.batch_size",
-    "optim.sparse", "optim.sparse_lr", "optim.dense_lr", "learner.nb_weight",
+    "optim.sparse", "optim.sparse_lr", "optim.dense_lr",
     "worker.checkpoint_every", "worker.checkpoint_seconds", "worker.eval_every",
 )
+TASK_CARD_KEYS = {"classify": ("hashing.ngrams", "hashing.shapes", "learner.nb_weight")}
 CARD_SECONDS = 10.0  # the card's table fill counts every stored row: at most this often
 MAX_LABELS_SHOWN = 200
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -108,18 +111,30 @@ def model_card(manifest, table_stats: dict[str, dict], labels: list) -> dict[str
     task = (config.get("learner") or {}).get("task")
     flat = {f"{s}.{k}": v for s, values in config.items() if isinstance(values, dict) for k, v in values.items()}
     defaults = _defaults(task)
+    shown = card_keys(task)
     tables = [{"name": name, "rows": spec.rows, "width": spec.width,
                "bytes": spec.rows * spec.row_bytes, "stored": table_stats.get(name, {}).get("stored", 0)}
               for name, spec in sorted(manifest.tables.items())]
     return {
         "task": task,
-        "config": {key: flat[key] for key in CARD_KEYS if key in flat},
+        "config": {key: flat[key] for key in shown if key in flat},
         "changed": {key: value for key, value in sorted(flat.items())
-                    if key not in CARD_KEYS and key in defaults and defaults[key] != value},
+                    if key not in shown and key in defaults and defaults[key] != value},
         "tables": tables,
         "labels": [str(label) for label in labels[:MAX_LABELS_SHOWN]],
         "labels_seen": len(labels),
     }
+
+
+def card_keys(task: str | None) -> tuple[str, ...]:
+    """The keys task ``task``'s card shows first, in order: :data:`CARD_KEYS`, the keys
+    its defaults set (``streamlearn.tasks.task_defaults``), :data:`TASK_CARD_KEYS`.
+
+    >>> card_keys("next-token")[-3:]
+    ('model.counts', 'model.negatives', 'optim.output_lr')
+    """
+    own = [item.split("=", 1)[0] for item in task_defaults(task)] if task else []
+    return tuple(dict.fromkeys([*CARD_KEYS, *own, *TASK_CARD_KEYS.get(task, ())]))
 
 
 def _defaults(task: str | None) -> dict[str, Any]:

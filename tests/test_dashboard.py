@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from streamlearn.config import Config
-from streamlearn.dashboard import CARD_KEYS
+from streamlearn.dashboard import card_keys
 from streamlearn.learner import Learner
 from streamlearn.service import Settings, create_app
 from streamlearn.service_auth import SESSION_COOKIE, BearerToken
@@ -65,12 +65,19 @@ def test_a_state_without_live_figures_still_has_its_card(client):
     assert body["points"] == [] and body["snapshot_step"] == 1 and body["freshness_seconds"] >= 0
     card = body["card"]
     assert card["task"] == "classify" and card["labels"] == ["spam", "ham"] and card["labels_seen"] == 2
-    assert list(card["config"]) == [k for k in CARD_KEYS if k in card["config"]]
+    assert list(card["config"]) == [k for k in card_keys("classify") if k in card["config"]]
+    assert card["config"]["learner.nb_weight"] > 0  # a key only classify reads is on its card
     assert card["config"]["embedding.K"] == 2000 and card["changed"]["learner.nb_alpha"] == 0.5 \
         and "embedding.K" not in card["changed"]
     tables = {t["name"]: t for t in card["tables"]}
     assert tables["E"]["rows"] == 256 and tables["E"]["bytes"] == 256 * 16 * 4
     assert 0 < tables["P"]["stored"] < tables["P"]["rows"]  # a few tokens: a sliver of P is filled
+
+
+def test_a_token_tasks_card_shows_what_its_defaults_set_and_not_classifys_keys():
+    keys = card_keys("next-token")
+    assert {"model.output", "model.counts", "model.negatives", "model.positions"} <= set(keys)
+    assert "learner.nb_weight" not in keys and len(keys) == len(set(keys))
 
 
 def test_nothing_new_is_a_small_answer(client):
