@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamlearn demo: error: {exc}", file=sys.stderr)
         return 2
     print("\n== done: broker stopped; inspect the state with "
-          f"`.venv/bin/streamlearn inspect --state {state}`", flush=True)
+          f"`.venv/bin/streamlearn inspect --state {state}`, or see its dashboard with "
+          f"`.venv/bin/streamlearn serve --state {state}` and http://127.0.0.1:8000/", flush=True)
     return 0
 
 
