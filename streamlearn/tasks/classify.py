@@ -28,6 +28,7 @@ label logits of every prediction. The two are experts of their own:
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -121,12 +122,18 @@ class ClassifyPreparer(Preparer):
     @staticmethod
     def _words(token_lists: Sequence[Sequence[str]], from_text: Sequence[bool], T: int) -> np.ndarray:
         """(N, T) True where the Naive Bayes part counts the token: a word of a text, or
-        any token of a list given as ``tokens``."""
-        out = np.zeros((len(token_lists), T), dtype=bool)
-        for r, (tokens, text) in enumerate(zip(token_lists, from_text)):
-            cut = tokens[:T]
-            out[r, :len(cut)] = [is_word_token(t) for t in cut] if text else True
-        return out
+        any token of a list given as ``tokens``. A text's tokens are its words, then its
+        n-grams and digit shapes (:func:`~streamlearn.hashing.tokenize`), so its words
+        are the prefix that :func:`is_word_token` holds for, found by bisection: testing
+        every token was a third of a training batch's preparation (py-spy, AG News)."""
+        ends = np.fromiter((bisect.bisect_left(tokens, True, 0, min(T, len(tokens)), key=_not_word) if text
+                            else min(T, len(tokens)) for tokens, text in zip(token_lists, from_text)),
+                           dtype=np.int64, count=len(token_lists))
+        return np.arange(T) < ends[:, None]
+
+
+def _not_word(token: str) -> bool:
+    return not is_word_token(token)
 
 
 class Classify(Task):
