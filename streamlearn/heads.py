@@ -334,6 +334,7 @@ class NaiveBayesHead:
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
         self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
         self._shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
+        self._added = np.zeros(self.span, dtype=bool)  # scratch of _scores_in_order, all False between calls
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
     # where each torch op's dispatch costs more than its work. Profile at batch 16 (SMS):
@@ -385,21 +386,32 @@ class NaiveBayesHead:
 
     def _scores_in_order(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray,
                          n_labels: int) -> np.ndarray:
+        # One pass per array where the first version made several (a key array built
+        # twice, an argsort then a gather, a bincount per label, np.unique): the same
+        # values in the same order of summation, about 0.6x the time at batch 8.
         N = len(labels)
         valid = tokens >= 0
         rec = valid.nonzero()[0]  # (M,) the record of each token, ascending
         u, w = tokens[valid], weight.astype(np.float32)
-        added = self._pair(u, labels[rec])  # (M,) the pair cell each token adds w[rec] to
-        order = np.argsort(added * N + rec, kind="stable")
-        keys = (added * N + rec)[order]
-        cum = np.concatenate([[0.0], np.cumsum(w[rec][order], dtype=np.float64)])
+        keys = np.sort(self._pair(u, labels[rec]) * N + rec)  # (M,) (cell added, record), ascending
+        by = keys % N  # the record of each sorted key
+        cum = np.zeros(len(keys) + 1)
+        np.cumsum(w[by], dtype=np.float64, out=cum[1:])
         q = (u[:, None] + self._shift[:n_labels]) % self.span  # (M, n_labels) the cells each token reads
-        lo, hi = np.searchsorted(keys, q * N), np.searchsorted(keys, q * N + rec[:, None])
-        n_tc = self._pairs[q] + (cum[hi] - cum[lo]).astype(np.float32)  # (M, n_labels)
+        n_tc = self._pairs[q]  # (M, n_labels) the counts before the batch
+        # Only the cells the batch adds to can differ (about a quarter of those read):
+        # marked in a scratch bitmap, so the sorted search runs on those alone.
+        self._added[keys // N] = True
+        hit = self._added[q]  # (M, n_labels)
+        self._added[keys // N] = False
+        qh, rh = q[hit] * N, np.broadcast_to(rec[:, None], q.shape)[hit]
+        lo, hi = np.searchsorted(keys, np.stack([qh, qh + rh]))
+        n_tc[hit] += (cum[hi] - cum[lo]).astype(np.float32)
         rest = n_tc.sum(-1, keepdims=True) - n_tc
         a = np.float32(self.alpha)
         ratio = np.log(n_tc + a) - np.log(rest + a)  # (M, n_labels)
-        summed = np.stack([np.bincount(rec, ratio[:, c], N) for c in range(n_labels)], 1)  # (N, n_labels)
+        at = (rec[:, None] * n_labels + np.arange(n_labels)).reshape(-1)
+        summed = np.bincount(at, ratio.reshape(-1), N * n_labels).reshape(N, n_labels)
         length = valid.sum(1)  # (N,)
         before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
         onehot = np.zeros((N, n_labels))
@@ -407,18 +419,22 @@ class NaiveBayesHead:
         L = self.max_labels
         docs = self.flat[:n_labels].astype(np.float64) + before(onehot * w[:, None])  # (N, n_labels)
         totals = self.flat[L:L + n_labels].astype(np.float64) + before(onehot * (w * length)[:, None])
-        aV = self.alpha * np.maximum(float(self.flat[2 * L]) + before(self._fresh(added, rec, w, N)), 1.0)[:, None]
+        aV = self.alpha * np.maximum(float(self.flat[2 * L]) + before(self._fresh(keys, by, w, N)), 1.0)[:, None]
         norm = np.log((totals.sum(1, keepdims=True) - totals + aV) / (totals + aV))
         prior = np.log((docs + 1.0) / (docs.sum(1, keepdims=True) + n_labels))
         return (summed + length[:, None] * norm + prior).astype(np.float32)
 
-    def _fresh(self, added: np.ndarray, rec: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
+    def _fresh(self, keys: np.ndarray, by: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
         """(N,) the (token, label) cells each record would put in use (:meth:`learn`'s
-        stand-in for V): zero before the batch, weighted, first met at that record."""
-        live = w[rec] > 0
-        cells, first = np.unique(added[live], return_index=True)
-        fresh = self._pairs[cells] == 0
-        return np.bincount(rec[live][first[fresh]], minlength=N).astype(np.float64)
+        stand-in for V): zero before the batch, weighted, first met at that record.
+        ``keys`` (M,): cell * N + record, ascending; ``by``: their records."""
+        live = w[by] > 0
+        keys, by = keys[live], by[live]
+        cells = keys // N
+        first = np.ones(len(cells), dtype=bool)  # the earliest record of each cell
+        np.not_equal(cells[1:], cells[:-1], out=first[1:])
+        fresh = first & (self._pairs[cells] == 0)
+        return np.bincount(by[fresh], minlength=N).astype(np.float64)
 
     def token_terms(self, tokens: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`scores` split into what each token adds and what does not depend on the
