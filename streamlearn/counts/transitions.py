@@ -2,20 +2,27 @@
 
 A network of bounded rank cannot memorise tens of thousands of transitions from a single
 sighting each in one pass; counts can. This part counts, for each context c of order o
-(o = 1: the last item; o = 2: the last two), the items that followed it, and gives the
-output head three experts besides the network (the research branch ``streams`` measured
-them: Markov world 1k 0.99x of Markov-1, routes 1.58x, where the network alone reached
-0.80x and 0.55x):
+(o = 1: the last item; o = 2: the last two), the items that followed it, and estimates
+the next item by interpolated Witten-Bell backoff (Witten & Bell 1991, the estimator of
+n-gram language models): with n_o(c, i) the count of item i after c, n_o(c) its total
+and T_o(c) the number of distinct items seen after it,
 
-    pop_j(b)    = (n_j(b) + 1/2) / (N + size / 2)         popularity of output bucket b of slot j
-    q_o,j(b|c)  = sum over successors i of c with eta_j(i) = b of n_o(c, i) / sum_i n_o(c, i)
+    q0(i)    = popularity
+    q_o(i|c) = (n_o(c, i) + T_o(c) q_{o-1}(i)) / (n_o(c) + T_o(c))       (o = 1, 2)
 
-and the evidence behind each context, log(1 + n_o(c)) and log(1 + T_o(c)) (its events and
-distinct successors), from which the head's gate weighs the experts per example
-(Witten-Bell's backoff, learned: a context that always leads to the same item is trusted
-more than one whose successors are many and spread). The hashed output predicts buckets,
-so a successor is stored as its output code (eta_1(i), ..., eta_m(i)): items the head
-cannot tell apart are one successor here too.
+A context never seen backs off entirely; one whose successors are many and spread
+(large T) backs off more than one that always leads to the same item. Nothing to tune.
+The head mixes it with the network through a gate that reads each context's evidence,
+log(1 + n_o(c)) and log(1 + T_o(c)) (:class:`~streamlearn.tasks.next_item.TransitionHead`).
+The research branch ``streams`` measured this design: Markov world 1k 0.99x of
+Markov-1, routes 1.58x, where the network alone reached 0.80x and 0.55x.
+
+The hashed output predicts buckets, not items: slot j's bucket b gets the mass of the
+items hashed there, Q_j(b | c) = sum over i with eta_j(i) = b of q_2(i | c), so a
+successor is stored as its output code (eta_1(i), ..., eta_m(i)): items the head cannot
+tell apart are one successor here too. Q is a dense popularity term, pop_j(b) =
+(n_j(b) + 1/2) / (N + size / 2) times the mass every order backed off, plus each held
+successor's mass (sparse).
 
 Storage (row tables, checkpointed by dirty rows, read whole by snapshots):
 
@@ -39,11 +46,11 @@ rewritten (every row dirty once); old transitions fade, recent ones stay.
 >>> ctx = np.array([[11, 0], [11, 0], [11, 0]], dtype=np.uint64)  # three events after context 11
 >>> codes = np.array([[1, 2], [1, 2], [3, 4]], dtype=np.int64)
 >>> _ = t.learn(ctx, codes, codes)
->>> pop, at, expert, value, seen, evidence = t.components(ctx[:1])
->>> at.tolist(), [round(float(v), 3) for v in value]  # slot 0: buckets 1 (2 of 3 events) and 3; slot 1: 2 and 4
-([1, 10, 3, 12], [0.667, 0.667, 0.333, 0.333])
->>> seen.tolist()
-[[True, False]]
+>>> pop, base, at, value, evidence = t.components(ctx[:1])
+>>> at.tolist(), [round(float(v), 3) for v in value]  # slot 0: buckets 1, 3 (2 and 1 of 3 events); slot 1: 2, 4
+([1, 10, 3, 12], [0.4, 0.4, 0.2, 0.2])
+>>> round(float(base[0]), 3)  # T / (n + T) = 2 / 5 backs off to popularity
+0.4
 """
 from __future__ import annotations
 
@@ -99,14 +106,14 @@ class Transitions:
     # ------------------------------------------------------------------ scores
 
     def components(self, ctx: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The experts of examples with context keys ``ctx`` (n, ORDERS), unmixed:
+        """Q_j(b | c) of examples with context keys ``ctx`` (n, ORDERS) (the module
+        docstring's Witten-Bell backoff) as a shared dense term plus sparse entries:
 
-        - ``pop`` (m, size) float32: pop_j(b) (shared by every example);
-        - the orders' q_o,j(b | c), sparse: at most S entries per (example, order, slot),
-          ``at`` (E,) int64 the flat index example * m * size + j * size + b, ``expert`` (E,)
-          int64 the entry's example * ORDERS + o - 1, ``value`` (E,) float32 its mass (two
-          successors sharing a bucket are two entries: they add up);
-        - ``seen`` (n, ORDERS) bool: the context has successors;
+        - ``pop`` (m, size) float32: pop_j(b) (shared by every example) and ``base`` (n,)
+          float32 its weight in each example's Q (the mass every order backed off);
+        - ``at`` (E,) int64 the flat index example * m * size + j * size + b of each held
+          successor's bucket, ``value`` (E,) float32 its mass (two successors sharing a
+          bucket are two entries: they add up);
         - ``evidence`` (n, 2 ORDERS) float32: log(1 + n_o(c)), log(1 + T_o(c)), 0 if unseen.
         """
         n, m, size = len(ctx), self.m, self.size
@@ -114,19 +121,22 @@ class Transitions:
         slot = np.where(flat != 0, self.ctx.find(flat), -1)  # (n * ORDERS,)
         vals = np.where((slot >= 0)[:, None], self.ctx.get(flat), 0.0)  # (n * ORDERS, 2)
         evidence = np.log1p(vals).astype(np.float32).reshape(n, 2 * ORDERS)
-        hit = np.nonzero(slot >= 0)[0]
-        counts = self._counts[slot[hit]]  # (h, S)
-        norm = counts.sum(1, keepdims=True)
-        seen = np.zeros(len(flat), dtype=bool)
-        seen[hit] = norm[:, 0] > 0
-        e, place = np.nonzero(counts > 0)  # (E',) the hit and the place of every successor held
-        value = (counts[e, place] / norm[e, 0]).astype(np.float32)
-        codes = self._codes[slot[hit][e], place].astype(np.int64)  # (E', m)
-        example = hit[e] // ORDERS
-        at = ((example[:, None] * m + np.arange(m)) * size + codes).reshape(-1)  # (E' m,)
+        counts = np.where((slot >= 0)[:, None], self._counts[np.maximum(slot, 0)], 0.0)  # (n ORDERS, S)
+        held = counts.sum(1)  # n_o(c): Space-Saving keeps the sum of the counts equal to the events
+        types = np.where(held > 0, np.maximum(vals[:, 1], 1.0), 0.0)  # T_o(c)
+        keep = (held / np.maximum(held + types, 1.0)).reshape(n, ORDERS)  # the mass an order keeps
+        backed = np.where(held > 0, types / np.maximum(held + types, 1.0), 1.0).reshape(n, ORDERS)
+        # highest order first: order o's entries get the mass the orders above backed off
+        above = np.concatenate([np.cumprod(backed[:, ::-1], 1)[:, ::-1][:, 1:], np.ones((n, 1))], 1)  # (n, ORDERS)
+        scale = (above * keep / np.maximum(held.reshape(n, ORDERS), 1.0)).reshape(-1)  # per count
+        e, place = np.nonzero(counts > 0)  # (E',) the (example, order) and the place of every successor held
+        value = (counts[e, place] * scale[e]).astype(np.float32)
+        codes = self._codes[slot[e], place].astype(np.int64)  # (E', m)
+        at = (((e // ORDERS)[:, None] * m + np.arange(m)) * size + codes).reshape(-1)  # (E' m,)
         N = float(self._stats[0])
         pop = ((self._pop + 0.5) / (N + 0.5 * size)).astype(np.float32)
-        return (pop, at, np.repeat(hit[e], m), np.repeat(value, m), seen.reshape(n, ORDERS), evidence)
+        base = backed.prod(1).astype(np.float32)  # (n,)
+        return pop, base, at, np.repeat(value, m), evidence
 
     # ------------------------------------------------------------------ counting
 

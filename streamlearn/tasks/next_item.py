@@ -215,21 +215,20 @@ class _Key:
 
 
 class TransitionHead(HashedHead):
-    """The hashed head as one expert of a mixture: per output slot j,
+    """The hashed head mixed with the transition counts, per output slot j:
 
-        P_j(b) = g_net softmax(logits_j)(b) + g_pop pop_j(b) + sum_o g_o q_o,j(b | c_o)
+        P_j(b) = sigmoid(g) softmax(logits_j)(b) + sigmoid(-g) Q_j(b | c)
 
-    with the experts of :mod:`streamlearn.counts.transitions`; g = softmax(W e + c) over the
-    experts (an order whose context has no successors gets none), e the contexts' evidence
-    (log events, log distinct successors). W and c start at zero: every expert at equal
-    weight, and the gate learns by gradient, with the rest, when to trust the counts (a
-    rare context with one successor seen once less than a frequent one that always leads
-    to the same item). ``forward`` returns log P (n, m, size), normalised: the hashed
-    loss and decoding read it as they read logits."""
+    Q the Witten-Bell backoff of :mod:`streamlearn.counts.transitions`, g = w . e + c a
+    gate on the contexts' evidence e (log events, log distinct successors per order). w
+    and c start at zero (half each); the gate learns by gradient, with the rest, when to
+    trust the counts: a context seen once less than a frequent one that always leads to
+    the same item. ``forward`` returns log P (n, m, size), normalised: the hashed loss
+    and decoding read it as they read logits."""
 
     def __init__(self, d_model: int, code: HashedCode, width: int):
         super().__init__(d_model, code, width)
-        self.gate = nn.Linear(2 * ORDERS, 2 + ORDERS)
+        self.gate = nn.Linear(2 * ORDERS, 1)
         nn.init.zeros_(self.gate.weight)
         nn.init.zeros_(self.gate.bias)
 
@@ -237,14 +236,12 @@ class TransitionHead(HashedHead):
                 experts: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """x (n, d_model), ``experts`` (:meth:`Transitions.components
         <streamlearn.counts.transitions.Transitions.components>` as tensors) -> log P
-        (n, m, size). The orders' experts are sparse: the mixture is summed in
-        probability space (a dense log-sum-exp over every expert cost 4x the step)."""
+        (n, m, size). Q is sparse plus a shared term: the mixture is summed in probability
+        space (a dense log-sum-exp over the experts cost 4x the step)."""
         logits = super().forward(x, tied).float()
-        pop, at, expert, value, seen, evidence = experts
-        n = logits.shape[0]
-        w = self.gate(evidence.float())  # (n, 2 + ORDERS): network, popularity, each order
-        unseen = torch.cat([torch.zeros(n, 2, dtype=torch.bool, device=w.device), ~seen], 1)
-        g = F.softmax(w.masked_fill(unseen, float("-inf")), -1)  # (n, K)
-        mix = g[:, 0, None, None] * F.softmax(logits, -1) + g[:, 1, None, None] * pop  # (n, m, size)
-        counted = g[:, 2:].reshape(-1)[expert] * value  # (E,) each successor's weighted mass
-        return torch.log(mix.reshape(-1).index_add(0, at, counted).view_as(mix))
+        pop, base, at, value, evidence = experts
+        g = self.gate(evidence.float())[:, :, None]  # (n, 1, 1): logit of the network's share
+        counted = torch.sigmoid(-g)  # (n, 1, 1)
+        mix = torch.sigmoid(g) * F.softmax(logits, -1) + (counted * base[:, None, None]) * pop  # (n, m, size)
+        share = counted.reshape(-1)[at // pop.numel()]  # (E,) the counts' share of each entry's example
+        return torch.log(mix.reshape(-1).index_add(0, at, share * value).view_as(mix))
