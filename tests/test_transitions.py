@@ -282,3 +282,26 @@ def test_group_workers_refuse_next_item(tmp_path):
         GroupWorker(Config().override("learner.task=next-item", *SMALL), RunOptions("topic", str(tmp_path / "s")),
                     settings)
     assert not (tmp_path / "s").exists()
+
+
+def test_the_loss_at_the_answers_equals_the_loss_of_the_whole_mixture():
+    """TransitionHead.fit_loss reads the mixture at the answers' buckets only; it must be
+    the hashed loss of forward's log P over every bucket, value and gradient."""
+    import torch
+
+    learner = _learner()
+    for s in range(3):
+        learner.learn_many(_records(40, s))
+    batch = learner.prepare(_records(40, 50))
+    from streamlearn.device import Device
+
+    task, model, dev = learner.task, learner.model, Device(torch.device("cpu"))
+    states = task.readout(model, batch, dev.tensors(batch.feats), dev)
+    experts = task.experts(batch, dev)
+    targets, weight = dev.tensors(batch.targets), dev.tensor(batch.weight)
+    fast = model.head.fit_loss(states, targets, weight, None, experts)
+    (g_fast,) = torch.autograd.grad(fast, model.head.gate.weight, retain_graph=True)
+    whole = model.head.loss(model.head(states, None, experts), targets, weight)
+    (g_whole,) = torch.autograd.grad(whole, model.head.gate.weight)
+    assert float(fast.detach()) == pytest.approx(float(whole.detach()), rel=1e-5)
+    torch.testing.assert_close(g_fast, g_whole, rtol=1e-4, atol=1e-6)

@@ -137,7 +137,7 @@ class NextItem(TokenTask):
         width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
         return TransitionHead(d_model, self.code, width)
 
-    def _experts(self, batch: Batch, dev: Device) -> tuple[torch.Tensor, ...] | None:
+    def experts(self, batch: Batch, dev: Device) -> tuple[torch.Tensor, ...] | None:
         """The count part's experts for the batch's examples (TransitionHead.forward)."""
         if self.counter is None:
             return None
@@ -147,12 +147,17 @@ class NextItem(TokenTask):
         if self.counter is None:
             return super().logits(model, batch, dev)
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        return model.head(states, self._tied(model), self._experts(batch, dev))
+        return model.head(states, self._tied(model), self.experts(batch, dev))
 
     def loss(self, model, batch, dev):
+        """With the count part, the loss reads the mixture at the answers' buckets only
+        (:meth:`TransitionHead.fit_loss`): the dense mixture over every bucket and its
+        backward were most of a step."""
         if self.counter is None:
             return super().loss(model, batch, dev)
-        return model.head.loss(self.logits(model, batch, dev), dev.tensors(batch.targets), dev.tensor(batch.weight))
+        states = self.readout(model, batch, dev.tensors(batch.feats), dev)
+        return model.head.fit_loss(states, dev.tensors(batch.targets), dev.tensor(batch.weight), self._tied(model),
+                                   self.experts(batch, dev))
 
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
         """The candidate index learns the batch's items; the count part counts its
@@ -252,3 +257,25 @@ class TransitionHead(HashedHead):
         mix = torch.sigmoid(g) * F.softmax(logits, -1) + (counted * base[:, None, None]) * pop  # (n, m, size)
         share = counted.reshape(-1)[at // pop.numel()]  # (E,) the counts' share of each entry's example
         return torch.log(mix.reshape(-1).index_add(0, at, share * value).view_as(mix))
+
+    def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                 tied: torch.Tensor | None = None, experts: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """The hashed loss of :meth:`forward`'s log P, sum_j -log P_j(answer's bucket j)
+        weighted over the n examples, computed at the answers' buckets alone: the network's
+        log-softmax there, Q there (popularity's term and the entries that fall on them)."""
+        logits = super().forward(x, tied).float()  # (n, m, size)
+        pop, base, at, value, evidence = experts
+        n, m, size = logits.shape
+        hashes = targets["hashes"]  # (n, m)
+        # the network's log-softmax at the answers; cross_entropy's fused backward costs
+        # half of a gather from a log-sum-exp's
+        net = -F.cross_entropy(logits.reshape(n * m, size), hashes.reshape(n * m), reduction="none").view(n, m)
+        cell = at // size  # (E,) the (example, slot) of each entry
+        answer = torch.arange(n * m, device=at.device) * size + hashes.reshape(-1)  # (n m,) flat answer buckets
+        hit = at == answer[cell]
+        counted = torch.zeros(n * m, device=value.device).index_add(0, cell[hit], value[hit]).view(n, m)
+        q = base[:, None] * pop.gather(1, hashes.t()).t() + counted  # (n, m) Q at the answers, > 0
+        g = self.gate(evidence.float())  # (n, 1)
+        logp = torch.logaddexp(F.logsigmoid(g) + net, F.logsigmoid(-g) + torch.log(q))  # (n, m)
+        return (-logp.sum(1) * weight).sum() / n
+
