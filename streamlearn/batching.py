@@ -59,7 +59,8 @@ class Batch:
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
     candidates: list[str] = dataclasses.field(default_factory=list)
     # token tasks with a count part (model.counts): "tri" (M, 3) the trigram hashes it counts
-    # after the step, "ctx" (n, 2 or 6) each example's context hashes, "answer" (n,) its answer's
+    # after the step, "ctx" (n, 2 or 6) each example's context hashes, "answer" (n,) its answer's;
+    # next-item's transitions: "ctx" (n, 2) context keys, "every" (M, m) every record's item's code
     counts: dict[str, np.ndarray] | None = None
     sr_feats: dict[str, np.ndarray] | None = None
     sr_labels: np.ndarray | None = None

@@ -39,7 +39,7 @@ SCHEMES = (
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
 OUTPUTS = ("auto", "hashed", "sampled", "tfree")
-COUNT_PARTS = ("none", "kn3")  # token tasks' count part inside the model (streamlearn.counts)
+COUNT_PARTS = ("none", "kn3", "transitions")  # token tasks' count part inside the model (streamlearn.counts)
 COUNT_TASKS = ("next-token", "mlm")
 SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
@@ -140,10 +140,15 @@ class ModelConfig:
     output: str = key("auto", one_of(*OUTPUTS))
     negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
     # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
-    # log-probabilities join the scores through learned gates (docs/model.md "Count part")
+    # log-probabilities join the scores through learned gates (docs/model.md "Count part");
+    # next-item with output "hashed": "transitions" counts what followed the last 1 and 2 items
+    # and mixes those counts with the network through a learned gate ("Transition counts")
     counts: str = key("none", one_of(*COUNT_PARTS))
-    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half)
+    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half),
+    # or of the transition part's contexts (16 + 4 (out_m + 1) successors bytes each)
     count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
+    # model.counts=transitions: successors kept per context (the most counted, Space-Saving)
+    successors: int = key(16, between(1, 1024))
     # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
     recent: int = key(0, between(0, 1 << 20))
 
@@ -394,11 +399,16 @@ class Config:
         if lc.shuffle_random > 0 and not m.positions:
             raise ConfigError(f"learner.shuffle_random={lc.shuffle_random:g} needs token order to detect shuffled "
                               "tokens: set model.positions=true (or learner.shuffle_random=0)")
-        if m.counts != "none" and (lc.task not in COUNT_TASKS or m.output != "sampled"):
+        if m.counts == "transitions" and (lc.task != "next-item" or m.output not in ("auto", "hashed")
+                                          or self.embedding.scheme == "tfree"):
+            raise ConfigError(f"model.counts='transitions' is a count part of task next-item with the hashed "
+                              f"output (now learner.task={lc.task!r}, model.output={m.output!r}, embedding.scheme="
+                              f"{self.embedding.scheme!r}): set those, or model.counts='none'")
+        if m.counts == "kn3" and (lc.task not in COUNT_TASKS or m.output != "sampled"):
             raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
                               f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
                               "set those, or model.counts='none'")
-        if m.recent and m.counts == "none":
+        if m.recent and m.counts != "kn3":
             raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
                               "(or model.recent=0)")
         least = _nb_cells_needed(m.max_labels)
@@ -467,7 +477,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
-    "model.recent",
+    "model.recent", "model.successors",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",

@@ -194,7 +194,8 @@ def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
     """Cycles of 6 items seen through a history of 6: every history holds the same 6
     items once, so a bag alone cannot know where a key is in its cycle; the last item as
     a token of its own (learner.recency=1, the default) tells it."""
-    lrn = learner("learner.task=next-item", "learner.history=6", f"learner.recency={recency}")
+    lrn = learner("learner.task=next-item", "learner.history=6", f"learner.recency={recency}",
+                  "model.counts=none")  # the network alone: the transition counts know the cycle either way
     stream, expected = cycle_stream(32 * 100, items=6)
     for batch in batches(stream, 32):
         lrn.learn_many(batch)
@@ -495,11 +496,12 @@ def test_a_full_read_holds_the_checkpoint_and_the_init_of_rows_never_stored(stor
 
 
 def test_full_checkpoint_writes_every_row(store):
-    lrn = learner("learner.task=next-item")
+    lrn = learner("learner.task=next-item", "model.count_slots=1024", "model.successors=4")
     lrn.learn_many(cycle_stream(32)[0])
     specs, rows, blobs, kv = checkpoint.write(lrn, full=True)
     assert {s.name: (s.rows, s.width) for s in specs} == {
-        "E": (256, 16), "P": (2000, 2), "E.sum": (256, 16), "P.sum": (2000, 2)}
+        "E": (256, 16), "P": (2000, 2), "E.sum": (256, 16), "P.sum": (2000, 2),
+        "ni.ctx": (17, 256), "ni.succ": (1024, 12), "ni.pop": (2, 256), "ni.stats": (1, 8)}  # the transition counts
     assert all(len(rows[s.name][0]) == s.rows for s in specs)
     assert set(kv) == {checkpoint.HISTORY_NS, checkpoint.CANDIDATES_NS}
     assert set(blobs) == {checkpoint.CONFIG_BLOB, checkpoint.META_BLOB, checkpoint.DENSE_BLOB,
@@ -522,7 +524,8 @@ STREAMS = {"classify": topic_stream, "mlm": set_stream, "next-item": lambda n: c
 def test_every_scheme_and_task_learns_and_round_trips(scheme, task, tmp_path):
     assert task in STREAMS, f"give task {task} a stream in STREAMS"
     overrides = (f"embedding.scheme={scheme}", f"learner.task={task}", "embedding.plain_vocab=64",
-                 "embedding.hashformer_bits=16", "embedding.hashformer_pool_bits=6", "model.layers=1")
+                 "embedding.hashformer_bits=16", "embedding.hashformer_pool_bits=6", "model.layers=1",
+                 *(("model.counts=none",) if (scheme, task) == ("tfree", "next-item") else ()))  # no hashed head
     lrn = learner(*overrides)
     stream = batches(STREAMS[task](16 * 4), 16)
     for batch in stream[:3]:

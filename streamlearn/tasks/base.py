@@ -235,8 +235,11 @@ class TokenTask(Task):
         super().__init__(cfg, featurizer)
         self.reset_index()
         # counted, not learned by gradient: its scores join the head's through gates
-        self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed,
-                                                                      cfg.model.recent)
+        self.counter = None if cfg.model.counts == "none" else self.new_counter()
+
+    def new_counter(self):
+        """The task's count part (``model.counts`` is set): the Kneser-Ney trigram part here."""
+        return CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
