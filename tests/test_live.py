@@ -166,6 +166,21 @@ def test_the_token_check_compares_the_models_loss_with_popularity_in_its_code(ov
     assert after.baseline / after.examples < before  # popularity learned which rows are answers
 
 
+def test_next_items_check_with_its_transition_counts_scores_the_mixtures_loss_against_popularity():
+    lrn = Learner(Config().override(*SMALL, "learner.task=next-item"))  # the defaults: model.counts=transitions
+    check = lrn.task.prequential_check()
+    events = [{"key": f"u{j % 5}", "item": f"i{j % 7}"} for j in range(40)]
+    for _ in range(3):
+        batch = lrn.prepare(events)
+        scores = lrn.prequential(batch, check)
+        with torch.inference_mode():
+            loss = float(lrn.task.loss(lrn.model, batch, lrn.dev))
+        lrn.learn_batch(batch)
+        check.learn(batch)
+    assert scores.metric == LOSS and scores.model == pytest.approx(loss * batch.examples, rel=1e-5)
+    assert scores.model < scores.baseline  # the cycle is learned: the model beats item popularity
+
+
 def test_hashed_popularity_is_the_heads_loss_of_bucket_frequencies():
     pop = HashedPopularity(m=2, size=4)
     pop.learn({"hashes": np.array([[0, 1], [0, 2]])}, np.ones(2, np.float32))

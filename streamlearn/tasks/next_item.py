@@ -159,6 +159,11 @@ class NextItem(TokenTask):
         return model.head.fit_loss(states, dev.tensors(batch.targets), dev.tensor(batch.weight), self._tied(model),
                                    self.experts(batch, dev))
 
+    def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The code's own targets, with or without the count part: the transition part
+        draws no negatives (the token tasks' count part does, for their sampled head)."""
+        return self.code.step_targets(batch.targets, self.index, rng)
+
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
         """The candidate index learns the batch's items; the count part counts its
         transitions after the step (a step's experts never include its own batch)."""
