@@ -7,6 +7,16 @@ BOS-padded with ``objectives.BOS_TOKEN``'s hash, as the replay's n-gram baseline
 The ingest stage computes every hash (:func:`trigrams`, :func:`contexts`); the task
 reads the scores (:meth:`CountPart.next_token`, :meth:`CountPart.chain`) and counts
 the batch after its step (:meth:`CountPart.learn`).
+
+Replicas (several workers training one model) merge count parts by replaying, not by
+adding tables: the trigram counts add up, but the statistics KN derives from them do not
+(two replicas that each see a trigram type for the first time would both add 1 to its
+N1+ continuation counts, and the counts-of-counts behind the discounts would drift), and
+the tables' slots hold keys, which no sum or average keeps. So a replica keeps the
+trigram batches it counted since the last merge (:meth:`CountPart.keep_log`), and a
+merge (:meth:`CountPart.merge`) puts the tables back as they were at the last merge and
+counts every replica's batches, in rank order: every replica ends bit-equal, with the
+counts one learner would have of the same records (exactly, while no table halves).
 """
 from __future__ import annotations
 
@@ -15,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
 from .kn import KneserNey3
@@ -74,6 +85,9 @@ class CountPart:
         self.recent = RecentTokens(recent) if recent else None
         self.seed = count_seed(seed)
         self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
+        # replicas (module docstring): the tables at the last merge, and the batches since
+        self._base: dict[str, torch.Tensor] | None = None
+        self._log: list[np.ndarray] | None = None
 
     @staticmethod
     def features(recent: int) -> int:
@@ -93,11 +107,43 @@ class CountPart:
         the changed rows by store name."""
         if not len(tri):
             return {}
+        if self._log is not None:
+            self._log.append(tri)
         big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
         out = dict(zip(self.kn.tables(PREFIX), (big, small, np.zeros(1, np.int64))))
         if self.recent is not None:
             out[f"{PREFIX}.recent"] = self.recent.learn(tri[:, 2])
         return out
+
+    # ------------------------------------------------------------ replicas (module docstring)
+
+    def keep_log(self, on: bool = True) -> None:
+        """Start keeping the batches counted from now on, the tables as they are now being
+        the base a :meth:`merge` goes back to (a copy: memory of one more set of tables);
+        ``on=False`` stops and frees both."""
+        self._base = {n: t.clone() for n, t in self.tables().items()} if on else None
+        self._log = [] if on else None
+
+    def log(self) -> list[np.ndarray]:
+        """The trigram batches (M, 3) counted since the last merge, in order."""
+        if self._log is None:
+            raise StreamlearnError("the count part keeps no log: call keep_log() when the replicas are equal")
+        return list(self._log)
+
+    def merge(self, logs: Sequence[Sequence[np.ndarray]]) -> dict[str, np.ndarray]:
+        """The tables go back to the base and count every replica's :meth:`log` (``logs``
+        in rank order, this replica's among them); the merged tables are the next base.
+        Returns the rows that differ from the base, by store name."""
+        if self._base is None:
+            raise StreamlearnError("the count part keeps no log: call keep_log() when the replicas are equal")
+        for name, table in self.tables().items():
+            table.copy_(self._base[name])  # in place: the tables' numpy views read these bytes
+        self._log, changed = None, {}
+        for tri in (t for log in logs for t in log):
+            for name, rows in self.learn(tri).items():
+                changed.setdefault(name, []).append(rows)
+        self.keep_log()
+        return {name: np.unique(np.concatenate(rows)) for name, rows in changed.items()}
 
     def _with_recent(self, scores: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example)."""

@@ -101,8 +101,8 @@ class Task:
     name: ClassVar[str]
     answers: ClassVar[str]  # "labels" or "tokens"
     # Several workers can train one model of this task (scale-out): its stream-ordered
-    # state merges between replicas. Token tasks keep per-key histories and a candidate
-    # index, which are not merged.
+    # state merges between replicas (label tables; the token tasks' candidate index and
+    # count part, replayed). next-item's per-key histories are not merged.
     replicable: ClassVar[bool] = False
     target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
     Preparer: ClassVar[type[Preparer]]
@@ -160,6 +160,25 @@ class Task:
 
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Rows of :meth:`count_tables` a forward pass over ``batch`` reads."""
+        return {}
+
+    # Replicas (streamlearn.sync): state kept by counting that neither adds up nor
+    # averages is merged by replaying what each replica counted since the last merge.
+    def replayed_tables(self) -> frozenset[str]:
+        """Count tables merged by :meth:`merge_logs`, never averaged or summed."""
+        return frozenset()
+
+    def keep_log(self, on: bool = True) -> None:
+        """Start (or with ``on=False`` stop) keeping what :meth:`log` returns; call it
+        while every replica is equal."""
+
+    def log(self) -> Any:
+        """What this replica counted since the last merge (picklable), for :meth:`merge_logs`."""
+        return None
+
+    def merge_logs(self, logs: Sequence[Any]) -> dict[str, np.ndarray]:
+        """Take every replica's :meth:`log` (rank order, this one's among them); returns
+        the count-table rows it changed."""
         return {}
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
@@ -231,6 +250,7 @@ class TokenTask(Task):
         # counted, not learned by gradient: its scores join the head's through gates
         self.counter = None if cfg.model.counts == "none" else CountPart(cfg.model.count_slots, cfg.hashing.seed,
                                                                       cfg.model.recent)
+        self._index_base: int | None = None  # replicas: the index's length at the last merge (keep_log)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
@@ -313,6 +333,32 @@ class TokenTask(Task):
 
     def count_tables(self) -> dict[str, torch.Tensor]:
         return {} if self.counter is None else self.counter.tables()
+
+    def replayed_tables(self) -> frozenset[str]:
+        return frozenset(self.count_tables())
+
+    def keep_log(self, on: bool = True) -> None:
+        """The candidate index's new tokens and the count part's trigram batches are
+        logged from here (the count part's docstring says why counts are replayed)."""
+        self._index_base = len(self.index) if on else None
+        if self.counter is not None:
+            self.counter.keep_log(on)
+
+    def log(self) -> dict[str, Any]:
+        """``{"candidates": tokens new since the last merge, "tri": [(M, 3), ...]}``."""
+        base = self._index_base
+        if base is None:
+            raise StreamlearnError(f"task {self.name} keeps no log: call keep_log() when the replicas are equal")
+        return {"candidates": self.index.new_since(base), "tri": [] if self.counter is None else self.counter.log()}
+
+    def merge_logs(self, logs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+        """Every replica's new candidates join the index (rank order; its own are there
+        already, so the index stays append-only: a replica's own tokens come before the
+        others' of the same merge) and the count part replays every log."""
+        for log in logs:
+            self.index.add(log["candidates"])
+        self._index_base = len(self.index)
+        return {} if self.counter is None else self.counter.merge([log["tri"] for log in logs])
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
         """A tied head reads its input table in full, a sampled head its own tables, a

@@ -80,6 +80,7 @@ class MaskedToken(TokenTask):
     """The mlm task (see the module docstring)."""
 
     name = "mlm"
+    replicable = True  # the candidate index and the count part replay at each sync (streamlearn.sync)
     target_field = None
     Preparer = MaskedTokenPreparer
 
