@@ -146,7 +146,8 @@ class CountPart:
         return {name: np.unique(np.concatenate(rows)) for name, rows in changed.items()}
 
     def _with_recent(self, scores: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
-        """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example)."""
+        """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example);
+        ``cands`` (C,) or (N, C)."""
         if self.recent is None:
             return scores[:, None]
         recent = np.broadcast_to(self.recent.logp(cands, max(n, 1)), scores.shape)
@@ -181,17 +182,22 @@ class CountPart:
 
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
-        hashes, candidates (C,)."""
-        if not len(cands) or not len(ctx):
-            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
-        p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], cands[None], max(n, 1))
+        hashes, candidates (C,) shared by every example or (N, C) each example's own."""
+        if not cands.size or not len(ctx):
+            return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
+        p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], _grid(cands), max(n, 1))
         return self._with_recent(np.log(np.maximum(p, 1e-30)).astype(np.float32), cands, n)
 
     def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, F, C) float32 mlm chain scores (and log P_recent(w)): contexts ctx (N, 6)
-        of :func:`contexts`."""
-        if not len(cands) or not len(ctx):
-            return np.zeros((len(ctx), self.columns, len(cands)), np.float32)
+        of :func:`contexts`, candidates as :meth:`next_token`'s."""
+        if not cands.size or not len(ctx):
+            return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
         c = [ctx[:, i:i + 1] for i in range(4)]
         has1, has2 = ctx[:, 4:5] == 1, ctx[:, 5:6] == 1
-        return self._with_recent(self.kn.chain(*c, has1, has2, cands[None], max(n, 1)), cands, n)
+        return self._with_recent(self.kn.chain(*c, has1, has2, _grid(cands), max(n, 1)), cands, n)
+
+
+def _grid(cands: np.ndarray) -> np.ndarray:
+    """Candidates as the (examples, candidates) grid's second axis: (C,) -> (1, C)."""
+    return cands[None] if cands.ndim == 1 else cands

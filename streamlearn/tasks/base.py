@@ -295,12 +295,15 @@ class TokenTask(Task):
 
     def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """The code's step targets; with a count part, the choices are the distinct
-        answers and negatives by token hash, with the count part's scores of them, and
-        ``negative`` (c,) marks the drawn ones: each example's softmax runs over its own
-        answer and the drawn negatives only, as the research's objective. The batch's
+        answers and negatives by token hash, ``negatives`` (k,) the drawn ones among them,
+        and the count part's scores of each example's own answer (``own_counts`` (n, F))
+        and of the negatives (``counts`` (n, F, k)): each example's softmax runs over its
+        own answer and the drawn negatives only, as the research's objective. The batch's
         other answers are no negatives there: they come from the unigram distribution,
         not the uniform draw, and without a logQ correction they push frequent tokens
-        down for every example."""
+        down for every example. So the count part scores n (1 + k) cells, never the
+        (n, answers + negatives) grid (profile: the grid's scoring was a sixth of a
+        next-token step)."""
         if self.counter is None:
             return self.code.step_targets(batch.targets, self.index, rng)
         cands = self.counter.candidates(self.index)  # (C,)
@@ -312,11 +315,12 @@ class TokenTask(Task):
         keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
-        negative = np.zeros(len(keys), dtype=bool)
-        negative[inverse[len(answers):]] = True
+        negatives = np.unique(inverse[len(answers):])  # (k,) sorted, distinct
         logq = np.log(K * self.counter.q_of(keys, total, n)) if n and K else np.zeros(len(keys))
-        return {"choices": choices, "answer": inverse[:len(answers)], "negative": negative,
-                "logq": logq.astype(np.float32), "counts": self.score_counts(batch.counts["ctx"], keys, n)}
+        ctx = batch.counts["ctx"]
+        return {"choices": choices, "answer": inverse[:len(answers)], "negatives": negatives,
+                "logq": logq.astype(np.float32), "counts": self.score_counts(ctx, keys[negatives], n),
+                "own_counts": self.score_counts(ctx, answers[:, None], n)[:, :, 0]}
 
     def outputs(self, model, batch, dev):
         return self.logits(model, batch, dev).float()
