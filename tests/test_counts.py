@@ -357,3 +357,28 @@ def test_replicas_merged_by_replay_hold_one_learners_counts(task):
     dirty = a.take_dirty()
     assert "lm.kn3" in dirty and "lm.kn12" in dirty
     assert a.replica.log()["tri"] == [] and a.replica.log()["candidates"] == []  # the next merge starts here
+
+
+def test_the_proposal_kept_in_step_equals_reading_every_candidate():
+    """The negatives' proposal is updated from the tokens each learn touched; after
+    learns, new candidates, a halving and a restore of other counts it equals a fresh
+    read of every candidate's N1+(. w), to the last bit."""
+    from streamlearn.counts.part import CountPart
+
+    part = CountPart(1 << 10, seed=0)
+    cands = H[:40]
+    for step, recs in enumerate(stream(7, n_rec=400)[i:i + 8] for i in range(0, 400, 8)):
+        u, v, w = trigrams(recs)
+        part.learn(np.stack([u, v, w], 1))
+        seen = cands[:10 + step % 31]  # the candidates grow (and once shrink: a new index)
+        q, total = part.proposal(seen)
+        weight = part.kn.token_stats(seen)[:, 0].astype(np.float64) ** 0.75
+        assert total == weight.sum()
+        np.testing.assert_array_equal(q, 0.9 * weight / total + 0.1 / len(seen))
+    assert part.kn.halvings > 0  # the halving path was taken
+    other = CountPart(1 << 10, seed=0)
+    other.learn(np.stack(trigrams(stream(8, n_rec=50)), 1))
+    for name, t in part.tables().items():
+        t.copy_(other.tables()[name])  # a restore: the tables change without a learn
+    q, total = part.proposal(cands)
+    assert total == (other.kn.token_stats(cands)[:, 0].astype(np.float64) ** 0.75).sum()

@@ -126,6 +126,11 @@ class KneserNey3:
         self._s[_N1 + order - 1] += np.count_nonzero(new == 1) - np.count_nonzero(old == 1)
         self._s[_N2 + order - 1] += np.count_nonzero(new == 2) - np.count_nonzero(old == 2)
 
+    @property
+    def continuations(self) -> float:
+        """sum_w N1+(. w): changes whenever any N1+(. w) does (a fingerprint for caches of them)."""
+        return float(self._s[_TOTAL])
+
     def D(self, order: int) -> float:
         n1, n2 = float(self._s[_N1 + order - 1]), float(self._s[_N2 + order - 1])
         return n1 / (n1 + 2 * n2) if n1 + 2 * n2 else 0.5
