@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .table import CountTable
+from .table import CountTable, distinct
 
 __all__ = ["KneserNey3"]
 
@@ -100,7 +100,7 @@ class KneserNey3:
         if len(fresh):
             rows_big, rows_small = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
         return tuple(np.arange(t.rows) if h else r for t, h, r in
-                     zip((self.big, self.small), halved, (rows_big, np.unique(np.concatenate(rows_small)))))
+                     zip((self.big, self.small), halved, (rows_big, distinct(np.concatenate(rows_small)))))
 
     def _learn_fresh(self, u, v, w, rows_big):
         """Passes 2 and 3 over the new trigram types: N1+(u v .), N1+(. v w), v's
@@ -120,7 +120,7 @@ class KneserNey3:
         self._count_of_counts(1, old1, old1 + cnt1)
         self._s[_TOTAL] += float(cnt1.sum())
         self._s[_TYPES] += float(np.count_nonzero(old1 == 0))
-        return np.union1d(rows_big, rows2), [rows2s, rows3]
+        return distinct(np.concatenate([rows_big, rows2])), [rows2s, rows3]
 
     def _count_of_counts(self, order: int, old: np.ndarray, new: np.ndarray) -> None:
         self._s[_N1 + order - 1] += np.count_nonzero(new == 1) - np.count_nonzero(old == 1)

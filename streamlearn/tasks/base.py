@@ -27,6 +27,7 @@ from torch import nn
 from ..batching import Batch, Preparer, seed_of
 from ..config import Config
 from ..counts.part import CountPart, count_seed
+from ..counts.table import distinct
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
 from ..exceptions import StreamlearnError
@@ -315,7 +316,7 @@ class TokenTask(Task):
         keys, first, inverse = np.unique(both, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         choices = np.concatenate([batch.targets["hashes"], self.index.hashes[ids]])[first]  # (c, m)
-        negatives = np.unique(inverse[len(answers):])  # (k,) sorted, distinct
+        negatives = distinct(inverse[len(answers):])  # (k,) sorted
         logq = np.log(K * self.counter.q_of(keys, total, n)) if n and K else np.zeros(len(keys))
         own, other = self.answer_and_negative_counts(batch.counts["ctx"], answers, keys[negatives], n)
         return {"choices": choices, "answer": inverse[:len(answers)], "negatives": negatives,
