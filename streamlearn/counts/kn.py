@@ -181,8 +181,18 @@ class KneserNey3:
             return table.get(k.ravel()).reshape(*k.shape, 2)
         out = np.zeros((*where.shape, 2), dtype=np.float32)
         if where.any():
-            out[where] = table.get(key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts)))
+            out[where] = table.get(self._keys_where(tag, parts, where))
         return out
+
+    @staticmethod
+    def _keys_where(tag: str, parts: tuple[np.ndarray, ...], where: np.ndarray) -> np.ndarray:
+        """The keys of the cells ``where`` is True. When only the last part spans a grid
+        axis the others do not (a slot's context against shared candidates), the key is
+        built at the parts' own shapes, the context mixed once per slot, and then read
+        at those cells; otherwise each part is gathered at the cells first."""
+        if all(np.ndim(p) == 2 and np.shape(p)[1] == 1 for p in parts[:-1]):
+            return np.broadcast_to(key(tag, *parts), where.shape)[where]
+        return key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts))
 
     def token_stats(self, w: np.ndarray) -> np.ndarray:
         """(..., 3): N1+(. w), and w's statistics as a bigram context (S(w), L(w))."""
