@@ -75,6 +75,8 @@ class KneserNey3:
         self.stats = torch.zeros(1, 64)  # (1, 64) float32: the scalars (module docstring)
         self._s = self.stats.numpy()[0]  # a view
         self.halvings = 0
+        # hashes of the tokens w whose N1+(. w) the last learn raised (a new bigram type (v, w))
+        self.raised = np.empty(0, dtype=np.uint64)
 
     def tables(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.kn3": self.big.buf, f"{prefix}.kn12": self.small.buf, f"{prefix}.stats": self.stats}
@@ -87,6 +89,7 @@ class KneserNey3:
         result equals counting them one by one. Returns the touched rows of the big and
         the small table."""
         n = len(u)
+        self.raised = np.empty(0, dtype=np.uint64)
         halved = [self._halve_if_full(t, 3 * n) for t in (self.big, self.small)]
         if any(halved):
             self._recount()
@@ -114,7 +117,8 @@ class KneserNey3:
         ukv, inv = np.unique(key("C2", v[first2]), return_inverse=True)
         dv = np.zeros((len(ukv), 2), dtype=np.float32)
         np.add.at(dv, inv.reshape(-1), np.stack([cnt2, old2 == 0], 1).astype(np.float32))
-        uk1, cnt1 = np.unique(key("T1", w[first2][old2 == 0]), return_counts=True)
+        self.raised = w[first2][old2 == 0]
+        uk1, cnt1 = np.unique(key("T1", self.raised), return_counts=True)
         old, rows3 = self._add(self.small, [ukv, uk1], [dv[:, 0], dv[:, 1]], [cnt1, 0 * cnt1])
         old1 = old[len(ukv):, 0]
         self._count_of_counts(1, old1, old1 + cnt1)
@@ -193,6 +197,10 @@ class KneserNey3:
         if all(np.ndim(p) == 2 and np.shape(p)[1] == 1 for p in parts[:-1]):
             return np.broadcast_to(key(tag, *parts), where.shape)[where]
         return key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts))
+
+    def continuation_counts(self, w: np.ndarray) -> np.ndarray:
+        """N1+(. w) of token hashes ``w`` (any shape)."""
+        return self._get("T1", w)[..., 0]
 
     def token_stats(self, w: np.ndarray) -> np.ndarray:
         """(..., 3): N1+(. w), and w's statistics as a bigram context (S(w), L(w))."""

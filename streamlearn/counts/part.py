@@ -113,7 +113,7 @@ class CountPart:
             self._log.append(tri)
         before = (self.kn.continuations, self.kn.halvings)
         big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
-        self._weights.learned(tri[:, 2], before)
+        self._weights.learned(self.kn.raised, before)
         out = dict(zip(self.kn.tables(PREFIX), (big, small, np.zeros(1, np.int64))))
         if self.recent is not None:
             out[f"{PREFIX}.recent"] = self.recent.learn(tri[:, 2])
@@ -182,7 +182,7 @@ class CountPart:
         """Q (as :meth:`proposal`) of any tokens' hashes, ``n`` candidates."""
         if total == 0:
             return np.full(len(hashes), 1.0 / n)
-        return 0.9 * self.kn.token_stats(hashes)[:, 0].astype(np.float64) ** 0.75 / total + 0.1 / n
+        return 0.9 * self.kn.continuation_counts(hashes).astype(np.float64) ** 0.75 / total + 0.1 / n
 
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
@@ -205,8 +205,8 @@ class CountPart:
 class _UnigramWeights:
     """N1+(. w)^0.75 of every candidate (C,), in the candidates' order, kept in step with
     the counts without reading every candidate each step (profile: 5% of a next-token
-    step read 8k-20k candidates' statistics). After a learn only the batch's third
-    tokens' N1+(. w) can have changed (a new bigram type (v, w) adds 1 to w's), so only
+    step read 8k-20k candidates' statistics). After a learn only the N1+(. w) of the
+    tokens that ended a new bigram type (v, w) changed (``KneserNey3.raised``), so only
     those are read again, and new candidates once. Any other change of the tables (a
     restore, a replicas' merge, a halving) shows as a sum of N1+(. w) other than the
     one seen, and then every candidate is read again."""
@@ -220,7 +220,7 @@ class _UnigramWeights:
         self.ids = np.empty(0, dtype=np.int64)  # their positions among the candidates
 
     def _read(self, hashes: np.ndarray) -> np.ndarray:
-        return self.kn.token_stats(hashes)[:, 0].astype(np.float64) ** 0.75
+        return self.kn.continuation_counts(hashes).astype(np.float64) ** 0.75
 
     def learned(self, w: np.ndarray, before: tuple[float, int]) -> None:
         """The tables just counted trigrams ending in ``w``; ``before``: the fingerprint
