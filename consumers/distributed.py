@@ -201,7 +201,7 @@ def merge_logs(replica: Replica) -> int:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     replica.merge_logs(gathered)
-    return sum(t.nbytes for t in mine["tri"]) + sum(len(c.encode()) for c in mine["candidates"])
+    return mine.nbytes
 
 
 def _merge_labels(replica: Replica, group: Group) -> None:

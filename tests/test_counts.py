@@ -356,7 +356,7 @@ def test_replicas_merged_by_replay_hold_one_learners_counts(task):
     assert sorted(a.index.tokens) == sorted(b.index.tokens) == sorted(one.index.tokens)
     dirty = a.take_dirty()
     assert "lm.kn3" in dirty and "lm.kn12" in dirty
-    assert a.replica.log()["tri"] == [] and a.replica.log()["candidates"] == []  # the next merge starts here
+    assert a.replica.log().trigrams == [] and a.replica.log().new_tokens == []  # the next merge starts here
 
 
 def test_the_proposal_kept_in_step_equals_reading_every_candidate():

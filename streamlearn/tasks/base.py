@@ -37,7 +37,7 @@ from ..model import HashedTransformer
 from ..outputs import OutputCode, output_code
 from ..records import Record
 
-__all__ = ["ClosedForm", "Event", "Task", "TokenPreparer", "TokenTask"]
+__all__ = ["ClosedForm", "CountLog", "Event", "Task", "TokenPreparer", "TokenTask"]
 
 
 @dataclass(frozen=True)
@@ -227,6 +227,21 @@ class Task:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class CountLog:
+    """What a token task's replica counted since the last merge (:meth:`TokenTask.log`):
+    the candidate index's new tokens, in order, and the count part's trigram batches
+    (M, 3) of token hashes, in order."""
+
+    new_tokens: list[str]
+    trigrams: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        """About what it weighs in transit."""
+        return sum(t.nbytes for t in self.trigrams) + sum(len(t.encode()) for t in self.new_tokens)
+
+
 class TokenPreparer(Preparer):
     """The ingest half of a token task: its training targets come from the output code."""
 
@@ -357,21 +372,20 @@ class TokenTask(Task):
         if self.counter is not None:
             self.counter.keep_log(on)
 
-    def log(self) -> dict[str, Any]:
-        """``{"candidates": tokens new since the last merge, "tri": [(M, 3), ...]}``."""
+    def log(self) -> CountLog:
         base = self._index_base
         if base is None:
             raise StreamlearnError(f"task {self.name} keeps no log: call keep_log() when the replicas are equal")
-        return {"candidates": self.index.new_since(base), "tri": [] if self.counter is None else self.counter.log()}
+        return CountLog(self.index.new_since(base), [] if self.counter is None else self.counter.log())
 
-    def merge_logs(self, logs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+    def merge_logs(self, logs: Sequence[CountLog]) -> dict[str, np.ndarray]:
         """Every replica's new candidates join the index (rank order; its own are there
         already, so the index stays append-only: a replica's own tokens come before the
         others' of the same merge) and the count part replays every log."""
         for log in logs:
-            self.index.add(log["candidates"])
+            self.index.add(log.new_tokens)
         self._index_base = len(self.index)
-        return {} if self.counter is None else self.counter.merge([log["tri"] for log in logs])
+        return {} if self.counter is None else self.counter.merge([log.trigrams for log in logs])
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
         """A tied head reads its input table in full, a sampled head its own tables, a
