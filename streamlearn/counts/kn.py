@@ -115,8 +115,8 @@ class KneserNey3:
         old2 = old[:, 0]
         self._count_of_counts(2, old2, old2 + cnt2)
         ukv, inv = np.unique(key("C2", v[first2]), return_inverse=True)
-        dv = np.zeros((len(ukv), 2), dtype=np.float32)
-        np.add.at(dv, inv.reshape(-1), np.stack([cnt2, old2 == 0], 1).astype(np.float32))
+        inv = inv.reshape(-1)  # whole counts: bincount's float64 sums are exact, as np.add.at's (slower) were
+        dv = np.stack([np.bincount(inv, cnt2, len(ukv)), np.bincount(inv, old2 == 0, len(ukv))], 1).astype(np.float32)
         self.raised = w[first2][old2 == 0]
         uk1, cnt1 = np.unique(key("T1", self.raised), return_counts=True)
         old, rows3 = self._add(self.small, [ukv, uk1], [dv[:, 0], dv[:, 1]], [cnt1, 0 * cnt1])

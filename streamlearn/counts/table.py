@@ -47,6 +47,14 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return s[np.concatenate([[True], s[1:] != s[:-1]])] if len(s) else s
 
 
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """Index of the first occurrence of each distinct value (np.unique's return_index,
+    without its bookkeeping: a quarter of an insert's time)."""
+    order = np.argsort(values, kind="stable")
+    s = values[order]
+    return order[np.concatenate([[True], s[1:] != s[:-1]])] if len(s) else order
+
+
 class TableFullError(StreamlearnError):
     """A count table would pass its maximum load."""
 
@@ -117,7 +125,7 @@ class CountTable:
         while len(new):
             free = self.keys.take(idx) == 0
             cand, cidx = new[free], idx[free]
-            _, first = np.unique(cidx, return_index=True)  # one claimant per empty slot
+            first = _first_of_each(cidx)  # one claimant per empty slot: the earliest
             self.keys[cidx[first]] = keys[cand[first]]
             slot[cand[first]] = cidx[first]
             placed = np.zeros(len(new), dtype=bool)
