@@ -1,7 +1,8 @@
 """War and Peace as a token stream: the model at depths 0/1/2 against counting, both token tasks.
 
     python bench/tokens.py [--data DIR] [--records N] [--seeds 3] [--depths 0,1,2]
-                           [--tasks next-token,mlm] [--rss-records 500000] [--dry-run]
+                           [--tasks next-token,mlm] [--rss-records 500000]
+                           [--parts quality,speed,rss] [--dry-run]
 
 Stream (from --data, default ../shared/data next to the repository): War and Peace split on
 whitespace into records of 32 words ``{"text": ...}`` in book order (17,578 records; the
@@ -29,6 +30,9 @@ against, not a contestant.
 Memory: RSS of a ``Learner`` used from Python at the defaults, sampled every tenth of
 ``--rss-records`` records while the stream is fed round and round (an endless stream: the
 vocabulary stops growing after the first pass, so growth after it is a leak).
+
+``--parts`` runs some of the three (quality, speed, memory), e.g. ``--parts speed,rss``
+for the figures that take minutes rather than the hour the replays take.
 
 The table goes between ``<!-- bench/tokens.py:begin -->`` and ``<!-- bench/tokens.py:end -->``
 in docs/benchmarks.md unless --dry-run.
@@ -260,40 +264,47 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
 def section(results: dict, source: str, command: str, records: int, seeds: list[int]) -> str:
     intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared "
              f"2-core machine; one torch thread). Stream: {source}, {records:,} records of {WORDS} words in book "
-             f"order. recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); "
-             "baselines predict then learn record by record. Ratios are the model's mean over the baseline's; "
-             "records/s are each contestant's own predict + learn time in the replay.")
+             "order.")
+    if any("quality" in r for r in results.values()):
+        intro += (f" recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); baselines "
+                  "predict then learn record by record. Ratios are the model's mean over the baseline's; records/s "
+                  "are each contestant's own predict + learn time in the replay.")
     lines = [textwrap.fill(intro, width=100, break_long_words=False, break_on_hyphens=False), ""]
     for task, r in results.items():
-        q = r["quality"]
-        base = q["baselines"]
-        lines += [f"**{task}** (last 20% = the last {q['window']:,} events)", "",
-                  "| contestant | recall@10 | last 20% | x markov | x ngram | x markov, last 20% | x ngram, last 20% | records/s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for depth in sorted({d for d, _ in q["runs"]}):
-            runs = [v for (d, _), v in q["runs"].items() if d == depth]
-            means = [statistics.mean(v["scores"][i] for v in runs) for i in (0, 1)]
-            spread = [f"{min(v['scores'][i] for v in runs):.4f}-{max(v['scores'][i] for v in runs):.4f}" for i in (0, 1)]
-            ratios = [means[i] / base[b]["scores"][i] for i in (0, 1) for b in ("markov", "ngram")]
-            lines.append(f"| model, `model.layers={depth}` | {means[0]:.4f} ({spread[0]}) | {means[1]:.4f} ({spread[1]}) | "
-                         f"{ratios[0]:.3f}x | {ratios[1]:.3f}x | {ratios[2]:.3f}x | {ratios[3]:.3f}x | "
-                         f"{statistics.mean(v['rate'] for v in runs):,.0f} |")
-        for name in ("markov", "ngram"):
-            b = base[name]
-            lines.append(f"| {name} | {b['scores'][0]:.4f} | {b['scores'][1]:.4f} | | | | | {b['rate']:,.0f} |")
-        s = r["speed"]
-        lines += ["", f"At the defaults (`model.layers={s['layers']}`, batch {s['batch']}), after 80% of the stream: "
-                  f"`learn_many` {s['rate']:,.0f} records/s, bare torch of the same shape {s['reference']:,.0f} "
-                  f"(**{s['rate'] / s['reference']:.2f}x**); {s['rows']:,.0f} rows changed per step of "
-                  f"{s['table_rows']:,} rows in the value tables, {s['bytes'] / 2 ** 10:,.0f} KB of row data per step "
-                  "(optimizer state included: what an incremental checkpoint of one step writes)."]
-        if r["rss"]:
+        lines += _quality_lines(task, r["quality"]) if "quality" in r else [f"**{task}**"]
+        if "speed" in r:
+            s = r["speed"]
+            lines += ["", f"At the defaults (`model.layers={s['layers']}`, batch {s['batch']}), after 80% of the stream: "
+                      f"`learn_many` {s['rate']:,.0f} records/s, bare torch of the same shape {s['reference']:,.0f} "
+                      f"(**{s['rate'] / s['reference']:.2f}x**); {s['rows']:,.0f} rows changed per step of "
+                      f"{s['table_rows']:,} rows in the value tables, {s['bytes'] / 2 ** 10:,.0f} KB of row data per "
+                      "step (optimizer state included: what an incremental checkpoint of one step writes)."]
+        if r.get("rss"):
             first, last = r["rss"][1] if len(r["rss"]) > 1 else r["rss"][0], r["rss"][-1]
             lines += ["", "RSS of a `Learner` fed the stream round and round: "
                       + ", ".join(f"{n:,}: {mb:,.0f} MB" for n, mb in r["rss"])
                       + f" ({last[1] - first[1]:+,.0f} MB from {first[0]:,} to {last[0]:,} records)."]
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _quality_lines(task: str, q: dict) -> list[str]:
+    base = q["baselines"]
+    lines = [f"**{task}** (last 20% = the last {q['window']:,} events)", "",
+             "| contestant | recall@10 | last 20% | x markov | x ngram | x markov, last 20% | x ngram, last 20% | records/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for depth in sorted({d for d, _ in q["runs"]}):
+        runs = [v for (d, _), v in q["runs"].items() if d == depth]
+        means = [statistics.mean(v["scores"][i] for v in runs) for i in (0, 1)]
+        spread = [f"{min(v['scores'][i] for v in runs):.4f}-{max(v['scores'][i] for v in runs):.4f}" for i in (0, 1)]
+        ratios = [means[i] / base[b]["scores"][i] for i in (0, 1) for b in ("markov", "ngram")]
+        lines.append(f"| model, `model.layers={depth}` | {means[0]:.4f} ({spread[0]}) | {means[1]:.4f} ({spread[1]}) | "
+                     f"{ratios[0]:.3f}x | {ratios[1]:.3f}x | {ratios[2]:.3f}x | {ratios[3]:.3f}x | "
+                     f"{statistics.mean(v['rate'] for v in runs):,.0f} |")
+    for name in ("markov", "ngram"):
+        b = base[name]
+        lines.append(f"| {name} | {b['scores'][0]:.4f} | {b['scores'][1]:.4f} | | | | | {b['rate']:,.0f} |")
+    return lines
 
 
 def main() -> int:
@@ -307,8 +318,12 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every model run (on top of the task's defaults)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--parts", default="quality,speed,rss", help="which of quality, speed, rss to run")
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"quality", "speed", "rss"}:
+        parser.error(f"--parts takes quality, speed, rss; got {args.parts}")
     torch.set_num_threads(1)
     records, source = stream(data_dir(args.data), args.records)
     depths = [int(d) for d in args.depths.split(",")]
@@ -316,20 +331,28 @@ def main() -> int:
     extra = tuple(args.set)
     results = {}
     for task in args.tasks.split(","):
-        results[task] = {"quality": quality(task, records, depths, seeds, extra), "speed": speed(task, records, extra),
-                         "rss": memory(task, records, args.rss_records, extra) if args.rss_records else []}
+        r = results[task] = {}
+        if "quality" in parts:
+            r["quality"] = quality(task, records, depths, seeds, extra)
+        if "speed" in parts:
+            r["speed"] = speed(task, records, extra)
+        if "rss" in parts and args.rss_records:
+            r["rss"] = memory(task, records, args.rss_records, extra)
     command = "python bench/tokens.py " + " ".join(sys.argv[1:])
     text = section(results, source, command.strip(), len(records), seeds)
     print(text)
     verdict = []
     for task, r in results.items():
+        if "quality" not in r:
+            continue
         q, best = r["quality"], None
         for depth in sorted({d for d, _ in q["runs"]}):
             means = [statistics.mean(v["scores"][i] for (d, _), v in q["runs"].items() if d == depth) for i in (0, 1)]
             worst = min(means[i] / q["baselines"][b]["scores"][i] / TARGETS[b] for i in (0, 1) for b in TARGETS)
             best = max(best or worst, worst)
         verdict.append(f"{task}: best depth's worst ratio / target {best:.3f} ({'met' if best >= 1 else 'missed'})")
-    print("targets: " + "; ".join(verdict))
+    if verdict:
+        print("targets: " + "; ".join(verdict))
     if not args.dry_run:
         write_between_markers(args.out, BEGIN, END, text)
     return 0

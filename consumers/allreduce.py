@@ -41,7 +41,9 @@ and the audit stay exactly-once). bench/scaleout.py measures both modes.
 
 The Naive Bayes counts (``learner.nb_weight > 0``) are counted, not learned, so no round
 carries them: each rank counts its own batches, and every sync adds the group's count
-changes since the last one on every rank (one all-reduce of the table's deltas).
+changes since the last one on every rank (one all-reduce of the table's deltas). The
+token tasks' count part and candidate index are counted too, and every sync replays
+every rank's log of them (:func:`~.distributed.merge_logs`), as averaging does.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ import torch.distributed as dist
 from ..exceptions import LabelCapacityError, StreamlearnError
 from ..learner import Batch, Learner
 from ..sync import RowGradient
-from .distributed import DistributedError, Group, SyncReport, all_gather, all_reduce
+from .distributed import DistributedError, Group, SyncReport, all_gather, all_reduce, merge_logs
 
 _FLAGS = ("batch", "sync", "finished", "new_labels")
 
@@ -83,8 +85,9 @@ class GradientExchange:
     def __init__(self, learner: Learner, group: Group):
         self.learner, self.group = learner, group
         self.replica = learner.replica  # what moves (streamlearn.sync); this class moves it
-        self.labels = self.replica.copy_labels()  # the group's table
-        self._to_group = list(range(len(self.labels)))  # local label id -> group label id
+        # the group's label table (None: a token task, which has none)
+        self.labels = self.replica.copy_labels() if self.replica.labels is not None else None
+        self._to_group = list(range(self._label_rows))  # local label id -> group label id
         self._tables = self.replica.gradient_tables  # the same order on every rank
         self._flags: dict[str, int] | None = None
         self._offered: list = []  # local labels this rank shares this round
@@ -99,6 +102,10 @@ class GradientExchange:
         learner.gradient_hook = self._hook
 
     # ------------------------------------------------------------------ labels
+    @property
+    def _label_rows(self) -> int:
+        return 0 if self.labels is None else len(self.labels)
+
     def ready(self, batch: Batch) -> bool:
         """True when every label of ``batch`` has a group id (else share first)."""
         return batch.n_labels <= len(self._to_group)
@@ -127,6 +134,8 @@ class GradientExchange:
     def settle_labels(self) -> None:
         """Make the learner's table the group table (only while no prepared batch is
         pending: the fetch thread waits for a checkpoint)."""
+        if self.labels is None:
+            return
         self._map(list(self.learner.labels[len(self._to_group):]))
         self.replica.replace_labels(self.labels.labels)
         self._to_group = list(range(len(self.labels)))
@@ -196,7 +205,7 @@ class GradientExchange:
         head[rank, :len(_FLAGS)] = torch.tensor([float(flags[f]) for f in _FLAGS])
         head[rank, len(_FLAGS):] = torch.tensor([float(len(rows[n][0])) for n in self._tables])
         # A label row past the group's labels is never read: its gradient is zero everywhere.
-        has, grads = self.replica.dense_gradients(len(self.labels))  # (P,), (D,): D the rows in use
+        has, grads = self.replica.dense_gradients(self._label_rows)  # (P,), (D,): D the rows in use
         flat = all_reduce(torch.cat([head.reshape(-1), has, grads]))  # (W*S + P + D,)
         sent = flat.numel() * 4
         head = flat[:world * slot].view(world, slot)
@@ -206,7 +215,7 @@ class GradientExchange:
             sparse, n_bytes = self._exchange_rows(rows, head[:, len(_FLAGS):].long(), contributors)
             at = world * slot + len(has)
             self.replica.set_dense_gradients(flat[world * slot:at].tolist(), flat[at:] / contributors,
-                                             len(self.labels))
+                                             self._label_rows)
             self.replica.set_row_gradients(sparse)
             sent += n_bytes
         self.bytes += sent
@@ -246,6 +255,12 @@ class GradientExchange:
         since the last sync handed to collectives (and clears the counts)."""
         self.settle_labels()
         self.bytes += self._share_counts()
+        if self.group is not None:
+            try:
+                self.bytes += merge_logs(self.replica)
+            except RuntimeError as exc:
+                raise DistributedError(f"merging the counts failed (a peer stopped, died or did not answer "
+                                       f"within {self.group.settings.timeout_s:g} s): {exc}") from exc
         report = SyncReport(self.seconds, self.bytes, self.replica.dense_size, {}, self.rounds)
         self.bytes, self.rounds, self.seconds = 0, 0, 0.0
         return report

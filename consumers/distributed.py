@@ -15,7 +15,11 @@ What one sync (:func:`average_replicas`) exchanges, every rank in the same order
 2. the ids of the rows each rank touched since the last sync, per row table and row
    optimizer state table (all_gather of counts, then of the padded ids);
 3. one flat float32 buffer: every dense parameter, then the union rows of every table,
-   summed by one all_reduce and divided by the world size.
+   summed by one all_reduce and divided by the world size;
+4. token tasks: what each rank counted since the last sync (its new candidates and the
+   count part's trigram batches; all_gather_object), which every rank replays from the
+   last sync's counts (:meth:`~streamlearn.sync.Replica.merge_logs`): Kneser-Ney
+   statistics neither add up nor average, and the count tables stay out of step 3.
 
 Rows nobody touched are equal on every replica already (they were equal after the last
 sync and nobody changed them), so only the union moves. The union is put back into the
@@ -179,11 +183,25 @@ def average_replicas(learner: Learner, group: Group) -> SyncReport:
         flat = all_reduce(flat) / group.world_size
         replica.set_dense_values(flat[:replica.dense_size])
         replica.set_row_values(flat[replica.dense_size:], union)  # the next checkpoint stores these rows
+        log_bytes = merge_logs(replica)
     except RuntimeError as exc:
         raise DistributedError(f"model sync failed (a peer stopped, died or did not answer within "
                                f"{group.settings.timeout_s:g} s): {exc}") from exc
-    return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4, replica.dense_size,
+    return SyncReport(time.perf_counter() - started, id_bytes + flat.numel() * 4 + log_bytes, replica.dense_size,
                       {name: len(ids) for name, ids in union.items()})
+
+
+def merge_logs(replica: Replica) -> int:
+    """Every rank replays every rank's :meth:`~streamlearn.sync.Replica.log` (gathered in
+    rank order); returns the bytes of this rank's log (0 for a task that keeps none).
+    Raises RuntimeError when the collective fails (nothing merged then)."""
+    mine = replica.log()
+    if mine is None:  # the same task on every rank: none of them gathers
+        return 0
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    replica.merge_logs(gathered)
+    return mine.nbytes
 
 
 def _merge_labels(replica: Replica, group: Group) -> None:

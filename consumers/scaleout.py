@@ -147,6 +147,7 @@ class GroupWorker(Worker):
         # allreduce: every step is a round of the group (see .allreduce); average: None
         self.exchange = GradientExchange(self.learner, self.group) if cfg.worker.sync == "allreduce" else None
         self._held: Item | None = None  # allreduce: the queue's next item, until its round serves it
+        self.learner.replica.keep_log()  # token tasks: every replica starts from the same checkpoint
         self._base = self._progress()  # what the last sync merged
 
     # ------------------------------------------------------------------ construction steps
@@ -362,6 +363,7 @@ class GroupWorker(Worker):
     def _go_solo(self) -> None:
         """Leave the broken group; become the writer with the next generation."""
         self.clock.alive = False
+        self.learner.replica.keep_log(False)  # no more merges: the log would only grow
         if self.exchange is not None:
             self.exchange.go_solo()
         self.group.close()
@@ -384,4 +386,4 @@ def _check_group(cfg: Config) -> None:
     if not task_class(cfg.learner.task).replicable:
         able = [name for name in REGISTRY if task_class(name).replicable]
         raise ConfigError(f"--world-size > 1 supports learner.task={', '.join(able)}, got {cfg.learner.task!r}: "
-                          "per-key histories and candidates are not merged between workers; run one worker")
+                          "its per-key histories are not merged between workers; run one worker")

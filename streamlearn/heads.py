@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import NB_ROW
+from .counts.table import distinct
 from .hashing import derive_seed
 from .outputs import HashedCode, OutputCode, PatternCode, SampledCode
 
@@ -226,12 +227,17 @@ class SampledHead(nn.Module):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"O": self.O, "Ob": self.Ob}
 
+    def _rows(self, x: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (n, d_model), tokens' hashes (c, m) -> z (n, d), their vectors o (c, d) and biases b (c,)."""
+        z = self.transform(x)[:, 0]  # (n, d)
+        o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True).to(z.dtype)  # (c, d)
+        b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0].to(z.dtype)  # (c,)
+        return z, o, b
+
     def _logits(self, x: torch.Tensor, hashes: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
         """x (n, d_model), tokens' hashes (c, m), count scores (n, F, c) -> logits (n, c)."""
-        z = self.transform(x)[:, 0]  # (n, d)
-        o = F.embedding_bag(hashes, self.O, mode="sum", sparse=True)  # (c, d)
-        b = F.embedding_bag(hashes, self.Ob, mode="sum", sparse=True)[:, 0]  # (c,)
-        logits = z @ o.t().to(z.dtype) + b.to(z.dtype)  # (n, c)
+        z, o, b = self._rows(x, hashes)
+        logits = z @ o.t() + b  # (n, c)
         if self.gates is None:
             return logits
         g = F.softplus(self.gates(x)).to(logits.dtype)  # (n, F)
@@ -250,18 +256,36 @@ class SampledHead(nn.Module):
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
         """Weighted cross-entropy over ``targets["choices"]`` (c, m) (the answers and the
-        drawn negatives), example i's answer at ``targets["answer"][i]``; with a count
-        part, ``targets["counts"]`` (n, F, c) its scores of those choices and
-        ``targets["negative"]`` (c,) the drawn ones: example i's softmax is then over its
-        answer and those only."""
+        drawn negatives), example i's answer at ``targets["answer"][i]``. With a count
+        part, ``targets["negatives"]`` (k,) are the drawn choices and example i's softmax
+        is over its answer and those only (:meth:`_own_and_negatives`)."""
+        if "negatives" in targets:
+            logits = self._own_and_negatives(x, targets)  # (n, 1 + k): column 0 the answer
+            ce = torch.logsumexp(logits, 1) - logits[:, 0]
+            return (ce * weight).sum() / len(ce)
         logits = self._logits(x, targets["choices"], targets.get("counts")).float()  # (n, c)
         if "logq" in targets:  # sampled softmax's correction: log(K Q(w)) of each choice
             logits = logits - targets["logq"][None]
-        if "negative" in targets:  # example i's softmax: its answer and the drawn negatives
-            own = torch.arange(logits.shape[1], device=logits.device)[None] == targets["answer"][:, None]
-            logits = logits.masked_fill(~(own | targets["negative"][None]), float("-inf"))
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
+
+    def _own_and_negatives(self, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits (n, 1 + k), logQ-corrected: each example's own answer, then the k drawn
+        negatives (-inf where a negative is the example's own answer: it is column 0
+        already). The same softmax as masking the (n, c) grid of every choice to the
+        answer and the negatives, at n (1 + k) cells: the count part scores only these
+        (``targets["own_counts"]`` (n, F), ``targets["counts"]`` (n, F, k))."""
+        answer, neg = targets["answer"], targets["negatives"]
+        z, o, b = self._rows(x, targets["choices"])
+        logq = targets["logq"].to(z.dtype)
+        own = (z * o[answer]).sum(1) + b[answer] - logq[answer]  # (n,)
+        other = z @ o[neg].t() + (b[neg] - logq[neg])[None]  # (n, k)
+        if self.gates is not None:
+            g = F.softplus(self.gates(x)).to(z.dtype)  # (n, F)
+            own = own + (g * targets["own_counts"].to(z.dtype)).sum(1)
+            other = other + torch.einsum("nf,nfk->nk", g, targets["counts"].to(z.dtype))
+        other = other.masked_fill(neg[None] == answer[:, None], float("-inf"))
+        return torch.cat([own[:, None], other], 1).float()
 
 
 def output_head(d_model: int, code: OutputCode, width: int) -> HashedHead | TFreeHead | SampledHead:
@@ -458,7 +482,7 @@ class NaiveBayesHead:
         reader that loads rows lazily (a snapshot) must have current."""
         cells = self._cells(tokens[tokens >= 0][:, None], np.arange(n_labels)).reshape(-1)
         header = np.arange(2 * self.max_labels // self.ROW + 1)  # the rows of cells [0, 2L]
-        return _distinct(np.concatenate([header, cells // self.ROW]))
+        return distinct(np.concatenate([header, cells // self.ROW]))
 
     def learn(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Count a batch (tokens (N, T), labels (N,), weight (N,)); return the changed row ids."""
@@ -466,16 +490,10 @@ class NaiveBayesHead:
         rows = valid.nonzero()[0]  # (M,) the record of each token
         cells = self._cells(tokens[valid], labels[rows])  # (M,)
         w = weight.astype(self.flat.dtype)
-        fresh = len(_distinct(cells[(self.flat[cells] == 0) & (w[rows] > 0)]))
+        fresh = len(distinct(cells[(self.flat[cells] == 0) & (w[rows] > 0)]))
         L = self.max_labels
         at = np.concatenate([cells, labels, L + labels])  # pair cells, records per label, tokens per label
         add = np.concatenate([w[rows], w, w * valid.sum(1).astype(w.dtype)])
         torch.from_numpy(self.flat).index_add_(0, torch.from_numpy(at), torch.from_numpy(add))  # sums repeats
         self.flat[2 * L] += fresh
-        return _distinct(np.append(at, 2 * L) // self.ROW)
-
-
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of a 1-d int array (np.unique, 3x faster at a few hundred)."""
-    s = np.sort(values)
-    return s[np.concatenate([[True], s[1:] != s[:-1]])] if len(s) else s
+        return distinct(np.append(at, 2 * L) // self.ROW)

@@ -171,12 +171,13 @@ class SampledPopularity:
 
     def loss(self, targets: dict[str, np.ndarray], weight: np.ndarray) -> float:
         """Weighted mean loss of ``targets["answer"]`` (n,) among ``targets["choices"]``
-        (c, m); with ``targets["negative"]`` (c,) (a count part's step), example i's
-        softmax is over its own answer and the drawn negatives, as the head's loss."""
+        (c, m); with ``targets["negatives"]`` (k,) (a count part's step: the drawn
+        choices), example i's softmax is over its own answer and those, as the head's loss."""
         c = np.array([self.counts.get(row.tobytes(), 0.0) for row in targets["choices"]]) + _ALPHA  # (c,)
         answer = targets["answer"]
-        if "negative" in targets:
-            drawn = targets["negative"]
+        if "negatives" in targets:
+            drawn = np.zeros(len(c), dtype=bool)
+            drawn[targets["negatives"]] = True
             total = c[drawn].sum() + np.where(drawn[answer], 0.0, c[answer])  # (n,)
         else:
             total = c.sum()

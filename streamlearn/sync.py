@@ -19,6 +19,12 @@ between processes with torch.distributed and compose these operations:
 - counts (the Naive Bayes part, counted and never learned by gradient): each replica's
   :meth:`Replica.count_delta` since a base every replica shares, summed, goes back
   through :meth:`Replica.add_counts`;
+- counts that neither add up nor average (the token tasks' Kneser-Ney tables and their
+  candidate index: :meth:`Task.replayed_tables <streamlearn.tasks.base.Task.replayed_tables>`):
+  from :meth:`Replica.keep_log` on, each replica's :meth:`Replica.log` of what it counted,
+  every replica's in rank order, goes to :meth:`Replica.merge_logs`, which replays them
+  from the state of the last merge (the same on every replica); averaging and count sums
+  leave these tables out;
 - :meth:`Replica.digest`: equal replicas, equal digests.
 
 Layouts are fixed so that every replica packs the same buffer: dense parameters in the
@@ -27,7 +33,7 @@ model's parameter order, tables by sorted store name, rows in the order given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -111,11 +117,14 @@ class Replica:
         return dict(sorted(self.learner.row_tables().items()))
 
     def take_touched(self) -> dict[str, np.ndarray]:
-        """Per table of :meth:`tables` (sorted), the sorted row ids changed since the
-        last call or checkpoint (empty where none); consumes them like
-        :meth:`Learner.take_dirty <streamlearn.learner.Learner.take_dirty>`."""
+        """Per table of :meth:`tables` (sorted) but the replayed ones, the sorted row ids
+        changed since the last call or checkpoint (empty where none); consumes them like
+        :meth:`Learner.take_dirty <streamlearn.learner.Learner.take_dirty>` (the replayed
+        tables' stay dirty: :meth:`merge_logs` adds its own)."""
         dirty, empty = self.learner.take_dirty(), np.zeros(0, np.int64)
-        return {name: dirty.get(name, empty) for name in self.tables()}
+        replayed = self.learner.task.replayed_tables()
+        self.learner.mark_dirty({name: ids for name, ids in dirty.items() if name in replayed})
+        return {name: dirty.get(name, empty) for name in self.tables() if name not in replayed}
 
     def row_values(self, rows: Mapping[str, np.ndarray]) -> torch.Tensor:
         """(n,) float32 CPU: rows ``rows[name]`` of each named table, tables in sorted
@@ -219,8 +228,27 @@ class Replica:
     def counts(self) -> dict[str, torch.Tensor]:
         """A copy of every count table (learned by counting, not by gradient; the Naive
         Bayes part's ``"nb.counts"``), sorted by name; {} when the task has none. The
-        base of a later :meth:`count_delta`."""
-        return {n: t.clone() for n, t in sorted(self.learner.task.count_tables().items())}
+        base of a later :meth:`count_delta`. Replayed tables are left out (:meth:`merge_logs`)."""
+        task = self.learner.task
+        replayed = task.replayed_tables()
+        return {n: t.clone() for n, t in sorted(task.count_tables().items()) if n not in replayed}
+
+    def keep_log(self, on: bool = True) -> None:
+        """Start keeping this replica's :meth:`log` (call it while every replica is equal:
+        the state now is the base every merge replays from); ``on=False`` stops."""
+        self.learner.task.keep_log(on)
+
+    def log(self) -> Any:
+        """What this replica counted since the last merge (picklable: the transport
+        gathers it from every replica)."""
+        return self.learner.task.log()
+
+    def merge_logs(self, logs: Sequence[Any]) -> None:
+        """Take every replica's :meth:`log` (rank order, this one's among them): the
+        replayed tables and the candidate index become what one learner counting them all
+        would hold, equal on every replica given the same ``logs``; the rows that changed
+        become dirty, so the next checkpoint stores them."""
+        self.learner.mark_dirty(self.learner.task.merge_logs(logs))
 
     def count_delta(self, base: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """(C,) float32: what this replica counted since ``base`` (a :meth:`counts`),

@@ -327,3 +327,58 @@ def test_the_recent_cache_counts_the_last_tokens():
         w = np.arange(1, 41, dtype=np.uint64)
         want = np.log((np.array([last[int(x)] for x in w]) + 0.1) / (len(seen[-50:]) + 0.1 * 40))
         assert cache.logp(w, 40) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("task", ["next-token", "mlm"])
+def test_replicas_merged_by_replay_hold_one_learners_counts(task):
+    """Two replicas learn different records; after merging their logs both hold the
+    count tables (bit for bit) and candidates of a third learner that learned both
+    records' batches in rank order, and the merged rows are dirty for the checkpoint."""
+    a, b, one = _learner(task), _learner(task), _learner(task)
+    a.replica.keep_log()
+    b.replica.keep_log()
+    mine, theirs = _records(24, 1), _records(24, 2)
+    for learner, recs in ((a, mine), (b, theirs)):
+        for at in range(0, len(recs), 4):
+            learner.learn_batch(learner.prepare(recs[at:at + 4]))
+    for recs in (mine, theirs):
+        for at in range(0, len(recs), 4):
+            one.learn_batch(one.prepare(recs[at:at + 4]))
+    assert not np.array_equal(a.task.counter.kn.big.buf.numpy(), b.task.counter.kn.big.buf.numpy())
+    logs = [a.replica.log(), b.replica.log()]
+    a.take_dirty()
+    for learner in (a, b):
+        learner.replica.merge_logs(logs)
+    bits = lambda t: t.numpy().view(np.uint32)  # noqa: E731  (key words can read as NaN)
+    for name, table in one.task.count_tables().items():
+        assert np.array_equal(bits(a.task.count_tables()[name]), bits(table)), name
+        assert np.array_equal(bits(b.task.count_tables()[name]), bits(table)), name
+    assert sorted(a.index.tokens) == sorted(b.index.tokens) == sorted(one.index.tokens)
+    dirty = a.take_dirty()
+    assert "lm.kn3" in dirty and "lm.kn12" in dirty
+    assert a.replica.log().trigrams == [] and a.replica.log().new_tokens == []  # the next merge starts here
+
+
+def test_the_proposal_kept_in_step_equals_reading_every_candidate():
+    """The negatives' proposal is updated from the tokens each learn touched; after
+    learns, new candidates, a halving and a restore of other counts it equals a fresh
+    read of every candidate's N1+(. w), to the last bit."""
+    from streamlearn.counts.part import CountPart
+
+    part = CountPart(1 << 10, seed=0)
+    cands = H[:40]
+    for step, recs in enumerate(stream(7, n_rec=400)[i:i + 8] for i in range(0, 400, 8)):
+        u, v, w = trigrams(recs)
+        part.learn(np.stack([u, v, w], 1))
+        seen = cands[:10 + step % 31]  # the candidates grow (and once shrink: a new index)
+        q, total = part.proposal(seen)
+        weight = part.kn.token_stats(seen)[:, 0].astype(np.float64) ** 0.75
+        assert total == weight.sum()
+        np.testing.assert_array_equal(q, 0.9 * weight / total + 0.1 / len(seen))
+    assert part.kn.halvings > 0  # the halving path was taken
+    other = CountPart(1 << 10, seed=0)
+    other.learn(np.stack(trigrams(stream(8, n_rec=50)), 1))
+    for name, t in part.tables().items():
+        t.copy_(other.tables()[name])  # a restore: the tables change without a learn
+    q, total = part.proposal(cands)
+    assert total == (other.kn.token_stats(cands)[:, 0].astype(np.float64) ** 0.75).sum()

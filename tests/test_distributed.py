@@ -286,7 +286,7 @@ def test_group_worker_rejects_settings_before_it_joins_a_group_or_opens_the_stat
     settings = DistSettings(0, 2, f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)
     options = RunOptions("topic", str(tmp_path / "state"))
     for overrides, message in [(("worker.queue_batches=0",), "worker.queue_batches"),  # the worker's rules
-                               (("learner.task=mlm",), "supports learner.task=classify"),  # the group's
+                               (("learner.task=next-item",), "supports learner.task=classify, mlm, next-token"),
                                (("worker.sync=ring",), "worker.sync must be one of")]:
         with pytest.raises(ConfigError, match=message):
             GroupWorker(Config().override(*SMALL, *overrides), options, settings)
@@ -403,9 +403,78 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     assert stored_generation_(state) >= 2
 
 
-def produce_rows_(broker: str, topic: str) -> dict[int, int]:
+def produce_rows_(broker: str, topic: str, rows=None) -> dict[int, int]:
     from streamlearn.broker import produce_rows
-    return produce_rows(broker, topic, stream(RECORDS, seed=3)).per_partition
+    return produce_rows(broker, topic, stream(RECORDS, seed=3) if rows is None else rows).per_partition
+
+
+# Small count tables that never halve on this stream: then the merged counts are exact.
+TOKEN_SETTINGS = (*(s for s in GROUP_SETTINGS if not s.startswith("model.max_labels")), "model.count_slots=65536",
+                  "learner.batch_size=16")
+TOKEN_RECORDS = 1_200
+
+
+def text_stream(n: int, seed: int):
+    """Sentences from a small grammar: enough repeated trigrams that N1+ continuation
+    counts are often above 1 (a sum of two ranks' counts would get them wrong)."""
+    import random
+    rng = random.Random(seed)
+    subjects, verbs, objects = ["the old prince", "natasha", "pierre", "the count", "andrew"], \
+        ["saw", "left", "loved", "wrote to", "went to"], ["moscow", "the army", "his wife", "the ball", "her"]
+    for i in range(n):
+        words = f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} at w{i % 97} and {rng.choice(verbs)}"
+        yield None, {"text": words}, None
+
+
+def _entries(table) -> tuple[np.ndarray, np.ndarray]:
+    keys, vals = table.entries()
+    order = np.argsort(keys)
+    return keys[order], vals[order]
+
+
+@pytest.mark.parametrize("task, sync", [("next-token", "average"), ("mlm", "allreduce")])
+def test_two_workers_learn_one_token_model_with_the_counts_of_one(task, sync, broker, make_topic, group, tmp_path):
+    """2 workers on 2 partitions train one next-token / mlm model: every sync leaves the
+    replicas equal (digests), and the stored model's count part and candidates are those
+    of one learner that counted every record (Kneser-Ney statistics replayed, not summed)."""
+    from streamlearn.checkpoint import read_full
+    from streamlearn.config import load_config
+
+    topic = make_topic(2)
+    ends = produce_rows_(broker, topic, list(text_stream(TOKEN_RECORDS, seed=5)))
+    state = tmp_path / "state"
+    sets = (f"learner.task={task}", *TOKEN_SETTINGS)
+    args = ["--topic", topic, "--state", str(state), "--bootstrap", broker, "--group", group,
+            "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10",
+            "--checkpoint-every", "200", "--until-idle", "4", "--sync", sync, *(f"--set={s}" for s in sets)]
+    ranks = [Rank(tmp_path, r, args) for r in range(2)]
+    try:
+        for r in ranks:
+            assert r.proc.wait(120) == 0, r.output()[-4000:]
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.log.close()
+    both = set(ranks[0].digests()) & set(ranks[1].digests())
+    assert len(both) >= 2 and all(ranks[0].digests()[n] == ranks[1].digests()[n] for n in both)
+    one = Learner(load_config(None, sets, use_env=False))
+    records = [value for _, value, _ in text_stream(TOKEN_RECORDS, seed=5)]
+    for at in range(0, len(records), 16):
+        one.learn_batch(one.prepare(records[at:at + 16]))
+    with open_store(state, readonly=True) as store:
+        m = store.manifest()
+        stored = read_full(store)
+    assert sum(m.records_applied.values()) == sum(ends.values()) == TOKEN_RECORDS
+    mine, theirs = stored.task.counter.kn, one.task.counter.kn
+    assert mine.halvings == theirs.halvings == 0  # else the counts are approximate, not comparable
+    for a, b in [(mine.big, theirs.big), (mine.small, theirs.small)]:
+        (ka, va), (kb, vb) = _entries(a), _entries(b)
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(va, vb)
+    np.testing.assert_array_equal(mine.stats.numpy(), theirs.stats.numpy())
+    assert (theirs.stats.numpy()[0, 3:6] > 0).all()  # twice-seen types in every order: N1+ sums would differ
+    assert sorted(stored.index.tokens) == sorted(one.index.tokens)
 
 
 def stored_generation_(state) -> int:

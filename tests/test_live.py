@@ -200,7 +200,7 @@ def test_sampled_popularity_with_a_count_part_scores_each_answer_against_the_dra
     pop = SampledPopularity()
     pop.learn({"hashes": np.array([[1, 2], [1, 2], [3, 4]])}, np.ones(3, np.float32))
     step = {"choices": np.array([[1, 2], [3, 4], [5, 6]]), "answer": np.array([0, 1]),
-            "negative": np.array([False, True, True])}
+            "negatives": np.array([1, 2])}
     c = np.array([2 + 1, 1 + 1, 0 + 1])
     want = [-np.log(c[0] / (c[0] + c[1] + c[2])), -np.log(c[1] / (c[1] + c[2]))]  # answer 1 is drawn too: counted once
     assert pop.loss(step, np.ones(2, np.float32)) == pytest.approx(np.mean(want))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .table import CountTable
+from .table import CountTable, distinct
 
 __all__ = ["KneserNey3"]
 
@@ -75,6 +75,8 @@ class KneserNey3:
         self.stats = torch.zeros(1, 64)  # (1, 64) float32: the scalars (module docstring)
         self._s = self.stats.numpy()[0]  # a view
         self.halvings = 0
+        # hashes of the tokens w whose N1+(. w) the last learn raised (a new bigram type (v, w))
+        self.raised = np.empty(0, dtype=np.uint64)
 
     def tables(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.kn3": self.big.buf, f"{prefix}.kn12": self.small.buf, f"{prefix}.stats": self.stats}
@@ -87,6 +89,7 @@ class KneserNey3:
         result equals counting them one by one. Returns the touched rows of the big and
         the small table."""
         n = len(u)
+        self.raised = np.empty(0, dtype=np.uint64)
         halved = [self._halve_if_full(t, 3 * n) for t in (self.big, self.small)]
         if any(halved):
             self._recount()
@@ -100,7 +103,7 @@ class KneserNey3:
         if len(fresh):
             rows_big, rows_small = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
         return tuple(np.arange(t.rows) if h else r for t, h, r in
-                     zip((self.big, self.small), halved, (rows_big, np.unique(np.concatenate(rows_small)))))
+                     zip((self.big, self.small), halved, (rows_big, distinct(np.concatenate(rows_small)))))
 
     def _learn_fresh(self, u, v, w, rows_big):
         """Passes 2 and 3 over the new trigram types: N1+(u v .), N1+(. v w), v's
@@ -112,19 +115,25 @@ class KneserNey3:
         old2 = old[:, 0]
         self._count_of_counts(2, old2, old2 + cnt2)
         ukv, inv = np.unique(key("C2", v[first2]), return_inverse=True)
-        dv = np.zeros((len(ukv), 2), dtype=np.float32)
-        np.add.at(dv, inv.reshape(-1), np.stack([cnt2, old2 == 0], 1).astype(np.float32))
-        uk1, cnt1 = np.unique(key("T1", w[first2][old2 == 0]), return_counts=True)
+        inv = inv.reshape(-1)  # whole counts: bincount's float64 sums are exact, as np.add.at's (slower) were
+        dv = np.stack([np.bincount(inv, cnt2, len(ukv)), np.bincount(inv, old2 == 0, len(ukv))], 1).astype(np.float32)
+        self.raised = w[first2][old2 == 0]
+        uk1, cnt1 = np.unique(key("T1", self.raised), return_counts=True)
         old, rows3 = self._add(self.small, [ukv, uk1], [dv[:, 0], dv[:, 1]], [cnt1, 0 * cnt1])
         old1 = old[len(ukv):, 0]
         self._count_of_counts(1, old1, old1 + cnt1)
         self._s[_TOTAL] += float(cnt1.sum())
         self._s[_TYPES] += float(np.count_nonzero(old1 == 0))
-        return np.union1d(rows_big, rows2), [rows2s, rows3]
+        return distinct(np.concatenate([rows_big, rows2])), [rows2s, rows3]
 
     def _count_of_counts(self, order: int, old: np.ndarray, new: np.ndarray) -> None:
         self._s[_N1 + order - 1] += np.count_nonzero(new == 1) - np.count_nonzero(old == 1)
         self._s[_N2 + order - 1] += np.count_nonzero(new == 2) - np.count_nonzero(old == 2)
+
+    @property
+    def continuations(self) -> float:
+        """sum_w N1+(. w): changes whenever any N1+(. w) does (a fingerprint for caches of them)."""
+        return float(self._s[_TOTAL])
 
     def D(self, order: int) -> float:
         n1, n2 = float(self._s[_N1 + order - 1]), float(self._s[_N2 + order - 1])
@@ -176,8 +185,22 @@ class KneserNey3:
             return table.get(k.ravel()).reshape(*k.shape, 2)
         out = np.zeros((*where.shape, 2), dtype=np.float32)
         if where.any():
-            out[where] = table.get(key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts)))
+            out[where] = table.get(self._keys_where(tag, parts, where))
         return out
+
+    @staticmethod
+    def _keys_where(tag: str, parts: tuple[np.ndarray, ...], where: np.ndarray) -> np.ndarray:
+        """The keys of the cells ``where`` is True. When only the last part spans a grid
+        axis the others do not (a slot's context against shared candidates), the key is
+        built at the parts' own shapes, the context mixed once per slot, and then read
+        at those cells; otherwise each part is gathered at the cells first."""
+        if all(np.ndim(p) == 2 and np.shape(p)[1] == 1 for p in parts[:-1]):
+            return np.broadcast_to(key(tag, *parts), where.shape)[where]
+        return key(tag, *(np.broadcast_to(p, where.shape)[where] for p in parts))
+
+    def continuation_counts(self, w: np.ndarray) -> np.ndarray:
+        """N1+(. w) of token hashes ``w`` (any shape)."""
+        return self._get("T1", w)[..., 0]
 
     def token_stats(self, w: np.ndarray) -> np.ndarray:
         """(..., 3): N1+(. w), and w's statistics as a bigram context (S(w), L(w))."""

@@ -80,12 +80,22 @@ class MaskedToken(TokenTask):
     """The mlm task (see the module docstring)."""
 
     name = "mlm"
+    replicable = True  # the candidate index and the count part replay at each sync (streamlearn.sync)
     target_field = None
     Preparer = MaskedTokenPreparer
 
     def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """The KN chain (N, 1, C): log P(w | l2 l1) + log P(r1 | l1 w) + log P(r2 | w r1)."""
         return self.counter.chain(ctx, cands, n)
+
+    def answer_and_negative_counts(self, ctx: np.ndarray, answers: np.ndarray, negatives: np.ndarray,
+                                   n: int) -> tuple[np.ndarray, np.ndarray]:
+        """One (N, 1 + k) grid: mlm's slots have distinct contexts (nothing to read once
+        for several), and a chain costs about 17 table reads whatever its size (measured
+        1.25 ms a step against 1.6 ms in two calls)."""
+        grid = np.concatenate([answers[:, None], np.broadcast_to(negatives, (len(answers), len(negatives)))], 1)
+        scores = self.score_counts(ctx, grid, n)  # (N, F, 1 + k)
+        return scores[:, :, 0], scores[:, :, 1:]
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The states (n, d) at the positions (rows[i], cols[i]); at depth 0 the pooled

@@ -91,6 +91,7 @@ class NextToken(TokenTask):
     """The next-token task (see the module docstring)."""
 
     name = "next-token"
+    replicable = True  # the candidate index and the count part replay at each sync (streamlearn.sync)
     target_field = None
     Preparer = NextTokenPreparer
 
