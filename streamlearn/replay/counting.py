@@ -26,6 +26,7 @@ more popular item, then to the item seen first.
 """
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
 from typing import Iterator, Sequence
@@ -262,32 +263,45 @@ class NGram(Baseline):
         """The unigram, absolutely discounted and interpolated with the uniform over the
         tokens seen: (max(c - D, 0) + D) / total for a seen token, a monotone function of
         its count (so its order is the ranking's)."""
-        total = self.unigram.total
+        return self._unigram_p()(w)
+
+    def _unigram_p(self):
+        """:meth:`_p1` as a function with the table's total and discount read once (it is
+        called for every token a context has seen, per event)."""
+        uni = self.unigram
+        total, D, ordinal, counts = uni.total, self.d1.D, uni.ordinal, uni.counts
         if not total:
-            return 0.0
-        D = self.d1.D
-        return (max(self.unigram.count(w) - D, 0) + D) / total
+            return lambda w: 0.0
+
+        def p1(w: str) -> float:
+            i = ordinal.get(w)
+            return ((counts[i] - D if counts[i] > D else 0.0) + D) / total if i is not None else D / total
+        return p1
 
     def _scores(self, e: Event) -> tuple[dict[str, float], float]:
         """Exact scores of the tokens some context has seen, and the factor ``f`` every
         other token's score is ``f * p1(w)`` times (so their order is the unigram's)."""
         u, v = e.left[-2], e.left[-1]
+        p1 = self._unigram_p()
         if e.right is None:
             row3, tot3, D3, l3 = self.tri.smoothed((u, v))
             row2, tot2, D2, l2 = self.bi.smoothed((v,))
-            lower = {w: max(c - D2, 0) / tot2 + l2 * self._p1(w) for w, c in row2.items()} if tot2 else {}
-            f2 = l2
-            scores = {w: l3 * (lower.get(w, f2 * self._p1(w))) + (max(c - D3, 0) / tot3) for w, c in row3.items()}
-            for w, p in lower.items():
-                scores.setdefault(w, l3 * p)
-            return scores, l3 * f2
+            # scores[w] = l3 * lower(w) + max(c3(w) - D3, 0) / tot3, lower(w) = l3's backoff:
+            # max(c2(w) - D2, 0) / tot2 + l2 * p1(w), or l2 * p1(w) for a w row2 lacks
+            scores = {w: l3 * ((c - D2 if c > D2 else 0.0) / tot2 + l2 * p1(w)) for w, c in row2.items()} \
+                if tot2 else {}
+            for w, c in row3.items():
+                lower = scores.get(w)
+                scores[w] = (l3 * (l2 * p1(w)) if lower is None else lower) + (c - D3 if c > D3 else 0.0) / tot3
+            return scores, l3 * l2
         row3, tot3, D3, l3 = self.tri.smoothed((v, e.right))
         rowl, totl, Dl, ll = self.bi.smoothed((v,))
         rowr, totr, Dr, lr = self.back.smoothed((e.right,))
 
         def side(w: str) -> float:
-            pl = (max(rowl.get(w, 0) - Dl, 0) / totl if totl else 0.0) + ll * self._p1(w)
-            pr = (max(rowr.get(w, 0) - Dr, 0) / totr if totr else 0.0) + lr * self._p1(w)
+            pw = p1(w)
+            pl = (max(rowl.get(w, 0) - Dl, 0) / totl if totl else 0.0) + ll * pw
+            pr = (max(rowr.get(w, 0) - Dr, 0) / totr if totr else 0.0) + lr * pw
             return 0.5 * (pl + pr)
 
         seen = set(row3) | set(rowl) | set(rowr)
@@ -296,10 +310,23 @@ class NGram(Baseline):
 
     def _top(self, e: Event) -> list[str]:
         scores, f = self._scores(e)
-        allowed = [w for w in scores if not e.excluded(w)]
-        best = sorted(allowed, key=lambda w: (-scores[w], -self.unigram.count(w), self.unigram.first(w)))[: self.k]
+        uni = self.unigram
+        ordinal, counts, unseen = uni.ordinal, uni.counts, len(uni.items)
+
+        def rank(w: str, score: float) -> tuple[float, int, int]:
+            """Higher score first, then the more frequent token, then the one seen first."""
+            i = ordinal.get(w)
+            return (-score, 0, unseen) if i is None else (-score, -counts[i], i)
+
+        allowed = {w: s for w, s in scores.items() if not e.excluded(w)} if e.n_excluded else scores
+        # Rows of common contexts hold thousands of tokens: only those scoring at least the
+        # k-th best score can be in the top k, so only they are ranked with the tie-breaks.
+        if len(allowed) > self.k:
+            cut = heapq.nlargest(self.k, allowed.values())[-1]
+            allowed = {w: s for w, s in allowed.items() if s >= cut}
+        best = sorted((rank(w, s), w) for w, s in allowed.items())[: self.k]
         # Tokens no context has seen score f * p1: the unigram order, merged in where they beat.
-        rest = self.unigram.top(self.k, lambda w: w in scores or e.excluded(w))
-        merged = best + rest
-        key = {w: scores.get(w, f * self._p1(w)) for w in merged}
-        return sorted(merged, key=lambda w: (-key[w], -self.unigram.count(w), self.unigram.first(w)))[: self.k]
+        p1 = self._unigram_p()
+        rest = uni.top(self.k, lambda w: w in scores or e.excluded(w))
+        merged = best + [(rank(w, f * p1(w)), w) for w in rest]
+        return [w for _, w in heapq.nsmallest(self.k, merged)]
