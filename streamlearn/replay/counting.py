@@ -166,8 +166,11 @@ class Markov(Baseline):
         pop = self.popularity
         out = []
         if row:
-            allowed = [item for item in row if not event.excluded(item)]
-            out = sorted(allowed, key=lambda item: (-row[item], *pop.key(item)))[: self.k]
+            allowed = {item: c for item, c in row.items() if not event.excluded(item)} if event.n_excluded else row
+            if len(allowed) > self.k:  # only counts at least the k-th largest can make the list
+                cut = heapq.nlargest(self.k, allowed.values())[-1]
+                allowed = {item: c for item, c in allowed.items() if c >= cut}
+            out = sorted(allowed, key=lambda item: (-allowed[item], *pop.key(item)))[: self.k]
         return out + pop.top(event, set(out), self.k - len(out))
 
 
