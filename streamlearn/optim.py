@@ -19,9 +19,11 @@ Rules:
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import OptimConfig
@@ -197,6 +199,7 @@ class DenseAdamW:
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         decay = [p for p in params if p.dim() >= 2]
         self.groups = [(decay, weight_decay), ([p for p in params if p.dim() < 2], 0.0)]
+        self._members = [frozenset(map(id, group)) for group, _ in self.groups]  # step_rows: a parameter's group
         self.state: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
 
     @property
@@ -227,14 +230,15 @@ class DenseAdamW:
         gradient beyond ``len(g)``): the kernels vectorise a tensor in blocks and round
         a short tail differently, and a 4-element bias would be all tail. So the rows
         updated come out bit for bit as :meth:`step` leaves them."""
-        for group, decay in self.groups:
-            members = {id(p) for p in group}
+        for (_, decay), members in zip(self.groups, self._members):
             live = [_leading(p, g) for p, g in grads if id(p) in members]
             if live:
-                states = [self._state(p) for p, _ in live]
-                views = [{"step": s["step"], "exp_avg": s["exp_avg"][:len(g)], "exp_avg_sq": s["exp_avg_sq"][:len(g)]}
-                         for s, (_, g) in zip(states, live)]
-                self._update([p.detach()[:len(g)] for p, g in live], [g for _, g in live], views, decay)
+                params, views = [], []
+                for p, g in live:
+                    n, s = g.shape[0], self._state(p)
+                    params.append(p.detach()[:n])
+                    views.append({"step": s["step"], "exp_avg": s["exp_avg"][:n], "exp_avg_sq": s["exp_avg_sq"][:n]})
+                self._update(params, [g for _, g in live], views, decay)
 
     def _update(self, params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict[str, torch.Tensor]],
                 decay: float) -> None:
@@ -299,11 +303,11 @@ _BLOCK = 64  # elements: a multiple of every CPU vector width (AVX-512: 16 float
 def _leading(p: nn.Parameter, g: torch.Tensor) -> tuple[nn.Parameter, torch.Tensor]:
     """``(p, g)`` with ``g``, the gradient of ``p``'s first rows, padded with zero rows
     to whole blocks of :data:`_BLOCK` elements (or to all of ``p``)."""
-    row = max(1, g[0].numel()) if len(g) else 1
-    n = len(g)
-    while n < len(p) and (n * row) % _BLOCK:
+    have, row = g.shape[0], math.prod(g.shape[1:]) or 1
+    n = have
+    while n < p.shape[0] and (n * row) % _BLOCK:
         n += 1
-    return (p, g) if n == len(g) else (p, torch.cat([g, g.new_zeros((n - len(g), *g.shape[1:]))]))
+    return (p, g) if n == have else (p, F.pad(g, (0, 0) * (g.dim() - 1) + (0, n - have)))
 
 
 def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig, fused: bool = False) -> DenseAdamW:
