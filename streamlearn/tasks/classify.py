@@ -261,13 +261,18 @@ class Classify(Task):
             return None
         bag = model.bag(batch.feats)
         logits = model.head(bag.x, batch.n_labels).float()  # (N, n_labels): the network's, as the loss sees
-        y = torch.from_numpy(batch.targets["labels"])  # (N,)
-        w = torch.from_numpy(batch.weight) / len(y)  # (N,)
+        y = batch.targets["labels"]  # (N,)
+        rows = np.arange(len(y))
+        w = batch.weight / np.float32(len(y))  # (N,) float32
         logp = torch.log_softmax(logits, 1)
-        loss = -torch.dot(logp.gather(1, y.unsqueeze(1)).squeeze(1), w)
+        # The picks and the (q - onehot) w arithmetic in numpy, on the tensors' memory: the
+        # same single float32 operations as torch's indexing ops, at a fraction of their
+        # dispatch cost (a batch of 8 is a few dozen numbers).
+        loss = -torch.dot(torch.from_numpy(logp.numpy()[rows, y]), torch.from_numpy(w))
         grad = logp.exp()  # (N, n_labels): q
-        grad[torch.arange(len(y)), y] -= 1.0
-        grad *= w.unsqueeze(1)
+        q = grad.numpy()
+        q[rows, y] -= np.float32(1.0)
+        q *= w[:, None]
         (grad_w, grad_b), grad_x = model.head.gradients(bag.x, grad)
         head = ((model.head.weight, grad_w), (model.head.bias, grad_b))  # rows beyond n_labels: zero, never used
         # The Naive Bayes scores join the outputs only (the loss sees the network's logits):
