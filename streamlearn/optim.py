@@ -147,7 +147,7 @@ def _put_rows(table: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor) -> Non
     CPU through numpy's fancy assignment: torch's index_copy_ cost about 3.5x as much
     (77 against 22 us for 300 rows of 64, one thread), the largest single cost of a
     depth-0 step (py-spy, SMS, batch 8: the row rule's two writes were 17% of it)."""
-    if table.device.type == "cpu":
+    if table.device.type == "cpu" and table.dtype != torch.bfloat16:  # numpy has no bfloat16
         table.detach().numpy()[idx.numpy()] = rows.detach().numpy()
     else:
         table.index_copy_(0, idx, rows)
