@@ -67,19 +67,13 @@ class LabelHead(nn.Module):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {}
 
-    def backward(self, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward`'s gradient in closed form: given dL/dlogits ``grad`` (n,
-        n_labels) at input ``x`` (n, d), add dL/dweight and dL/dbias to their ``.grad``
-        (full-size and zero beyond n_labels, as autograd leaves them) and return dL/dx
-        (n, d)."""
+    def gradients(self, x: torch.Tensor, grad: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """:meth:`forward`'s gradient in closed form, given dL/dlogits ``grad`` (n,
+        n_labels) at input ``x`` (n, d): ``((dL/dweight, dL/dbias) of the first n_labels
+        rows, (n_labels, d) and (n_labels,)), dL/dx (n, d))``. Rows beyond n_labels are
+        never read: their gradient is zero."""
         n_labels = grad.shape[1]
-        weight = torch.zeros_like(self.weight)
-        torch.mm(grad.t(), x, out=weight[:n_labels])
-        bias = torch.zeros_like(self.bias)
-        torch.sum(grad, 0, out=bias[:n_labels])
-        for p, g in ((self.weight, weight), (self.bias, bias)):
-            p.grad = g if p.grad is None else p.grad + g
-        return grad @ self.weight.detach()[:n_labels]  # (n, d)
+        return (grad.t() @ x, grad.sum(0)), grad @ self.weight.detach()[:n_labels]
 
     @torch.no_grad()
     def start_rows(self, ids: Sequence[int], labels: Sequence, seed: int, scale: float = 1.0) -> None:

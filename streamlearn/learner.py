@@ -60,6 +60,7 @@ from .prequential import Check, Scores
 from .records import from_features
 from .sync import Replica
 from .tasks import build_task
+from .tasks.base import ClosedForm
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
 
@@ -69,10 +70,13 @@ class DirtyRows:
     """The rows changed per table since the last :meth:`take`: one bit per row, so the
     memory is the tables' row counts in bits whatever the stream's length. (Lists of the
     ids each step changed grew by about 850 MB per 100k text records in a replay, which
-    never checkpoints and so never emptied them.)"""
+    never checkpoints and so never emptied them.) ``follows``: state table -> the table
+    whose changed rows are its changed rows too (a row optimizer's state changes with
+    its table's rows): marked once, reported under both names."""
 
-    def __init__(self, rows: Mapping[str, int]):
+    def __init__(self, rows: Mapping[str, int], follows: Mapping[str, str] | None = None):
         self._rows = dict(rows)  # table name -> rows
+        self._follows = dict(follows or {})
         self._bits: dict[str, np.ndarray] = {}
 
     def mark(self, name: str, ids: np.ndarray) -> None:
@@ -82,13 +86,16 @@ class DirtyRows:
         bits[ids] = True
 
     def take(self) -> dict[str, np.ndarray]:
-        """Sorted row ids per table that changed, then all clear."""
+        """Sorted unique row ids per table that changed, then all clear."""
         out = {}
         for name, bits in self._bits.items():
             ids = np.flatnonzero(bits)
             if len(ids):
                 out[name] = ids
                 bits[ids] = False
+        for state, table in self._follows.items():
+            if table in out:
+                out[state] = np.union1d(out[state], out[table]) if state in out else out[table].copy()
         return out
 
 
@@ -121,6 +128,15 @@ def _grad_values(p: torch.nn.Parameter) -> torch.Tensor:
     if not p.grad.is_coalesced():
         p.grad = p.grad.coalesce()
     return p.grad.values()
+
+
+def _safe(g: torch.Tensor) -> bool:
+    """Whether every value of a closed-form gradient is finite and within
+    :data:`MAX_GRADIENT` in magnitude: its largest and smallest value in numpy (NaN
+    propagates through both), two reductions without a temporary, a few microseconds
+    where torch's dispatch was most of the check's cost."""
+    a = g.detach().cpu().numpy()
+    return not a.size or bool(-MAX_GRADIENT < a.min() and a.max() < MAX_GRADIENT)
 
 
 class Learner(river_base.Classifier):
@@ -156,7 +172,8 @@ class Learner(river_base.Classifier):
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
-        self._dirty = DirtyRows({name: t.shape[0] for name, t in self.row_tables().items()})
+        self._dirty = DirtyRows({name: t.shape[0] for name, t in self.row_tables().items()},
+                                {f"{name}.{s}": name for name in self.row_optim.tables for s in self.row_optim.state_names})
         self._index_mark = 0  # candidates already in a checkpoint
         self._named = list(self.model.named_parameters())  # walked once: parameters never change identity
         # Called as gradient_hook(learner) after backward, before the optimizers step: the
@@ -398,7 +415,7 @@ class Learner(river_base.Classifier):
     def _step(self, batch: Batch, predict: bool) -> tuple[float, dict[str, np.ndarray], bool, torch.Tensor | None]:
         """Forward, backward and the optimizers' step; ``(loss, changed rows, skipped,
         outputs)``, ``outputs`` being the task's raw outputs before the step (with
-        ``predict``, or whenever the step is closed-form; else None).
+        ``predict``; else None).
 
         The task's closed form (:meth:`Task.gradients <streamlearn.tasks.base.Task.gradients>`)
         replaces autograd where it has one (classify at depth 0 on the CPU; not with
@@ -413,21 +430,48 @@ class Learner(river_base.Classifier):
         closed = None
         if batch.sr_feats is None:
             with torch.no_grad():
-                closed = self.task.gradients(self.model, batch, self.dev)
+                closed = self.task.gradients(self.model, batch, self.dev, outputs=predict)
         if closed is not None:
             value, outputs = closed.loss, closed.outputs
         else:
             outputs = self._outputs_before(batch) if predict else None
             value, loss = self._forward(batch)
+        what = f"training batch {batch.seq}"
         if not math.isfinite(value) and self.gradient_hook is None:
-            self._skip(f"training batch {batch.seq}: its loss ({value})")  # alone: no backward needed
+            self._skip(f"{what}: its loss ({value})")  # alone: no backward needed
             return value, {}, True, outputs
+        if closed is not None and self.gradient_hook is None:
+            changed = self._apply_closed(closed, what)
+            return value, changed or {}, changed is None, outputs
         if closed is None:
             loss.backward()
+        else:
+            closed.to_grad()
         if self.gradient_hook is not None:
             self.gradient_hook(self)  # every rank enters the exchange, even with a bad loss
-        changed = self.apply_gradients(f"training batch {batch.seq}")
+        changed = self.apply_gradients(what)
         return value, changed or {}, changed is None, outputs
+
+    def _apply_closed(self, closed: ClosedForm, what: str) -> dict[str, np.ndarray] | None:
+        """:meth:`apply_gradients` of a closed-form step's gradients as they come
+        (:class:`~streamlearn.tasks.base.ClosedForm`), without writing them to ``.grad``
+        first: no sparse tensors to build and read back, a numpy safety check
+        (:func:`_safe`), and AdamW over the label head's rows in use only. The same
+        updates as the ``.grad`` path (tests/test_learner.py); None: skipped.
+
+        Profile (py-spy, SMS, batch 8): building, coalescing and reading back the sparse
+        gradients and one check per parameter were about a tenth of a step, AdamW over
+        all ``model.max_labels`` rows of the label head about 5%."""
+        grads = [g for _, g in closed.rows.values()] + [g for _, g in closed.dense]
+        if not all(_safe(g) for g in grads):
+            names = [*closed.rows, *(n for p, _ in closed.dense for n, q in self._named if q is p)]
+            bad = next(n for n, g in zip(names, grads) if not _safe(g))
+            self._skip(f"{what}: the gradient of {bad}")
+            return None
+        self.dense_optim.step_rows(closed.dense)
+        changed = self.row_optim.apply(closed.rows)
+        self.steps += 1
+        return self._record_dirty(changed)
 
     def _outputs_before(self, batch: Batch) -> torch.Tensor:
         with self._inference():
@@ -504,10 +548,8 @@ class Learner(river_base.Classifier):
     def _record_dirty(self, changed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         out = {}
         for name, idx in changed.items():
-            ids = idx.cpu().numpy()
-            out[name] = ids
-            for state in (name, *(f"{name}.{s}" for s in self.row_optim.state_names)):
-                self._dirty.mark(state, ids)
+            out[name] = ids = idx.cpu().numpy()
+            self._dirty.mark(name, ids)  # its optimizer state tables follow (DirtyRows)
         return out
 
     def mark_dirty(self, rows: Mapping[str, np.ndarray]) -> None:

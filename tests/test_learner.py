@@ -304,6 +304,7 @@ def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
         with torch.no_grad():
             closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
         assert closed is not None
+        closed.to_grad()
         for name in ("E", "P"):
             grad = lrn.model.row_tables()[name].grad
             assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices()))
@@ -336,6 +337,30 @@ def test_a_closed_form_step_leaves_the_parameters_an_autograd_step_would():
     for name in pa:
         torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
     assert torch.equal(fast.task.nb.counts, slow.task.nb.counts)
+
+
+@pytest.mark.parametrize("overrides", [(), ("optim.sparse=lazy-adam", "embedding.K=4")])
+def test_a_closed_form_step_applied_as_it_comes_equals_one_through_grad(overrides):
+    """Without a gradient hook a closed-form step hands its gradients straight to the
+    optimizers (no sparse .grad, AdamW over the label rows in use only); with one they
+    go through .grad as autograd's would. Both leave every table, optimizer state and
+    count bit for bit alike, and report the same rows (K = 4: a batch touches every P row,
+    the row rule's whole-table case)."""
+    direct, through = learner(*overrides), learner(*overrides)
+    through.gradient_hook = lambda _learner: None  # reads nothing: the .grad path
+    for records in batches(topic_stream(96, seed=3) + [{"text": "team", "label": "sport", "weight": 2.5}], 8):
+        a, b = direct.learn_many(records), through.learn_many(records)
+        assert a.loss == b.loss
+        assert a.rows.keys() == b.rows.keys() and all(np.array_equal(a.rows[k], b.rows[k]) for k in a.rows)
+    assert direct.steps == through.steps > 0
+    assert_same(params(direct), params(through))
+    for name, table in direct.row_tables().items():
+        assert torch.equal(table, through.row_tables()[name]), name
+    dense_a, dense_b = direct.optimizer_state()[0]["state"], through.optimizer_state()[0]["state"]
+    assert dense_a.keys() == dense_b.keys()
+    for i in dense_a:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(dense_a[i][key], dense_b[i][key]), (i, key)
 
 
 @pytest.mark.parametrize("layers", [0, 1])

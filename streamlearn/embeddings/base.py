@@ -67,14 +67,21 @@ class TokenEmbedding(nn.Module):
 class Bag:
     """A batch's summed token vectors ``x`` (N, out_dim) and the gradient they pass on.
 
-    :meth:`backward` takes dL/dx and adds dL/d(table) to each row table's ``.grad`` as
-    autograd would (sparse; here already coalesced: unique ascending rows, so the row
-    optimizer and the gradient checks need not sort them again).
+    :meth:`row_gradients` takes dL/dx and returns dL/d(table) per row table, already
+    coalesced (unique ascending rows), so neither the row optimizer nor the gradient
+    check sorts them again (:class:`~streamlearn.tasks.base.ClosedForm` carries them to
+    the optimizers, or to ``.grad`` as autograd would leave them).
     """
 
     x: torch.Tensor
 
-    def backward(self, grad: torch.Tensor) -> None:
+    def tables(self) -> dict[str, nn.Parameter]:
+        """The row tables :meth:`row_gradients` names, by name."""
+        raise NotImplementedError
+
+    def row_gradients(self, grad: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """dL/d(table) from ``grad`` = dL/dx (N, out_dim): per row table, its unique
+        ascending rows (U,) int64 and their summed gradient rows (U, w)."""
         raise NotImplementedError
 
 

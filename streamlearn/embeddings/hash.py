@@ -28,7 +28,7 @@ from torch import nn
 
 from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
 from .base import (
-    Bag, RowGroups, TensorFeats, TokenEmbedding, add_sparse_grad, flat_valid, gather_valid, normal_table,
+    Bag, RowGroups, TensorFeats, TokenEmbedding, flat_valid, gather_valid, normal_table,
     scatter_valid, valid_index,
 )
 
@@ -109,16 +109,19 @@ class HashBag(Bag):
         self.x = F.embedding_bag(torch.from_numpy(self.buckets), self.E.detach(), torch.from_numpy(offsets),
                                  mode="sum", per_sample_weights=self.pa)  # (N, d)
 
-    def backward(self, grad: torch.Tensor) -> None:  # grad (N, d)
+    def tables(self) -> dict[str, nn.Parameter]:
+        return {"E": self.E, "P": self.P}
+
+    def row_gradients(self, grad: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # grad (N, d)
         M, k = self.p.shape
         slots = RowGroups(self.buckets)
         slot_owner = torch.from_numpy(np.repeat(self.owner, k))  # (M * k,)
-        add_sparse_grad(self.E, slots.rows, slots.sums(grad, slot_owner, self.pa))
+        grad_e = slots.sums(grad, slot_owner, self.pa)  # (U_E, d)
         g = grad.index_select(0, torch.from_numpy(self.owner)) * self.a.unsqueeze(1)  # (M, d): a_n g_n per token
         c = self.E.detach().index_select(0, torch.from_numpy(self.buckets)).view(M, k, -1)  # (M, k, d)
         grad_p = torch.bmm(c, g.unsqueeze(2)).squeeze(2)  # (M, k)
         tokens = RowGroups(self.d1)
-        add_sparse_grad(self.P, tokens.rows, tokens.sums(grad_p))
+        return {"E": (slots.rows, grad_e), "P": (tokens.rows, tokens.sums(grad_p))}
 
 
 class WeightedLookup(torch.autograd.Function):

@@ -30,6 +30,7 @@ from ..counts.part import CountPart, count_seed
 from ..counts.table import distinct
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
+from ..embeddings.base import add_sparse_grad
 from ..exceptions import StreamlearnError
 from ..featurize import Featurizer
 from ..heads import output_head
@@ -44,10 +45,32 @@ __all__ = ["ClosedForm", "CountLog", "Event", "Task", "TokenPreparer", "TokenTas
 @dataclass(frozen=True)
 class ClosedForm:
     """A step whose gradients a task computed in closed form (:meth:`Task.gradients`):
-    the loss and the raw outputs of the forward it ran, before the step."""
+    the loss and the raw outputs of the forward it ran, before the step (None where
+    they were not asked for), and the
+    gradients, not yet on any ``.grad``: ``rows``, per row table (by its name in
+    ``tables``), its unique ascending rows (U,) and their summed gradient rows (U, w);
+    ``dense``, per dense parameter, the gradient of its first ``len(g)`` rows, the rows
+    beyond holding zero weights and zero optimizer state that get no gradient (a label
+    head's rows of labels not seen yet). The learner hands them straight to its
+    optimizers, or writes them to ``.grad`` (:meth:`to_grad`) where a gradient hook
+    reads them there."""
 
     loss: float
-    outputs: torch.Tensor
+    outputs: torch.Tensor | None
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    dense: tuple[tuple[nn.Parameter, torch.Tensor], ...]
+    tables: dict[str, nn.Parameter]
+
+    def to_grad(self) -> None:
+        """Add the gradients to the parameters' ``.grad`` as ``loss.backward()`` would:
+        sparse and coalesced on the row tables, full-size (zero beyond the given rows)
+        on the dense parameters."""
+        for name, (rows, values) in self.rows.items():
+            add_sparse_grad(self.tables[name], rows, values)
+        for p, g in self.dense:
+            full = torch.zeros_like(p)
+            full[:len(g)] = g
+            p.grad = full if p.grad is None else p.grad + full
 
 
 @dataclass(eq=False)
@@ -139,11 +162,13 @@ class Task:
         """Whether :meth:`gradients` takes this model's steps (False: autograd does)."""
         return False
 
-    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device) -> ClosedForm | None:
-        """The step of :meth:`loss` without autograd: add the loss's gradients to the
-        parameters' ``.grad`` as ``loss(...).backward()`` would, and return the loss and
-        the outputs. None (the default) where the task or the model has no closed form:
-        the learner runs autograd."""
+    def gradients(self, model: HashedTransformer, batch: Batch, dev: Device,
+                  outputs: bool = True) -> ClosedForm | None:
+        """The step of :meth:`loss` without autograd: the loss, the outputs (None unless
+        ``outputs``: a step that predicts nothing skips what only the outputs need) and
+        the loss's gradients (:class:`ClosedForm`; :meth:`ClosedForm.to_grad` puts them
+        where ``loss(...).backward()`` would). None (the default) where the task or the
+        model has no closed form: the learner runs autograd."""
         return None
 
     def outputs(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
