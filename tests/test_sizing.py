@@ -9,6 +9,7 @@ import pytest
 
 from streamlearn.broker import produce_rows
 from streamlearn.checkpoint import read_full, stored_config, stored_sizing
+from streamlearn.cli import main
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker
 from streamlearn.exceptions import CheckpointMismatchError
@@ -105,7 +106,7 @@ def write_jsonl(path, records):
     return path
 
 
-def test_replay_derives_the_size_records_it_and_a_reopen_reuses_it(tmp_path):
+def test_replay_derives_the_size_records_it_and_a_reopen_reuses_it(tmp_path, capsys):
     data = write_jsonl(tmp_path / "events.jsonl", events(3000, 2500))
     cfg = Config().override(*ITEMS, "learner.sizing_window=2600")
     report = replay(FileSource(data), ReplayOptions(), config=cfg, save=tmp_path / "saved")
@@ -118,6 +119,10 @@ def test_replay_derives_the_size_records_it_and_a_reopen_reuses_it(tmp_path):
         with store.snapshot():
             assert stored_sizing(store) == Sizing.from_dict(sizing)
         assert store.manifest().config["model"]["out_B"] == 8192
+    assert main(["inspect", "--state", str(tmp_path / "saved"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizing"] == sizing
+    assert main(["inspect", "--state", str(tmp_path / "saved")]) == 0
+    assert "sizing   model.out_B=8192 derived from ~2," in capsys.readouterr().out
 
     # Reopened (replay --state) with the defaults: the stored size, never sized again
     again = replay(FileSource(data), ReplayOptions(mode="frozen", limit=300), state=tmp_path / "saved")
