@@ -10,7 +10,8 @@ included: the window is read twice and learned once, and no offset moves because
 
 A topic that holds fewer records than the window is sized from those it holds when the
 worker starts; an empty one is waited for (its first record), since there is nothing to
-size from.
+size from, unless the worker stops when idle (``--until-idle``): after that long the
+window is empty (the size is then the rule's least) and the worker stops as usual.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ _WAIT_S = 1.0  # between looks at an empty topic
 _LOG_EVERY_S = 30.0
 
 
-def read_window(cfg: Config, topic: str) -> list[Record]:
+def read_window(cfg: Config, topic: str, idle_s: float | None = None) -> list[Record]:
     """The first ``cfg.learner.sizing_window`` records of ``topic`` (undecodable
     messages skipped: the worker dead-letters them when it learns), waiting while the
-    topic is empty. Raises :class:`~streamlearn.replay.sources.ReplaySourceError` when the
+    topic is empty (at most ``idle_s`` seconds, then none; None: until a record comes). Raises :class:`~streamlearn.replay.sources.ReplaySourceError` when the
     broker or the topic cannot be reached within ``worker.connect_timeout_s``."""
     from ..replay.sources import KafkaRange, KafkaSource
 
@@ -42,6 +43,9 @@ def read_window(cfg: Config, topic: str) -> list[Record]:
                              timeout_s=w.connect_timeout_s, security=cfg.kafka)
         if source.estimate() > 0:
             break
+        if idle_s is not None and waited >= idle_s:
+            log.info("topic %r stayed empty for %.1f s: nothing to size the model from", topic, waited)
+            return []
         if waited - logged >= _LOG_EVERY_S or not waited:
             log.info("topic %r is empty: waiting for its first records to size the model (%s=0)", topic,
                      "model.out_B")

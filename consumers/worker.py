@@ -115,7 +115,8 @@ class Worker:
         cfg = self.cfg
         self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
-            self.learner = open_learner(self.store, cfg, lambda: read_window(cfg, self.options.topic))
+            window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
+            self.learner = open_learner(self.store, cfg, window)
         except BaseException:
             self.store.close()
             raise

@@ -194,3 +194,11 @@ def test_an_explicit_size_on_a_fresh_worker_skips_the_window(broker, make_topic,
     assert Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.5)).run().learned == 300
     cfg_stored, sizing, _ = stored(tmp_path / "s")
     assert cfg_stored.model.out_B == 2048 and sizing is None
+
+
+def test_a_worker_that_stops_when_idle_does_not_wait_forever_on_an_empty_topic(broker, make_topic, group, tmp_path):
+    topic = make_topic(1)
+    summary = Worker(worker_config(broker, group), RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0)).run()
+    assert summary.records == 0 and summary.saved
+    with open_store(tmp_path / "s", readonly=True) as store:
+        assert store.manifest().commits == 0  # nothing learned, nothing stored: a later start sizes from records
