@@ -32,6 +32,7 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
@@ -142,8 +143,8 @@ def sized_config(cfg: Config, records: Iterable[Record | Mapping]) -> tuple[Conf
     """``cfg`` with its derived keys set from the first ``learner.sizing_window`` of
     ``records`` (Records or record dicts; records that cannot be decoded are skipped, as
     the learner rejects them), and the :class:`Sizing` that says how; ``(cfg, None)``
-    when ``cfg`` derives nothing (an explicit size wins). Reads no more than the window
-    from ``records``: a generator can be handed on for learning only if it was a copy."""
+    when ``cfg`` derives nothing (an explicit size wins; ``records`` is not read). Takes
+    exactly the window (or all, if fewer) from ``records``: an iterator goes on after it."""
     if not derived_keys(cfg):
         return cfg, None
     from .tasks import task_class
@@ -151,9 +152,7 @@ def sized_config(cfg: Config, records: Iterable[Record | Mapping]) -> tuple[Conf
     task = task_class(cfg.learner.task)
     window = cfg.learner.sizing_window
     sketch, ids, read = DistinctSketch(), [], 0
-    for obj in records:
-        if read >= window:
-            break
+    for obj in itertools.islice(records, window):  # never one more: the caller may go on reading
         read += 1
         try:
             rec = obj if isinstance(obj, Record) else from_dict(obj)
