@@ -32,8 +32,9 @@ _LOG_EVERY_S = 30.0
 def read_window(cfg: Config, topic: str, idle_s: float | None = None) -> list[Record]:
     """The first ``cfg.learner.sizing_window`` records of ``topic`` (undecodable
     messages skipped: the worker dead-letters them when it learns), waiting while the
-    topic is empty (at most ``idle_s`` seconds, then none; None: until a record comes). Raises :class:`~streamlearn.replay.sources.ReplaySourceError` when the
-    broker or the topic cannot be reached within ``worker.connect_timeout_s``."""
+    topic is empty: at most ``idle_s`` seconds, then none (None: until a record comes).
+    Raises :class:`~streamlearn.replay.sources.ReplaySourceError` when the broker or the
+    topic cannot be reached within ``worker.connect_timeout_s``."""
     from ..replay.sources import KafkaRange, KafkaSource
 
     w = cfg.worker

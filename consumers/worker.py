@@ -27,8 +27,8 @@ from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
-from .warmup import read_window
 from .metrics import WorkerMetrics, prequential_scores
+from .warmup import read_window
 
 log = logging.getLogger(__name__)
 
