@@ -33,6 +33,7 @@ from streamlearn.config import load_config
 from streamlearn.datasets import DatasetReader
 from streamlearn.hashing import tokenize
 from streamlearn.learner import Learner
+from streamlearn.sizing import sized_config
 
 import peers
 from data import add_data_option, data_dir
@@ -125,8 +126,13 @@ def cached_peers(cache: Path, name: str, make) -> dict:
 
 # ---------------------------------------------------------------------------- model runs
 
-def learner(overrides) -> Learner:
-    return Learner(load_config(overrides=list(overrides), use_env=False))
+def learner(overrides, sample=()) -> Learner:
+    """A learner of ``overrides``; a size they leave to the stream (next-item's model.out_B=0)
+    is derived from ``sample``'s warm-up window, as replay and the worker do (streamlearn.sizing)."""
+    cfg, sizing = sized_config(load_config(overrides=list(overrides), use_env=False), sample)
+    L = Learner(cfg)
+    L.sizing = sizing
+    return L
 
 
 def classify(records: list[dict], overrides) -> float:
@@ -153,10 +159,11 @@ def item_scores(L: Learner, b, codes: np.ndarray) -> np.ndarray:
     return s
 
 
-def next_item(events: list[dict], overrides, k: int = 10) -> float:
+def next_item(events: list[dict], overrides, k: int = 10) -> tuple[float, int]:
     """Prequential recall@k over the items seen before each event, the key's earlier
-    items excluded; the batch is scored with the weights from before it."""
-    L = learner((*ITEM_BASE, *overrides))
+    items excluded; the batch is scored with the weights from before it. Also returns
+    the model's model.out_B (derived from the first events unless ``overrides`` set it)."""
+    L = learner((*ITEM_BASE, *overrides), sample=events)
     batch = L.cfg.learner.batch_size
     index: dict[str, int] = {}
     first: list[int] = []  # event at which item j was first seen
@@ -193,7 +200,7 @@ def next_item(events: list[dict], overrides, k: int = 10) -> float:
                 evaluated += 1
             seen.setdefault(key, []).append(item)
         L.learn_batch(b)
-    return hits / max(evaluated, 1)
+    return hits / max(evaluated, 1), L.cfg.model.out_B
 
 
 # ---------------------------------------------------------------------------- report
@@ -208,21 +215,25 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
             best_name = max(peer, key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
             scores = [classify(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
+            sizes = []
             ratio = lambda x, best=best: (x - best) * 100  # noqa: E731  points over the best peer
         else:
             data = ITEM_STREAMS[name]()
             peer = cached_peers(cache, name, lambda data=data: item_peers(data))
             best_name = max(("markov", "popularity"), key=lambda p: peer[p])
             best = peer[best_name]
-            scores = [next_item(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
+            scores, sizes = zip(*(next_item(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"])
+                                  for s in seeds))
             ratio = lambda x, best=best: x / best  # noqa: E731
         row = {"task": task, "stream": name, "overrides": overrides, "seeds": seeds, "scores": scores,
                "mean": float(np.mean(scores)), "min": float(np.min(scores)), "best_peer": best_name,
                "best_peer_score": best, "peers": peer, "ratio_mean": ratio(np.mean(scores)),
-               "ratio_min": ratio(np.min(scores)), "seconds": time.perf_counter() - t}
+               "ratio_min": ratio(np.min(scores)), "seconds": time.perf_counter() - t, "out_B": list(sizes)}
         unit = "pt" if task == "text" else "x"
+        size = f" | out_B {'/'.join(map(str, sorted(set(sizes))))}" if sizes else ""
         print(f"{name:11s} model {row['mean']:.4f} (min {row['min']:.4f}) | {best_name} {best:.4f} | "
-              f"{row['ratio_mean']:+.2f}{unit} (min {row['ratio_min']:+.2f}{unit}) | {row['seconds']:.0f}s", flush=True)
+              f"{row['ratio_mean']:+.3f}{unit} (min {row['ratio_min']:+.3f}{unit}){size} | {row['seconds']:.0f}s",
+              flush=True)
         out.append(row)
     worst = min(out, key=lambda r: r["ratio_min"])
     print(f"worst: {worst['stream']} {worst['ratio_min']:+.3f} (min over seeds)  overrides: {' '.join(overrides) or '-'}")

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable, Iterable
 
 from ..checkpoint import audit_kv, has_checkpoint, read_full, write
 from ..config import Config
-from ..exceptions import CheckpointMismatchError
+from ..exceptions import CheckpointMismatchError, ConfigError
 from ..learner import Learner
+from ..records import Record
+from ..sizing import derived_keys, sized_config
 from ..state import Checkpoint, Store
 from .handoff import Prepared
 from .live import LiveHistory
@@ -50,15 +53,29 @@ def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
     return out
 
 
-def open_learner(store: Store, cfg: Config) -> Learner:
+def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record]] | None = None) -> Learner:
     """The learner of the store's last checkpoint, or a new one for an empty store.
 
     The config passed in wins (it may change e.g. learning rates), but it must build the
     same tables and weights as the stored one: otherwise CheckpointMismatchError names the
     config keys that differ. A damaged checkpoint raises CorruptStateError.
+
+    A size the config leaves to the stream (``model.out_B=0``) is the stored one on a
+    restart (never derived again); a new model is sized from the records ``window()``
+    returns (the warm-up window, :func:`.warmup.read_window`), and records how in
+    ``learner.sizing``, which its checkpoints store.
     """
     if not has_checkpoint(store):
-        return Learner(cfg)
+        if not derived_keys(cfg):
+            return Learner(cfg)
+        if window is None:
+            raise ConfigError(f"{', '.join(derived_keys(cfg))}=0 is derived from the stream, and this worker "
+                              "has no warm-up window to read: set a size")
+        sized, sizing = sized_config(cfg, window())
+        learner = Learner(sized)
+        learner.sizing = sizing
+        log.info("new model: %s", sizing)
+        return learner
     try:
         return read_full(store, cfg)
     except CheckpointMismatchError as exc:

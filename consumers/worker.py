@@ -28,6 +28,7 @@ from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
 from .metrics import WorkerMetrics, prequential_scores
+from .warmup import read_window
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +115,12 @@ class Worker:
         cfg = self.cfg
         self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
-            self.learner = open_learner(self.store, cfg)
+            window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
+            self.learner = open_learner(self.store, cfg, window)
         except BaseException:
             self.store.close()
             raise
+        self.cfg = self.learner.cfg  # a derived size is set there (the manifest stores this config)
 
     def _new_checkpointer(self) -> Checkpointer:
         """What commits the learner with the consumed offsets into ``self.store``."""

@@ -25,7 +25,9 @@ What a checkpoint of format :data:`FORMAT` holds:
   :data:`META_APPLIED`, :data:`META_CANDIDATES`), :data:`DENSE_BLOB` (every non-row
   weight, ``torch.save``), :data:`DENSE_OPTIM_BLOB` (AdamW, ``torch.save``),
   :data:`ROW_OPTIM_BLOB` (the row optimizer's rule and step count, msgpack),
-  :data:`LABELS_BLOB` (classify's label table, msgpack); a group's writer adds
+  :data:`LABELS_BLOB` (classify's label table, msgpack), :data:`SIZING_BLOB` (how a
+  derived size was chosen, msgpack of :class:`~streamlearn.sizing.Sizing`; only a model
+  sized from its stream has one); a group's writer adds
   :data:`FENCE_BLOB` (its generation, msgpack; :func:`fence_blob`).
 - kv: :data:`HISTORY_NS` (:func:`history_key` -> msgpack ``[key, items]``; changed keys
   only), :data:`CANDIDATES_NS` (8-byte big-endian sequence number -> token, UTF-8; only
@@ -60,15 +62,17 @@ import xxhash
 from .config import Config, model_changes, stored_values
 from .exceptions import CheckpointError, CheckpointMismatchError, CorruptStateError, NoCheckpointError
 from .learner import Learner
+from .sizing import Sizing, derived_keys
 from .state.schema import TableSpec
 from .tasks.classify import NB_COUNTS
 
 __all__ = [
     "AUDIT_NS", "BLOBS", "CANDIDATES_NS", "CONFIG_BLOB", "DENSE_BLOB", "DENSE_OPTIM_BLOB", "FENCE_BLOB", "FORMAT",
     "HISTORY_NS", "LABELS_BLOB", "LIVE_NS", "LazyCheckpoint", "META_APPLIED", "META_BLOB", "META_CANDIDATES",
-    "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "audit_kv", "check_format",
-    "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit", "read_full", "read_lazy",
-    "read_live", "stored_config", "stored_generation", "stored_labels", "write",
+    "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "SIZING_BLOB", "audit_kv",
+    "check_format", "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit",
+    "read_full", "read_lazy", "read_live", "stored_config", "stored_generation", "stored_labels", "stored_sizing",
+    "write",
 ]
 
 FORMAT = 3
@@ -85,7 +89,8 @@ DENSE_BLOB = "model.dense"
 DENSE_OPTIM_BLOB = "optim.dense"
 ROW_OPTIM_BLOB = "optim.rows"
 FENCE_BLOB = "dist.fence"
-BLOBS = (CONFIG_BLOB, META_BLOB, LABELS_BLOB, DENSE_BLOB, DENSE_OPTIM_BLOB, ROW_OPTIM_BLOB, FENCE_BLOB)
+SIZING_BLOB = "learner.sizing"
+BLOBS = (CONFIG_BLOB, META_BLOB, LABELS_BLOB, DENSE_BLOB, DENSE_OPTIM_BLOB, ROW_OPTIM_BLOB, FENCE_BLOB, SIZING_BLOB)
 
 HISTORY_NS = "history"
 CANDIDATES_NS = "candidates"
@@ -175,6 +180,8 @@ def _blobs(learner: Learner, meta: _Meta) -> dict[str, bytes]:
     if learner.label_table is not None:
         blobs[LABELS_BLOB] = msgpack.packb({"capacity": learner.label_table.capacity, "labels": learner.labels},
                                            use_bin_type=True)
+    if learner.sizing is not None:
+        blobs[SIZING_BLOB] = msgpack.packb(learner.sizing.to_dict())
     blobs[DENSE_BLOB] = _torch_bytes(learner.dense_state())
     blobs[DENSE_OPTIM_BLOB] = _torch_bytes(dense_optim)
     blobs[ROW_OPTIM_BLOB] = msgpack.packb(row_optim)
@@ -231,6 +238,19 @@ def stored_config(store) -> Config:
     """The config a store's learner was checkpointed with."""
     with store.snapshot():
         return _config_of(_config_bytes(store), store)
+
+
+def stored_sizing(store) -> Sizing | None:
+    """How the store's model had its derived sizes chosen (None: it was not sized from
+    its stream). Call it inside ``store.snapshot()``."""
+    raw = store.read_blob(SIZING_BLOB)
+    if raw is None:
+        return None
+    obj = _unpack(raw, SIZING_BLOB, store)
+    try:
+        return Sizing.from_dict(obj)
+    except TypeError as exc:  # not a map, or other fields
+        raise _corrupt(store, SIZING_BLOB, exc) from exc
 
 
 def stored_generation(store) -> int:
@@ -295,11 +315,15 @@ def read_full(store, cfg: Config | None = None) -> Learner:
     """A learner identical to the one checkpointed into ``store``, optimizer state
     included (training resumes bit for bit). Built from the stored config unless ``cfg``
     is given, which must build the same tables and weights (it may change e.g. learning
-    rates). Raises :class:`NoCheckpointError`, :class:`CheckpointMismatchError`,
-    :class:`CorruptStateError`."""
+    rates). A size ``cfg`` leaves to be derived (``model.out_B=0``) is the stored one: a
+    stored model is never sized again. Raises :class:`NoCheckpointError`,
+    :class:`CheckpointMismatchError`, :class:`CorruptStateError`."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
-    learner = Learner(cfg if cfg is not None else stored_config(store))
+    stored = stored_config(store)
+    if cfg is not None and derived_keys(cfg):
+        cfg = cfg.override(f"model.out_B={stored.model.out_B}")
+    learner = Learner(cfg if cfg is not None else stored)
     with store.snapshot():  # one checkpoint: counters, rows, blobs and kv agree
         meta = _read_meta(store)
         check_format(learner, meta.format, store)
@@ -320,6 +344,7 @@ def read_full(store, cfg: Config | None = None) -> Learner:
         if learner.index is not None:
             learner.reset_candidates()
             learner.extend_candidates(_read_candidates(store, meta.candidates))
+        learner.sizing = stored_sizing(store)
     learner.resume(meta.steps, meta.prepared, meta.applied)
     return learner
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 from .config_rules import (
-    REDACTED, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of, power_of_two,
+    REDACTED, Rule, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of, power_of_two,
 )
 from .exceptions import ConfigError
 from .tasks import REGISTRY as TASK_REGISTRY
-from .tasks import task_defaults
+from .tasks import task_defaults, task_derived
 
 SCHEMES = (
     "hash", "bloom", "hashformer-pool", "hashformer-add", "hashformer-proj",
@@ -56,6 +56,7 @@ SEED_RANGE = 1 << 64  # seeds are 64-bit: a larger or negative one would alias a
 MAX_SHARDS = 256  # LMDB named databases: 3 + shards * tables must fit MAX_DBS (state/schema.py)
 NB_ROW = 64  # cells per stored row of the Naive Bayes counts (heads.NaiveBayesHead.ROW)
 KAFKA_BYTES = 1 << 30  # fetch and request sizes are Kafka int32s; record + framing must fit
+DERIVE = 0  # a size key at 0 is derived from the stream by the worker and replay (streamlearn.sizing)
 
 _HOST_PORT = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?:[0-9]{1,5}"
 _BOOTSTRAP = rf"\s*{_HOST_PORT}\s*(,\s*{_HOST_PORT}\s*)*"
@@ -132,7 +133,9 @@ class ModelConfig:
     dropout: float = key(0.0, between(0, 1, high_open=True))
     positions: bool = key(False, flag())  # Superbloom treats its input as a set
     max_labels: int = key(1024, at_least(1))  # classification label table capacity
-    out_B: int = key(50_000, between(1, HASH_RANGE))  # hashed output space per hash (Superbloom / next-item)
+    # hashed output space per hash (Superbloom / next-item); 0 (next-item's default): derived from the
+    # stream's warm-up window when a worker or replay builds a new model (streamlearn.sizing)
+    out_B: int = key(50_000, Rule("0 (derived) or in [1, 2^32]", lambda v: 0 <= v <= HASH_RANGE))
     out_m: int = key(2, at_least(1))
     tie_output: bool = key(True, flag())  # tie hashed output weights to the input table when spaces coincide
     # token tasks' head: "hashed" (Superbloom's m softmaxes over buckets), "sampled" (a softmax
@@ -198,6 +201,8 @@ class LearnerConfig:
     # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
     nb_cells: int = key(1_048_576, multiple_of(NB_ROW, NB_ROW, HASH_RANGE))
     seed: int = key(0, between(0, SEED_RANGE, high_open=True))
+    # records read before learning starts to size a new model's derived keys (model.out_B=0)
+    sizing_window: int = key(10_000, at_least(1))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -411,6 +416,10 @@ class Config:
         if m.recent and m.counts != "kn3":
             raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
                               "(or model.recent=0)")
+        if m.out_B == DERIVE and "model.out_B" not in task_derived(lc.task):
+            raise ConfigError(f"model.out_B={DERIVE} (derived from the stream) is for the tasks that derive it "
+                              f"({', '.join(t for t in TASKS if 'model.out_B' in task_derived(t))}); "
+                              f"learner.task={lc.task!r} needs a size: set model.out_B >= 1", "model.out_B")
         least = _nb_cells_needed(m.max_labels)
         if lc.nb_weight > 0 and lc.nb_cells < least:
             raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
@@ -486,7 +495,7 @@ RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
     "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
     "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
-    "learner.nb_alpha", "learner.seed",
+    "learner.nb_alpha", "learner.seed", "learner.sizing_window",
     "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",
     *(f"{section}.{name}" for section, cls in (("worker", WorkerConfig), ("kafka", KafkaConfig),
                                                 ("service", ServiceConfig)) for name in (f.name for f in fields(cls))),

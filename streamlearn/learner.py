@@ -58,6 +58,7 @@ from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
 from .prequential import Check, Scores
 from .records import from_features
+from .sizing import OUT_B_MIN, Sizing, derived_keys
 from .sync import Replica
 from .tasks import build_task
 from .tasks.base import ClosedForm
@@ -154,8 +155,20 @@ class Learner(river_base.Classifier):
     True
     """
 
+    # How the derived sizes of this model were chosen (streamlearn.sizing; stored with its
+    # checkpoints); None: every size was given, or fell back to the documented value.
+    sizing: Sizing | None = None
+
     def __init__(self, cfg: Config | None = None):
-        self.cfg = cfg if cfg is not None else Config()
+        """``cfg``: the model. A size it leaves to the stream (``model.out_B=0``, next-item's
+        default) that nobody derived (the worker and replay do; :func:`~streamlearn.sizing.sized_config`
+        for a sample) is :data:`~streamlearn.sizing.OUT_B_MIN` here."""
+        cfg = cfg if cfg is not None else Config()
+        if derived_keys(cfg):
+            cfg = cfg.override(f"model.out_B={OUT_B_MIN}")
+            log.info("model.out_B=0 and no stream to size it from: using %d (streamlearn.sizing.sized_config "
+                     "sizes a config from a sample of records)", OUT_B_MIN)
+        self.cfg = cfg
         c = self.cfg
         self.dev = Device.pick(c.learner.device)
         adopt_threads(c)  # torch's intra-op threads, unless the program chose a count (device.adopt_threads)

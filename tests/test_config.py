@@ -135,6 +135,7 @@ KEYS: dict[str, Case] = {
     "learner.nb_alpha": Case(1.0, 0.0),
     "learner.nb_cells": Case(65536, 1000),
     "learner.seed": Case(2**64 - 1, 2**64),
+    "learner.sizing_window": Case(500, 0),
     "store.backend": Case("memory", "rocksdb"),
     "store.shards": Case(256, 257),
     "store.map_size_gb": Case(0.5, 0.0),
@@ -399,3 +400,13 @@ def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
         t = Config().override(f"learner.task={task}")
         assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 8), task
         assert (t.model.output, t.model.counts) == ("sampled", "kn3"), task
+
+
+def test_out_B_zero_is_derived_for_next_item_only():
+    """0 means "derived from the stream" (streamlearn.sizing): next-item's default, and
+    refused for a task that does not derive it, naming the key."""
+    assert Config().override("learner.task=next-item").model.out_B == 0
+    for task in ("classify", "mlm", "next-token"):
+        with pytest.raises(ConfigError, match=r"model.out_B=0 .*derived.* set model.out_B >= 1") as exc:
+            Config().override(f"learner.task={task}", "model.out_B=0")
+        assert exc.value.key == "model.out_B"

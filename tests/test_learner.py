@@ -412,6 +412,22 @@ def test_bad_training_records_are_rejected_with_a_reason_not_dropped():
         lrn.learn_one({"text": "cloud"}, "tech")
 
 
+def test_label_1025_at_the_default_capacity_is_rejected_with_its_reason():
+    """The default model.max_labels=1024: the 1025th label is a rejected record with reason
+    label-capacity (the worker dead-letters it), never a crash or a silent loss, and the
+    labels already known keep learning."""
+    lrn = learner(f"model.max_labels={Config().model.max_labels}")
+    assert lrn.cfg.model.max_labels == 1024
+    for start in range(0, 1024, 256):
+        report = lrn.learn_many([{"text": f"word{i} common", "label": f"L{i}"} for i in range(start, start + 256)])
+        assert not report.rejected
+    report = lrn.learn_many([{"text": "word9 common", "label": "L1024"}, {"text": "word7 common", "label": "L7"}])
+    [(position, error)] = report.rejected
+    assert position == 0 and isinstance(error, LabelCapacityError)
+    assert str(error).startswith("label-capacity: label 'L1024' would be label 1025 of model.max_labels=1024")
+    assert report.records == 1 and len(lrn.labels) == 1024 and "L1024" not in lrn.labels
+
+
 def test_task_specific_rejections():
     mlm = learner("learner.task=mlm")
     report = mlm.learn_many([{"key": "u", "item": "x"}, {"text": "   "}, {"tokens": ["a", "b"]}])

@@ -7,7 +7,8 @@ Opens the directory read-only (a consistent snapshot while a worker keeps writin
 ``--json`` it prints one JSON object: ``step``, ``offsets`` and ``records_applied`` (keyed
 ``"topic:partition"``), ``tables`` (spec, stored rows, per-shard rows and bytes),
 ``config``, ``metrics``, ``schema_version``, ``committed_at``, ``commits``, ``blobs``,
-``kv``, ``store`` (path, shards, value encoding, map and file sizes) and, with
+``kv``, ``store`` (path, shards, value encoding, map and file sizes), ``sizing`` (how a
+size derived from the stream was chosen, or null; :mod:`streamlearn.sizing`) and, with
 ``--verify``, ``verify`` (what was checked, ``ok``, one line per problem). Exit status: 0;
 1 when ``--verify`` found damage; 2 when the state cannot be opened (one line says why).
 """
@@ -49,9 +50,13 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens is not None:
         return explain_tokens(args)
 
+    from ..checkpoint import stored_sizing
+
     with open_store(args.state, readonly=True, backend="lmdb") as store:
         with store.snapshot():
             report = build_report(store.manifest().to_dict(), store.stats())
+            sizing = stored_sizing(store)
+    report["sizing"] = None if sizing is None else sizing.to_dict()
     if args.verify:  # in a child: LMDB aborts on some damaged pages rather than report them
         report["verify"] = verify_in_child(report["store"]["path"]).to_dict()
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report))
@@ -89,6 +94,10 @@ def format_report(r: dict) -> str:
     lines.append("blobs    " + (", ".join(f"{k} {_size(v)}" for k, v in sorted(r["blobs"].items())) or "-"))
     lines.append("kv       " + (", ".join(f"{k} {v} keys" for k, v in sorted(r["kv"].items())) or "-"))
     lines.append(f"config   {json.dumps(r['config'], sort_keys=True)}")
+    if r.get("sizing"):
+        z = r["sizing"]
+        lines.append(f"sizing   {z['key']}={z['value']} derived from ~{z['estimate']:,.0f} distinct ids in the first "
+                     f"{z['records']:,} records ({z['rule']})")
     lines.append(f"metrics  {json.dumps(r['metrics'], sort_keys=True)}")
     accuracy = _accuracy(r["metrics"] or {}, r["config"])
     if accuracy:

@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for line in report["source"].get("notes", []):
         print(f"note: {line}", file=sys.stderr)
+    if report["config"].get("sizing"):
+        from ..sizing import Sizing
+
+        print(f"note: new model, {Sizing.from_dict(report['config']['sizing'])}", file=sys.stderr)
     return 0
 
 

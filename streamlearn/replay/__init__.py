@@ -12,7 +12,9 @@ Nothing is written to a state unless ``save`` names a new directory. See docs/ev
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +64,11 @@ def replay(source: FileSource | KafkaSource, options: ReplayOptions | None = Non
     The model: the snapshot at ``state``, or two snapshots ``compare=(A, B)`` evaluated
     side by side (report keys ``models.a``/``models.b`` and ``compare``), or a new learner
     from ``config`` (prequential from scratch). ``overrides`` (dotted keys) apply to the
-    stored or given config; ``learner.seed`` is set to ``options.seed``. ``save``: a new
+    stored or given config; ``learner.seed`` is set to ``options.seed``. A new learner
+    whose config leaves a size to the stream (next-item's ``model.out_B=0``) is sized from
+    the first ``learner.sizing_window`` records of ``source`` (read once before the replay,
+    which then starts from the first record; :mod:`streamlearn.sizing`); the report's
+    ``config.sizing`` says how. ``save``: a new
     state directory to write the learner to after a prequential replay. ``options``:
     :class:`ReplayOptions` (None: its defaults).
     """
@@ -71,7 +77,7 @@ def replay(source: FileSource | KafkaSource, options: ReplayOptions | None = Non
     from .snapshots import save_learner
 
     options = ReplayOptions() if options is None else options
-    learners, where = _learners(options, state, compare, config, list(overrides))
+    learners, where = _learners(source, options, state, compare, config, list(overrides))
     if save is not None:
         _check_save(options, compare, save, state)
     result = run_replay(source, learners, options, progress)
@@ -81,14 +87,16 @@ def replay(source: FileSource | KafkaSource, options: ReplayOptions | None = Non
                              "seed": options.seed, "limit": options.limit,
                              "batch_size": first.cfg.learner.batch_size},
                   "state": where, "compare": [os.fspath(p) for p in compare] if compare else None,
-                  "save": None if save is None else os.fspath(save), "model": first.cfg.to_dict()}
+                  "save": None if save is None else os.fspath(save), "model": first.cfg.to_dict(),
+                  "sizing": None if first.sizing is None else first.sizing.to_dict()}
     report = build_report(result, run_config, source.describe())
     if save is not None:
         report["saved_step"] = save_learner(first, save, {"replay": report["metrics"], "records": report["records"]})
     return report
 
 
-def _learners(options: ReplayOptions, state, compare, config, overrides: list[str]) -> tuple[dict[str, Learner], Any]:
+def _learners(source, options: ReplayOptions, state, compare, config,
+              overrides: list[str]) -> tuple[dict[str, Learner], Any]:
     from ..learner import Learner
     from .snapshots import load_learner
 
@@ -102,8 +110,22 @@ def _learners(options: ReplayOptions, state, compare, config, overrides: list[st
         return {"model": load_learner(state, seeded)}, os.fspath(state)
     if options.mode == "frozen":
         raise StreamlearnError("frozen replay evaluates a fixed snapshot: pass --state DIR (or --compare A B)")
-    cfg = (config or Config()).override(*seeded)
-    return {"model": Learner(cfg)}, None
+    cfg, sizing = _sized((config or Config()).override(*seeded), source, options.limit)
+    learner = Learner(cfg)
+    learner.sizing = sizing
+    return {"model": learner}, None
+
+
+def _sized(cfg: Config, source, limit: int | None):
+    """``cfg`` with its derived sizes set from the source's first records (the warm-up
+    window, within ``limit``), and how (:func:`streamlearn.sizing.sized_config`)."""
+    from ..sizing import derived_keys, sized_config
+
+    if not derived_keys(cfg):
+        return cfg, None
+    with contextlib.closing(iter(source)) as items:  # a Kafka source's consumer closes with it
+        records = (item.record for item in itertools.islice(items, limit) if item.record is not None)
+        return sized_config(cfg, records)
 
 
 def _check_save(options: ReplayOptions, compare, save, state) -> None:

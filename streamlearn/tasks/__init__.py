@@ -27,16 +27,19 @@ if TYPE_CHECKING:
     from ..featurize import Featurizer
     from .base import Task
 
-__all__ = ["REGISTRY", "Entry", "build_task", "task_class", "task_defaults"]
+__all__ = ["REGISTRY", "Entry", "build_task", "task_class", "task_defaults", "task_derived"]
 
 
 class Entry(NamedTuple):
-    """A task: ``path`` "module:Class" in this package (imported when first used), and
+    """A task: ``path`` "module:Class" in this package (imported when first used),
     ``defaults``, dotted ``section.key=value`` settings (docs/choosing-a-configuration.md
-    says why each)."""
+    says why each), and ``derived``, the size keys that may be 0: derived from the
+    stream's warm-up window when a worker or replay builds a new model
+    (:mod:`streamlearn.sizing`)."""
 
     path: str
     defaults: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()
 
 
 # The global defaults are classify's (the default task): word bigrams and digit shapes.
@@ -49,12 +52,12 @@ _TOKEN_STREAM = ("hashing.ngrams=1", "hashing.shapes=false", "model.positions=tr
 REGISTRY: dict[str, Entry] = {
     "classify": Entry("classify:Classify"),
     "mlm": Entry("mlm:MaskedToken", _TOKEN_STREAM),  # depth 0: a layer did not pay (choosing-a-configuration.md)
-    # opaque ids, not words; an own output space smaller than the tied input table; the
+    # opaque ids, not words; an own output space sized from the stream (out_B=0: streamlearn.sizing); the
     # transition counts of the last 1 and 2 items, mixed with the network by a learned gate
     "next-item": Entry("next_item:NextItem", (
-        "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=4096", "embedding.K=100000",
+        "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=0", "embedding.K=100000",
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=256", "model.counts=transitions",
-        "model.count_slots=262144")),
+        "model.count_slots=262144"), derived=("model.out_B",)),
     "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.layers=1")),
 }
 
@@ -69,6 +72,12 @@ def task_defaults(name: str) -> tuple[str, ...]:
     """Task ``name``'s defaults (``()`` for a name that is no task: the config refuses it)."""
     entry = REGISTRY.get(name)
     return entry.defaults if entry is not None else ()
+
+
+def task_derived(name: str) -> tuple[str, ...]:
+    """The keys task ``name`` may derive from the stream (``()`` for a name that is no task)."""
+    entry = REGISTRY.get(name)
+    return entry.derived if entry is not None else ()
 
 
 def build_task(cfg: "Config", featurizer: "Featurizer") -> "Task":

@@ -141,6 +141,12 @@ class Task:
     def new_preparer(self, featurizer: Featurizer) -> Preparer:
         return self.Preparer(self.cfg, featurizer)
 
+    @staticmethod
+    def catalogue_id(rec: Record) -> str | None:
+        """The id a record adds to the catalogue the task's derived sizes follow
+        (:mod:`streamlearn.sizing`; next-item: its item); None: the record names none."""
+        return None
+
     # ------------------------------------------------------------------ model
     def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module | None:
         """The task's head (the model owns it: its weights are the model's)."""

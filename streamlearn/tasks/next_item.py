@@ -124,6 +124,10 @@ class NextItem(TokenTask):
     target_field = "item"
     Preparer = NextItemPreparer
 
+    @staticmethod
+    def catalogue_id(rec: Record) -> str | None:
+        return None if rec.item is None else canonical_id(rec.item)
+
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         return model.pool(model.encode(feats), feats["mask"])  # (N, d)
 
