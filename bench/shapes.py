@@ -1,7 +1,7 @@
 """One set of defaults per task, on every stream shape, against fair peers (issue 17).
 
     python bench/shapes.py [--task all|text|next-item] [--streams sms yelp ml-time ...] [--seeds 0 1 2]
-                           [--set model.layers=1 ...] [--data DIR]
+                           [--set model.layers=1 ...] [--limit N] [--data DIR]
 
 The model predicts each mini-batch, then learns it (one step); its peers predict then
 learn record by record in stream order, on the same records and the same tokens
@@ -205,12 +205,18 @@ def next_item(events: list[dict], overrides, k: int = 10) -> tuple[float, int]:
 
 # ---------------------------------------------------------------------------- report
 
-def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cache: Path) -> list[dict]:
+def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cache: Path,
+        limit: int | None = None) -> list[dict]:
     out = []
     for name in names:
         t = time.perf_counter()
+        if limit:  # a short run: the stream's first ``limit`` records, its peers cached under their own name
+            streams = TEXT_STREAMS if task == "text" else ITEM_STREAMS
+            loads = streams[name]
+            streams = {**streams, f"{name}:{limit}": lambda loads=loads: loads()[:limit]}
+            name = f"{name}:{limit}"
         if task == "text":
-            data = TEXT_STREAMS[name]()
+            data = (streams if limit else TEXT_STREAMS)[name]()
             peer = cached_peers(cache, name, lambda data=data: text_peers(data))
             best_name = max(peer, key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
@@ -218,7 +224,7 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
             sizes = []
             ratio = lambda x, best=best: (x - best) * 100  # noqa: E731  points over the best peer
         else:
-            data = ITEM_STREAMS[name]()
+            data = (streams if limit else ITEM_STREAMS)[name]()
             peer = cached_peers(cache, name, lambda data=data: item_peers(data))
             best_name = max(("markov", "popularity"), key=lambda p: peer[p])
             best = peer[best_name]
@@ -247,6 +253,7 @@ def main() -> int:
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[], dest="overrides", help="config overrides (dotted)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="the first N records of each stream (short runs)")
     ap.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent / "out" / "peers.json")
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--tag", default="")
@@ -259,7 +266,7 @@ def main() -> int:
     for task, streams in (("text", TEXT_STREAMS), ("next-item", ITEM_STREAMS)):
         names = [n for n in (args.streams or streams) if n in streams]
         if args.task in (task, "all") and names:
-            rows += run(task, names, args.overrides, args.seeds, args.cache)
+            rows += run(task, names, args.overrides, args.seeds, args.cache, args.limit)
     if args.log:
         with args.log.open("a") as f:
             for r in rows:
