@@ -97,7 +97,7 @@ class NextItemPreparer(TokenPreparer):
         >>> from streamlearn.config import Config
         >>> from streamlearn.tasks import build_task
         >>> from streamlearn.featurize import build_featurizer
-        >>> cfg = Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100")
+        >>> cfg = Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100", "model.out_B=64")
         >>> task = build_task(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
         >>> [t.replace(RECENT, "@") for t in task.prep.model_input(("a", "b", "c"))]
         ['a', 'b', 'c', '@1:c']
