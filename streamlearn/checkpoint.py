@@ -320,10 +320,11 @@ def read_full(store, cfg: Config | None = None) -> Learner:
     :class:`CheckpointMismatchError`, :class:`CorruptStateError`."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
-    stored = stored_config(store)
-    if cfg is not None and derived_keys(cfg):
-        cfg = cfg.override(f"model.out_B={stored.model.out_B}")
-    learner = Learner(cfg if cfg is not None else stored)
+    if cfg is None:
+        cfg = stored_config(store)
+    elif derived_keys(cfg):
+        cfg = cfg.override(f"model.out_B={stored_config(store).model.out_B}")
+    learner = Learner(cfg)
     with store.snapshot():  # one checkpoint: counters, rows, blobs and kv agree
         meta = _read_meta(store)
         check_format(learner, meta.format, store)

@@ -95,9 +95,9 @@ def format_report(r: dict) -> str:
     lines.append("kv       " + (", ".join(f"{k} {v} keys" for k, v in sorted(r["kv"].items())) or "-"))
     lines.append(f"config   {json.dumps(r['config'], sort_keys=True)}")
     if r.get("sizing"):
-        z = r["sizing"]
-        lines.append(f"sizing   {z['key']}={z['value']} derived from ~{z['estimate']:,.0f} distinct ids in the first "
-                     f"{z['records']:,} records ({z['rule']})")
+        from ..sizing import Sizing
+
+        lines.append(f"sizing   {Sizing.from_dict(r['sizing'])}")
     lines.append(f"metrics  {json.dumps(r['metrics'], sort_keys=True)}")
     accuracy = _accuracy(r["metrics"] or {}, r["config"])
     if accuracy:
