@@ -304,9 +304,8 @@ def _leading(p: nn.Parameter, g: torch.Tensor) -> tuple[nn.Parameter, torch.Tens
     """``(p, g)`` with ``g``, the gradient of ``p``'s first rows, padded with zero rows
     to whole blocks of :data:`_BLOCK` elements (or to all of ``p``)."""
     have, row = g.shape[0], math.prod(g.shape[1:]) or 1
-    n = have
-    while n < p.shape[0] and (n * row) % _BLOCK:
-        n += 1
+    whole = _BLOCK // math.gcd(row, _BLOCK)  # rows per whole number of blocks
+    n = min(p.shape[0], -(-have // whole) * whole)
     return (p, g) if n == have else (p, F.pad(g, (0, 0) * (g.dim() - 1) + (0, n - have)))
 
 
