@@ -262,15 +262,12 @@ class NGram(Baseline):
     def predict(self, events: Sequence[Event]) -> list:
         return [self._top(e) for e in events]
 
-    def _p1(self, w: str) -> float:
-        """The unigram, absolutely discounted and interpolated with the uniform over the
-        tokens seen: (max(c - D, 0) + D) / total for a seen token, a monotone function of
-        its count (so its order is the ranking's)."""
-        return self._unigram_p()(w)
-
     def _unigram_p(self):
-        """:meth:`_p1` as a function with the table's total and discount read once (it is
-        called for every token a context has seen, per event)."""
+        """The unigram p1(w), absolutely discounted and interpolated with the uniform over
+        the tokens seen: (max(c - D, 0) + D) / total for a seen token, a monotone function
+        of its count (so its order is the ranking's); as a function with the table's total
+        and discount read once (it is called for every token a context has seen, per
+        event)."""
         uni = self.unigram
         total, D, ordinal, counts = uni.total, self.d1.D, uni.ordinal, uni.counts
         if not total:
@@ -281,11 +278,11 @@ class NGram(Baseline):
             return ((counts[i] - D if counts[i] > D else 0.0) + D) / total if i is not None else D / total
         return p1
 
-    def _scores(self, e: Event) -> tuple[dict[str, float], float]:
+    def _scores(self, e: Event, p1) -> tuple[dict[str, float], float]:
         """Exact scores of the tokens some context has seen, and the factor ``f`` every
-        other token's score is ``f * p1(w)`` times (so their order is the unigram's)."""
+        other token's score is ``f * p1(w)`` times (so their order is the unigram's);
+        ``p1``: :meth:`_unigram_p`."""
         u, v = e.left[-2], e.left[-1]
-        p1 = self._unigram_p()
         if e.right is None:
             row3, tot3, D3, l3 = self.tri.smoothed((u, v))
             row2, tot2, D2, l2 = self.bi.smoothed((v,))
@@ -312,7 +309,8 @@ class NGram(Baseline):
         return scores, l3 * 0.5 * (ll + lr)
 
     def _top(self, e: Event) -> list[str]:
-        scores, f = self._scores(e)
+        p1 = self._unigram_p()
+        scores, f = self._scores(e, p1)
         uni = self.unigram
         ordinal, counts, unseen = uni.ordinal, uni.counts, len(uni.items)
 
@@ -329,7 +327,6 @@ class NGram(Baseline):
             allowed = {w: s for w, s in allowed.items() if s >= cut}
         best = sorted((rank(w, s), w) for w, s in allowed.items())[: self.k]
         # Tokens no context has seen score f * p1: the unigram order, merged in where they beat.
-        p1 = self._unigram_p()
         rest = uni.top(self.k, lambda w: w in scores or e.excluded(w))
         merged = best + [(rank(w, f * p1(w)), w) for w in rest]
         return [w for _, w in heapq.nsmallest(self.k, merged)]
