@@ -210,13 +210,10 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
     out = []
     for name in names:
         t = time.perf_counter()
+        data = (TEXT_STREAMS if task == "text" else ITEM_STREAMS)[name]()
         if limit:  # a short run: the stream's first ``limit`` records, its peers cached under their own name
-            streams = TEXT_STREAMS if task == "text" else ITEM_STREAMS
-            loads = streams[name]
-            streams = {**streams, f"{name}:{limit}": lambda loads=loads: loads()[:limit]}
-            name = f"{name}:{limit}"
+            data, name = data[:limit], f"{name}:{limit}"
         if task == "text":
-            data = (streams if limit else TEXT_STREAMS)[name]()
             peer = cached_peers(cache, name, lambda data=data: text_peers(data))
             best_name = max(peer, key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
@@ -224,7 +221,6 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
             sizes = []
             ratio = lambda x, best=best: (x - best) * 100  # noqa: E731  points over the best peer
         else:
-            data = (streams if limit else ITEM_STREAMS)[name]()
             peer = cached_peers(cache, name, lambda data=data: item_peers(data))
             best_name = max(("markov", "popularity"), key=lambda p: peer[p])
             best = peer[best_name]
