@@ -48,7 +48,8 @@ CARD_KEYS = (
     "optim.sparse", "optim.sparse_lr", "optim.dense_lr",
     "worker.checkpoint_every", "worker.checkpoint_seconds", "worker.eval_every",
 )
-TASK_CARD_KEYS = {"classify": ("hashing.ngrams", "hashing.shapes", "learner.nb_weight")}
+TASK_CARD_KEYS = {"classify": ("hashing.ngrams", "hashing.shapes", "learner.nb_weight"),
+                  "next-item": ("learner.history", "learner.recency", "learner.key_token")}
 CARD_SECONDS = 10.0  # the card's table fill counts every stored row: at most this often
 MAX_LABELS_SHOWN = 200
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -132,6 +133,8 @@ def card_keys(task: str | None) -> tuple[str, ...]:
 
     >>> card_keys("next-token")[-3:]
     ('model.counts', 'model.negatives', 'optim.output_lr')
+    >>> card_keys("next-item")[-3:]
+    ('learner.history', 'learner.recency', 'learner.key_token')
     """
     own = [item.split("=", 1)[0] for item in task_defaults(task)] if task else []
     return tuple(dict.fromkeys([*CARD_KEYS, *own, *TASK_CARD_KEYS.get(task, ())]))

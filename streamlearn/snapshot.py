@@ -271,7 +271,8 @@ class Snapshot:
         return [self._history_query(r) if _is_key_query(r) else r for r in records]
 
     def _history_query(self, record: Mapping) -> dict:
-        return {"tokens": self._reader.history(canonical_id(record["key"]))}
+        key = canonical_id(record["key"])
+        return {"tokens": self._reader.history(key), "key": key}
 
     def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
         lists = [self._record_tokens(r, i) for i, r in enumerate(records)]

@@ -129,6 +129,7 @@ KEYS: dict[str, Case] = {
     "learner.mask_prob": Case(0.3, 1.0),
     "learner.history": Case(5, 0),
     "learner.recency": Case(0, -1),
+    "learner.key_token": Case(False, "no"),
     "learner.beam": Case(10, 0),
     "learner.shuffle_random": Case(0.5, -0.1, ("model.positions=true",)),
     "learner.nb_weight": Case(0.0, -1.0),

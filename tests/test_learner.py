@@ -210,6 +210,26 @@ def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
         assert hits <= 0.5 and width == 2
 
 
+@pytest.mark.parametrize("key_token", [False, True])
+def test_next_item_key_token_tells_keys_with_one_history_apart(key_token):
+    """Eight keys alternate between a shared item and one of their own: after the shared
+    item every key's history is the same, so only the key itself (learner.key_token) can
+    say which item comes next. A query by tokens has no key and gets no key token."""
+    lrn = learner("learner.task=next-item", "learner.history=1", "learner.recency=0",
+                  f"learner.key_token={str(key_token).lower()}", "model.counts=none")
+    keys = [f"u{u}" for u in range(8)]
+    stream = []
+    for _ in range(200):
+        stream += [{"key": k, "item": "shared"} for k in keys] + [{"key": k, "item": f"own{k}"} for k in keys]
+    stream += [{"key": k, "item": "shared"} for k in keys]
+    for batch in batches(stream, 32):
+        lrn.learn_many(batch)
+    hits = np.mean([p == f"own{k}" for p, k in zip(lrn.predict_many([{"key": k} for k in keys]), keys)])
+    assert hits == 1.0 if key_token else hits <= 0.25
+    widths = [lrn.prepare([q], train=False).feats["mask"].sum() for q in ({"key": "u0"}, {"tokens": ["shared"]})]
+    assert widths == ([2, 1] if key_token else [1, 1])
+
+
 def test_next_item_histories_advance_in_record_order_in_prepare():
     lrn = learner("learner.task=next-item", "learner.history=2")
     batch = lrn.prepare([{"key": "u", "item": "a"}, {"key": "u", "item": "b"},

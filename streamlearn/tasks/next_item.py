@@ -7,8 +7,10 @@ history), so two events of one key in one batch chain correctly, and its last
 ``learner.recency`` items again as tokens of their own, tagged with their place from
 the end (:meth:`NextItemPreparer.model_input`): a pooled bag cannot tell which item came
 last, and where the next item follows the last one (sessions, routes, a first-order
-world) that is most of the answer. The head reads the pooled states of that input. A query asks by ``key`` (its stored history) or with
-``tokens`` (a history of its own).
+world) that is most of the answer. With ``learner.key_token`` the key enters too, as a
+token of its own: its vector learns the key's taste, which its recent items only hint
+at. The head reads the pooled states of that input. A query asks by ``key`` (its stored history) or with
+``tokens`` (a history of its own; with a ``key`` as well, the key's token joins it).
 
 With ``model.counts=transitions`` (the task's default) the head is a mixture
 (:class:`TransitionHead`): the network's hashed softmax, popularity and what followed the
@@ -45,6 +47,7 @@ from .base import Event, TokenPreparer, TokenTask
 __all__ = ["NextItem", "NextItemPreparer", "RECENT", "TransitionHead"]
 
 RECENT = "\x01"  # starts a recency token (NextItemPreparer.model_input); a control character, not an id
+KEY = "\x02"  # starts the key's own token (learner.key_token)
 
 
 class NextItemPreparer(TokenPreparer):
@@ -67,7 +70,7 @@ class NextItemPreparer(TokenPreparer):
             item = canonical_id(rec.item)
             history = self.histories.get(rec.key)
             if history:
-                inputs.append(self.model_input(history))
+                inputs.append(self.model_input(history, rec.key))
                 targets.append(item)
                 weights.append(rec.weight)
                 histories.append(history)
@@ -84,37 +87,50 @@ class NextItemPreparer(TokenPreparer):
         batch.weight = np.array(weights, dtype=np.float32)
 
     def fill_query(self, batch: Batch, records: list) -> None:
-        histories = [self._query_history(obj, i) for i, obj in enumerate(records)]
-        batch.feats = self.featurize([self.model_input(h) for h in histories], grow=False)
+        asked = [self._query_history(obj, i) for i, obj in enumerate(records)]
+        histories = [history for history, _ in asked]
+        batch.feats = self.featurize([self.model_input(history, key) for history, key in asked], grow=False)
         if self.count_seed is not None:
             batch.counts = {"ctx": context_keys(histories, self.count_seed)}
 
-    def model_input(self, history: Sequence[str]) -> list[str]:
+    def model_input(self, history: Sequence[str], key: str | None = None) -> list[str]:
         """The model's input for a key's items (oldest first): the items, then the last
         ``learner.recency`` of them again, most recent first, each tagged with its place
-        from the end (:data:`RECENT` + "1:" + the last item).
+        from the end (:data:`RECENT` + "1:" + the last item), then, with
+        ``learner.key_token``, the key itself (:data:`KEY` + the key; a query by tokens
+        alone has none).
 
         >>> from streamlearn.config import Config
         >>> from streamlearn.tasks import build_task
         >>> from streamlearn.featurize import build_featurizer
         >>> cfg = Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100", "model.out_B=64")
         >>> task = build_task(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
-        >>> [t.replace(RECENT, "@") for t in task.prep.model_input(("a", "b", "c"))]
-        ['a', 'b', 'c', '@1:c']
+        >>> [t.replace(RECENT, "@").replace(KEY, "#") for t in task.prep.model_input(("a", "b", "c"), "u7")]
+        ['a', 'b', 'c', '@1:c', '@2:b', '@3:a', '#u7']
+        >>> [t.replace(RECENT, "@") for t in task.prep.model_input(("a",))]
+        ['a', '@1:a']
         """
         out = list(history)
         for r in range(1, min(self.cfg.learner.recency, len(history)) + 1):
             out.append(f"{RECENT}{r}:{history[-r]}")
+        if key is not None and self.cfg.learner.key_token:
+            out.append(KEY + key)
         return out
 
-    def _query_history(self, obj: Any, i: int) -> list[str]:
+    def _query_history(self, obj: Any, i: int) -> tuple[list[str], str | None]:
+        """A query's history and key: by ``key``, the key's stored history; with
+        ``tokens``, those tokens as the history, and the key too if the query names one
+        (a snapshot asks so, with the history it stored for the key)."""
         fields = fields_of(obj)
-        if fields.get("tokens") is not None:
-            return self.query_tokens(obj, i)[-self.cfg.learner.history:]
         key = fields.get("key")
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
+        if key is not None and (isinstance(key, bool) or not isinstance(key, (str, int))):
+            raise RecordError(f"wrong-type: query {i}: key must be a str or an int, got {type(key).__name__}")
+        key = None if key is None else canonical_id(key)
+        if fields.get("tokens") is not None:
+            return self.query_tokens(obj, i)[-self.cfg.learner.history:], key
+        if key is None:
             raise RecordError(f"missing-field: query {i} needs key (str or int) or tokens (task next-item)")
-        return list(self.histories.get(canonical_id(key)))
+        return list(self.histories.get(key)), key
 
 
 class NextItem(TokenTask):
