@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
-from ..checkpoint import audit_kv, has_checkpoint, read_full, write
-from ..config import Config
+from ..checkpoint import audit_kv, has_checkpoint, read_full, stored_config, write
+from ..config import Config, keep_stored
 from ..exceptions import CheckpointMismatchError, ConfigError
 from ..learner import Learner
 from ..records import Record
@@ -53,7 +53,8 @@ def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
     return out
 
 
-def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record]] | None = None) -> Learner:
+def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record]] | None = None,
+                 given: Collection[str] | None = None) -> Learner:
     """The learner of the store's last checkpoint, or a new one for an empty store.
 
     The config passed in wins (it may change e.g. learning rates), but it must build the
@@ -64,6 +65,11 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     restart (never derived again); a new model is sized from the records ``window()``
     returns (the warm-up window, :func:`.warmup.read_window`), and records how in
     ``learner.sizing``, which its checkpoints store.
+
+    ``given``: the config keys the user set (:func:`~streamlearn.config.given_keys`). On a
+    restart every other model key takes its stored value (logged), so a worker restarted
+    without its first flags, or after an upgrade moved a default, resumes its model; None
+    takes ``cfg`` whole, as given.
     """
     if not has_checkpoint(store):
         if not derived_keys(cfg):
@@ -76,6 +82,11 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
         learner.sizing = sizing
         log.info("new model: %s", sizing)
         return learner
+    if given is not None:
+        # a derived size (model.out_B=0) is read_full's to take from the store, as before
+        cfg, kept = keep_stored(stored_config(store), cfg, {*given, *derived_keys(cfg)})
+        if kept:
+            log.info("kept the stored model config where this run sets nothing: %s", "; ".join(kept))
     try:
         return read_full(store, cfg)
     except CheckpointMismatchError as exc:

@@ -158,11 +158,12 @@ class GroupWorker(Worker):
         self.group = Group(self.settings)
         try:
             self.store, self.writer = self._open_store()
-            self.learner = open_learner(self.store, cfg)
+            self.learner = open_learner(self.store, cfg, given=self.options.given)
             self.generation = self._agree_generation()
         except BaseException:
             self.group.close()
             raise
+        self.cfg = self.learner.cfg  # with the stored model keys it kept (the commits store this config)
         self.clock = SyncClock(self.group)
 
     def _new_checkpointer(self) -> Checkpointer:

@@ -49,6 +49,9 @@ class RunOptions:
     until_idle_s: float | None = None  # stop after this long without a new record
     metrics_port: int = 0  # Prometheus metrics on this port; 0: off
     reset: bool = False  # discard the state in `state` and start a new model (open_store(reset=True))
+    # the config keys the user set (config.given_keys): on a restart the other model keys keep
+    # their stored values (open_learner); None: the config is taken whole
+    given: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         rules = [
@@ -116,7 +119,7 @@ class Worker:
         self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
             window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
-            self.learner = open_learner(self.store, cfg, window)
+            self.learner = open_learner(self.store, cfg, window, self.options.given)
         except BaseException:
             self.store.close()
             raise

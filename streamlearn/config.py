@@ -24,7 +24,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Collection, Iterable, Mapping
 
 from .config_rules import (
     REDACTED, Rule, above, at_least, between, check_keys, flag, key, matches, multiple_of, one_of, power_of_two,
@@ -521,6 +521,29 @@ def model_changes(stored: "Config", new: "Config") -> list[str]:
     return out
 
 
+def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tuple["Config", list[str]]:
+    """``new`` with the stored value of every :data:`MODEL_KEYS` key that differs and is
+    not in ``given`` (the keys a user set, :func:`given_keys`), and :func:`model_changes`'
+    lines for the keys it kept. A worker restarted without its first run's flags, or under
+    a release whose defaults moved, opens its model as it was; a model key the user set to
+    another value is left for the restart check to refuse. A stored task brings its own
+    defaults for the run keys the user did not set, as :meth:`Config.override` does.
+
+    >>> old = Config().override("learner.task=next-item", "learner.recency=1", "model.out_B=4096")
+    >>> cfg, kept = keep_stored(old, Config(), given=())
+    >>> cfg.learner.task, cfg.learner.recency, cfg.learner.batch_size
+    ('next-item', 1, 256)
+    >>> [line for line in kept if line.startswith("learner.")]
+    ['learner.recency: stored 1, now 3', "learner.task: stored 'next-item', now 'classify'"]
+    >>> keep_stored(old, Config().override("learner.recency=5"), given={"learner.recency"})[0].learner.recency
+    5
+    """
+    changes = [line for line in model_changes(stored, new) if line.partition(":")[0] not in given]
+    if not changes:
+        return new, []
+    return new.override(*(f"{dotted}={value}" for dotted, value in stored_values(stored, changes))), changes
+
+
 def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:
     """``(dotted key, value as a --set writes it)`` of the stored config for each of
     :func:`model_changes`' lines, for an error message to offer."""
@@ -670,6 +693,22 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), u
         if exc.key not in origins:
             raise
         raise ConfigError(f"{exc} (from {origins[exc.key]})", exc.key) from exc
+
+
+def given_keys(path: str | Path | None = None, overrides: Iterable[str] = (), use_env: bool = True) -> frozenset[str]:
+    """The dotted keys that :func:`load_config` with the same arguments takes from the
+    TOML file at ``path``, the environment or ``overrides``: every key not left at its
+    default. A restarted worker keeps the stored value of each model key outside these
+    (:func:`streamlearn.checkpoint.keep_stored`).
+
+    >>> sorted(given_keys(None, ["learner.task=next-item", "optim.sparse_lr = 0.1"], use_env=False))
+    ['learner.task', 'optim.sparse_lr']
+    """
+    data = {} if path is None else _read_toml(path)
+    keys = {f"{section}.{name}" for section, table in data.items() if isinstance(table, Mapping) for name in table}
+    env = _env_items(os.environ) if use_env else []
+    keys.update(assignment.partition("=")[0].strip() for assignment in [*(a for _, a in env), *overrides])
+    return frozenset(keys)
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:

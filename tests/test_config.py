@@ -8,7 +8,7 @@ import pytest
 
 from streamlearn.config import (
     NB_ROW, SPARSE_OPTIMIZERS, Config, LearnerConfig, ModelConfig, OptimConfig, StoreConfig,
-    WorkerConfig, env_overrides, load_config, section_classes,
+    WorkerConfig, env_overrides, given_keys, load_config, section_classes,
 )
 from streamlearn.config_rules import rule_of
 from streamlearn.exceptions import ConfigError
@@ -18,6 +18,16 @@ def test_defaults_are_frozen():
     cfg = Config()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.layers = 3  # type: ignore[misc]
+
+
+def test_given_keys_are_what_the_file_the_environment_and_overrides_set(tmp_path, monkeypatch):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nlayers = 1\n[learner]\ntask = "mlm"\n')
+    monkeypatch.setenv("STREAMLEARN__OPTIM__SPARSE_LR", "0.1")
+    given = given_keys(path, ["embedding.K=10"])
+    assert given == {"model.layers", "learner.task", "optim.sparse_lr", "embedding.K"}
+    assert given_keys(path, use_env=False) == {"model.layers", "learner.task"}
+    assert given_keys() == {"optim.sparse_lr"}
 
 
 def test_toml_then_overrides(tmp_path):

@@ -339,6 +339,31 @@ def small_state(path, *overrides: str) -> None:
         Checkpointer(store, learner, "t").commit({}, cfg)
 
 
+def test_a_restarted_worker_keeps_the_stored_model_keys_it_is_not_given(broker, make_topic, group, tmp_path, caplog,
+                                                                          capsys):
+    """A worker restarted without its first run's --task and --set (or after an upgrade
+    moved a default) resumes the stored model: every model key it is not given keeps its
+    stored value, logged; one given with another value is refused, naming it."""
+    from streamlearn.cli import main
+
+    rng = random.Random(3)
+    topic = make_topic(1)
+    produce_rows(broker, topic, [(None, {"key": f"u{rng.randrange(8)}", "item": f"i{rng.randrange(30)}"}, None)
+                                 for _ in range(300)])
+    args = ["worker", "--topic", topic, "--state", str(tmp_path / "s"), "--bootstrap", broker, "--group", group,
+            "--until-idle", "1", *(f"--set={o}" for o in SMALL), "--set=model.out_B=256"]
+    assert main([*args, "--task", "next-item", "--set=learner.recency=1", "--max-records", "150"]) == 0
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        assert main(args) == 0  # no --task, recency at today's default
+    assert "learner.recency: stored 1, now 3" in caplog.text and "learner.task: stored 'next-item'" in caplog.text
+    m, _ = manifest(tmp_path / "s")
+    assert offsets_of(m.offsets, topic) == {0: 300}  # it resumed at record 150 and learned the rest
+    assert m.config["learner"]["task"] == "next-item" and m.config["learner"]["recency"] == 1
+    capsys.readouterr()
+    assert main([*args, "--set=learner.recency=2"]) == 2  # given, and not the stored value: refused
+    assert "learner.recency 1 -> 2" in capsys.readouterr().err
+
+
 def test_a_state_trained_with_another_model_config_is_refused_clearly(tmp_path):
     small_state(tmp_path / "s", "model.layers=0")
     cfg = Config().override(*SMALL, "model.layers=1", "model.heads=2", "model.ffn=32")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..consumers import Worker
 
-from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config
+from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, given_keys, load_config
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, overrides(args))
     _check_kafka(cfg)
-    options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset)
+    options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset,
+                         given_keys(args.config, overrides(args)))
     settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
     worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
     with _stop_on_signals(worker):
