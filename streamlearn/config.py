@@ -189,16 +189,18 @@ class LearnerConfig:
     # "auto" picks CUDA when available, else CPU
     device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
     mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
-    # next-item: a key's last n items. 20 with recency 3 against 10 with 1 (3 seeds, 7 streams):
-    # the taste streams 0.95x -> 1.06x and 1.14x -> 1.25x popularity, MovieLens 1.33x -> 1.30x
-    # Markov (docs/choosing-a-configuration.md)
+    # next-item: a key's last n items. 20 with recency 3, the key token and the place weights
+    # against 10 with recency 1 (3 seeds, 7 streams): the taste streams 0.95x -> 1.10x and
+    # 1.14x -> 1.26x popularity, MovieLens 1.33x -> 1.36x Markov (docs/choosing-a-configuration.md)
     history: int = key(20, at_least(1))
     # next-item: the last r items also enter as tokens of their own, so the bag knows which came last
     recency: int = key(3, at_least(0))
     # next-item: the record's key (a user, a session) also enters as a token of its own: a
-    # user's vector learns the taste a bag of recent items only hints at (taste-10k 1.06x ->
-    # 1.09x popularity, 3 seeds, every other stream within its seeds' spread)
+    # user's vector learns the taste a bag of recent items only hints at
     key_token: bool = key(True, flag())
+    # next-item: a learned weight per place from the end scales each input token before the
+    # bag is pooled, so recent items can count more than old ones (tasks.next_item.PLACES)
+    place_weights: bool = key(True, flag())
     beam: int = key(50, at_least(1))  # top-k decoding beam width
     # weight of HashFormers' Shuffle+Random loss (0 = off; needs model.positions)
     shuffle_random: float = key(0.0, at_least(0))
@@ -495,7 +497,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
     "model.recent", "model.successors",
     "optim.sparse",
-    "learner.task", "learner.recency", "learner.key_token", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
+    "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({

@@ -140,6 +140,7 @@ KEYS: dict[str, Case] = {
     "learner.history": Case(5, 0),
     "learner.recency": Case(0, -1),
     "learner.key_token": Case(False, "no"),
+    "learner.place_weights": Case(False, 0),
     "learner.beam": Case(10, 0),
     "learner.shuffle_random": Case(0.5, -0.1, ("model.positions=true",)),
     "learner.nb_weight": Case(0.0, -1.0),

@@ -189,12 +189,14 @@ def test_next_item_learns_a_deterministic_sequence():
     assert lrn.predict_one({"tokens": ["item3", "item4"]}) == "item5"  # explicit history
 
 
-@pytest.mark.parametrize("recency", [0, 1])
-def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
+@pytest.mark.parametrize("recency,places", [(0, False), (1, False), (0, True)])
+def test_next_item_recency_tells_the_bag_which_item_came_last(recency, places):
     """Cycles of 6 items seen through a history of 6: every history holds the same 6
-    items once, so a bag alone cannot know where a key is in its cycle; the last item as
-    a token of its own (learner.recency=1, the default) tells it."""
+    items once, so a plain bag cannot know where a key is in its cycle. The last item as
+    a token of its own (learner.recency) tells it, and so do weights learned per place
+    from the end (learner.place_weights), which make the bag an ordered one."""
     lrn = learner("learner.task=next-item", "learner.history=6", f"learner.recency={recency}",
+                  f"learner.place_weights={str(places).lower()}",
                   "model.counts=none")  # the network alone: the transition counts know the cycle either way
     stream, expected = cycle_stream(32 * 100, items=6)
     for batch in batches(stream, 32):
@@ -203,11 +205,15 @@ def test_next_item_recency_tells_the_bag_which_item_came_last(recency):
                                                  expected.values())])
     batch = lrn.prepare([{"tokens": ["item0", "item1"]}], train=False)
     width = batch.feats["mask"].sum()
-    if recency:
-        assert hits == 1.0 and width == 3
+    assert width == 2 + recency
+    if recency or places:
+        assert hits == 1.0
         assert lrn.predict_one({"tokens": ["item4", "item5", "item0", "item1", "item2", "item3"]}) == "item4"
     else:
-        assert hits <= 0.5 and width == 2
+        assert hits <= 0.5
+    if places:
+        weights = torch.exp(lrn.model.head.place.detach())
+        assert not torch.allclose(weights[:6], torch.ones(6))  # they moved from the plain bag's 1
 
 
 @pytest.mark.parametrize("key_token", [False, True])

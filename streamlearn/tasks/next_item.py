@@ -9,7 +9,10 @@ the end (:meth:`NextItemPreparer.model_input`): a pooled bag cannot tell which i
 last, and where the next item follows the last one (sessions, routes, a first-order
 world) that is most of the answer. With ``learner.key_token`` the key enters too, as a
 token of its own: its vector learns the key's taste, which its recent items only hint
-at. The head reads the pooled states of that input. A query asks by ``key`` (its stored history) or with
+at. With ``learner.place_weights`` a weight learned per place (the history's items from
+the most recent back, each recency token, the key) scales each token before the bag is
+pooled: a long history whose recent items count more. The head reads the pooled states
+of that input. A query asks by ``key`` (its stored history) or with
 ``tokens`` (a history of its own; with a ``key`` as well, the key's token joins it).
 
 With ``model.counts=transitions`` (the task's default) the head is a mixture
@@ -48,6 +51,13 @@ __all__ = ["NextItem", "NextItemPreparer", "RECENT", "TransitionHead"]
 
 RECENT = "\x01"  # starts a recency token (NextItemPreparer.model_input); a control character, not an id
 KEY = "\x02"  # starts the key's own token (learner.key_token)
+# learner.place_weights: one learned weight per place of the input, exp(0) = 1 at the start.
+# Places 0 .. HISTORY_PLACES - 1 are the history's items from the most recent back (older
+# ones share the last), then one per recency token (those past the table share its last),
+# and the last place is the key's token.
+PLACES = 64
+HISTORY_PLACES = 40
+KEY_PLACE = PLACES - 1
 
 
 class NextItemPreparer(TokenPreparer):
@@ -83,6 +93,7 @@ class NextItemPreparer(TokenPreparer):
         if not inputs:
             return
         batch.feats = self.featurize(inputs)
+        self._add_places(batch.feats, [len(h) for h in histories], [True] * len(histories))
         batch.targets = self.code.targets(targets)
         batch.weight = np.array(weights, dtype=np.float32)
 
@@ -90,8 +101,36 @@ class NextItemPreparer(TokenPreparer):
         asked = [self._query_history(obj, i) for i, obj in enumerate(records)]
         histories = [history for history, _ in asked]
         batch.feats = self.featurize([self.model_input(history, key) for history, key in asked], grow=False)
+        self._add_places(batch.feats, [len(h) for h in histories], [key is not None for _, key in asked])
         if self.count_seed is not None:
             batch.counts = {"ctx": context_keys(histories, self.count_seed)}
+
+    def places(self, lengths: Sequence[int], keyed: Sequence[bool], width: int) -> np.ndarray:
+        """The place of each token of :meth:`model_input`'s lists (N, ``width``) for
+        histories of ``lengths`` items, with the key's token where ``keyed`` (and
+        ``learner.key_token``); 0 past a list's end (masked there).
+
+        >>> from streamlearn.config import Config
+        >>> from streamlearn.tasks import build_task
+        >>> from streamlearn.featurize import build_featurizer
+        >>> cfg = Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100", "model.out_B=64")
+        >>> task = build_task(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed))
+        >>> task.prep.places([3, 1], [True, False], 8)  # a, b, c, @1:c, @2:b, @3:a, #key | a, @1:a
+        array([[ 2,  1,  0, 40, 41, 42, 63,  0],
+               [ 0, 40,  0,  0,  0,  0,  0,  0]])
+        """
+        n = np.asarray(lengths, dtype=np.int64)[:, None]
+        recent = np.minimum(n, self.cfg.learner.recency)
+        keyed = np.asarray(keyed, dtype=bool)[:, None] & self.cfg.learner.key_token
+        t = np.arange(width, dtype=np.int64)[None, :]
+        history = np.minimum(n - 1 - t, HISTORY_PLACES - 1)
+        tags = np.minimum(HISTORY_PLACES + t - n, KEY_PLACE - 1)
+        out = np.where(t < n, history, np.where(t < n + recent, tags, np.where(keyed & (t == n + recent), KEY_PLACE, 0)))
+        return out
+
+    def _add_places(self, feats: dict[str, np.ndarray], lengths: list[int], keyed: list[bool]) -> None:
+        if self.cfg.learner.place_weights:
+            feats["place"] = self.places(lengths, keyed, feats["mask"].shape[1])
 
     def model_input(self, history: Sequence[str], key: str | None = None) -> list[str]:
         """The model's input for a key's items (oldest first): the items, then the last
@@ -145,7 +184,11 @@ class NextItem(TokenTask):
         return None if rec.item is None else canonical_id(rec.item)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
-        return model.pool(model.encode(feats), feats["mask"])  # (N, d)
+        h = model.encode(feats)  # (N, T, d)
+        weights = getattr(model.head, "place", None)  # learner.place_weights (make_head)
+        if weights is not None:
+            h = h * torch.exp(weights)[feats["place"]].unsqueeze(-1).to(h.dtype)
+        return model.pool(h, feats["mask"])  # (N, d)
 
     def new_counter(self) -> Transitions:
         m = self.cfg.model
@@ -153,9 +196,14 @@ class NextItem(TokenTask):
 
     def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module:
         if self.counter is None:
-            return super().make_head(d_model, embedding)
-        width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
-        return TransitionHead(d_model, self.code, width)
+            head = super().make_head(d_model, embedding)
+        else:
+            width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
+            head = TransitionHead(d_model, self.code, width)
+        if self.cfg.learner.place_weights:
+            # log-weights of the input's places (readout): 0, a plain bag at the start
+            head.place = nn.Parameter(torch.zeros(PLACES))
+        return head
 
     def experts(self, batch: Batch, dev: Device) -> tuple[torch.Tensor, ...] | None:
         """The count part's experts for the batch's examples (TransitionHead.forward)."""
