@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 import quality_eval as ev
-from streamlearn.config import LearnerConfig
+from streamlearn.config import Config, LearnerConfig
 import quality_streams as streams
 from data import Stream, add_data_option, ag_news, data_dir, events_stream, text_stream
 
@@ -57,7 +57,7 @@ TEXT_CONFIGS = {
 SEEDS = (0, 1, 2)
 
 NEXT_ITEM = ()  # learner.task=next-item brings the settings users get (streamlearn.tasks.REGISTRY)
-NEXT_ITEM_BATCH = 256
+NEXT_ITEM_BATCH = Config().override("learner.task=next-item").learner.batch_size  # the task's default
 
 
 def seeded(overrides, seed: int) -> tuple[str, ...]:

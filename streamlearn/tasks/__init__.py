@@ -56,7 +56,7 @@ REGISTRY: dict[str, Entry] = {
     # transition counts of the last 1 and 2 items, mixed with the network by a learned gate
     "next-item": Entry("next_item:NextItem", (
         "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=0", "embedding.K=100000",
-        "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=256", "model.counts=transitions",
+        "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=128", "model.counts=transitions",
         "model.count_slots=262144"), derived=("model.out_B",)),
     "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.layers=1")),
 }
