@@ -472,6 +472,12 @@ def test_bad_queries_raise_record_errors():
     mlm = learner("learner.task=mlm")
     with pytest.raises(StreamlearnError, match="topk_many"):
         mlm.predict_proba_one({"tokens": ["a"]})
+    nxt = learner("learner.task=next-item")
+    with pytest.raises(RecordError, match="missing-field: query 1 needs key"):
+        nxt.topk_many([{"key": "u"}, {"item": "x"}])
+    for key in (True, 1.5, ["u"]):  # with tokens too: the key still enters as its token, so it must be one
+        with pytest.raises(RecordError, match="wrong-type: query 0: key must be a str or an int"):
+            nxt.topk_many([{"tokens": ["a"], "key": key}])
 
 
 def test_empty_state_predictions():
