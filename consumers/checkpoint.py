@@ -66,7 +66,7 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     returns (the warm-up window, :func:`.warmup.read_window`), and records how in
     ``learner.sizing``, which its checkpoints store.
 
-    ``given``: the config keys the user set (:func:`~streamlearn.config.given_keys`). On a
+    ``given``: the config keys the user set (:func:`~streamlearn.config.load_config_given`). On a
     restart every other model key takes its stored value (logged), so a worker restarted
     without its first flags, or after an upgrade moved a default, resumes its model; None
     takes ``cfg`` whole, as given.

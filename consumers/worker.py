@@ -49,7 +49,7 @@ class RunOptions:
     until_idle_s: float | None = None  # stop after this long without a new record
     metrics_port: int = 0  # Prometheus metrics on this port; 0: off
     reset: bool = False  # discard the state in `state` and start a new model (open_store(reset=True))
-    # the config keys the user set (config.given_keys): on a restart the other model keys keep
+    # the config keys the user set (config.load_config_given): on a restart the other model keys keep
     # their stored values (open_learner); None: the config is taken whole
     given: frozenset[str] | None = None
 

@@ -525,7 +525,7 @@ def model_changes(stored: "Config", new: "Config") -> list[str]:
 
 def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tuple["Config", list[str]]:
     """``new`` with the stored value of every :data:`MODEL_KEYS` key that differs and is
-    not in ``given`` (the keys a user set, :func:`given_keys`), and :func:`model_changes`'
+    not in ``given`` (the keys a user set, :func:`load_config_given`), and :func:`model_changes`'
     lines for the keys it kept. A worker restarted without its first run's flags, or under
     a release whose defaults moved, opens its model as it was; a model key the user set to
     another value is left for the restart check to refuse. A stored task brings its own
@@ -682,35 +682,35 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), u
     """Defaults, then the TOML file at ``path``, then environment, then ``overrides``;
     the result is built and checked once, so a later source may mend an earlier one. A
     refused value from the file or the environment says where it came from."""
+    return load_config_given(path, overrides, use_env)[0]
+
+
+def load_config_given(path: str | Path | None = None, overrides: Iterable[str] = (),
+                      use_env: bool = True) -> tuple[Config, frozenset[str]]:
+    """:func:`load_config`'s config and the dotted keys its file, environment and
+    ``overrides`` set: every key not left at its default. A restarted worker keeps the
+    stored value of each model key outside these (:func:`keep_stored`).
+
+    >>> cfg, given = load_config_given(None, ["learner.task=next-item", "optim.sparse_lr = 0.1"], use_env=False)
+    >>> sorted(given), cfg.optim.sparse_lr
+    (['learner.task', 'optim.sparse_lr'], 0.1)
+    """
+    overrides = list(overrides)
     data = {} if path is None else _read_toml(path)
     env = _env_items(os.environ) if use_env else []
     origins = {f"{section}.{name}": f"config file {path}" for section, table in data.items()
                if isinstance(table, Mapping) for name in table}
     origins.update({assignment.partition("=")[0]: f"environment variable {variable}" for variable, assignment in env})
-    for assignment in overrides:
-        origins.pop(assignment.partition("=")[0].strip(), None)  # the user just typed it
+    typed = {assignment.partition("=")[0].strip() for assignment in overrides}
+    for dotted in typed:
+        origins.pop(dotted, None)  # the user just typed it
     try:
-        return Config.from_dict(_assign(data, [*(assignment for _, assignment in env), *overrides]))
+        config = Config.from_dict(_assign(data, [*(assignment for _, assignment in env), *overrides]))
     except ConfigError as exc:
         if exc.key not in origins:
             raise
         raise ConfigError(f"{exc} (from {origins[exc.key]})", exc.key) from exc
-
-
-def given_keys(path: str | Path | None = None, overrides: Iterable[str] = (), use_env: bool = True) -> frozenset[str]:
-    """The dotted keys that :func:`load_config` with the same arguments takes from the
-    TOML file at ``path``, the environment or ``overrides``: every key not left at its
-    default. A restarted worker keeps the stored value of each model key outside these
-    (:func:`streamlearn.checkpoint.keep_stored`).
-
-    >>> sorted(given_keys(None, ["learner.task=next-item", "optim.sparse_lr = 0.1"], use_env=False))
-    ['learner.task', 'optim.sparse_lr']
-    """
-    data = {} if path is None else _read_toml(path)
-    keys = {f"{section}.{name}" for section, table in data.items() if isinstance(table, Mapping) for name in table}
-    env = _env_items(os.environ) if use_env else []
-    keys.update(assignment.partition("=")[0].strip() for assignment in [*(a for _, a in env), *overrides])
-    return frozenset(keys)
+    return config, frozenset({*origins, *typed})
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 from streamlearn.config import (
     NB_ROW, SPARSE_OPTIMIZERS, Config, LearnerConfig, ModelConfig, OptimConfig, StoreConfig,
-    WorkerConfig, env_overrides, given_keys, load_config, section_classes,
+    WorkerConfig, env_overrides, load_config, load_config_given, section_classes,
 )
 from streamlearn.config_rules import rule_of
 from streamlearn.exceptions import ConfigError
@@ -24,10 +24,11 @@ def test_given_keys_are_what_the_file_the_environment_and_overrides_set(tmp_path
     path = tmp_path / "c.toml"
     path.write_text('[model]\nlayers = 1\n[learner]\ntask = "mlm"\n')
     monkeypatch.setenv("STREAMLEARN__OPTIM__SPARSE_LR", "0.1")
-    given = given_keys(path, ["embedding.K=10"])
+    cfg, given = load_config_given(path, ["embedding.K=10"])
     assert given == {"model.layers", "learner.task", "optim.sparse_lr", "embedding.K"}
-    assert given_keys(path, use_env=False) == {"model.layers", "learner.task"}
-    assert given_keys() == {"optim.sparse_lr"}
+    assert cfg == load_config(path, ["embedding.K=10"])
+    assert load_config_given(path, use_env=False)[1] == {"model.layers", "learner.task"}
+    assert load_config_given()[1] == {"optim.sparse_lr"}
 
 
 def test_toml_then_overrides(tmp_path):

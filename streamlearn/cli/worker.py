@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..consumers import Worker
 
-from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, given_keys, load_config
+from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config_given
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     from ..consumers.distributed import dist_settings
     from ..consumers.scaleout import GroupWorker
 
-    cfg = load_config(args.config, overrides(args))
+    cfg, given = load_config_given(args.config, overrides(args))
     _check_kafka(cfg)
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset,
-                         given_keys(args.config, overrides(args)))
+                         given)
     settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
     worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
     with _stop_on_signals(worker):
