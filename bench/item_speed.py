@@ -1,0 +1,68 @@
+"""next-item ``learn_many`` speed of several configurations, side by side in one run.
+
+    python bench/item_speed.py [--stream ml-time] [--limit 40000] [--rounds 2]
+                               [--sets "" "learner.batch_size=256" ...] [--data DIR]
+
+Each set (space-separated config overrides on top of next-item's defaults, with
+``model.out_B=4096`` so every set has the same output size; "" is the defaults) learns
+the first ``--limit`` events of a bench/shapes.py stream with ``learn_many`` in batches of
+its own ``learner.batch_size``, one torch thread; the sets take turns, ``--rounds`` times
+(a shared machine's load comes and goes; every set meets it alike). Prints records/s per
+round (wall clock and per CPU-second) and each set's best round as a ratio to the first
+set's.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from streamlearn.config import load_config
+from streamlearn.learner import Learner
+
+import shapes
+from data import add_data_option, data_dir
+
+
+def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
+    learner = Learner(load_config(overrides=["learner.task=next-item", "model.out_B=4096", *overrides], use_env=False))
+    size = learner.cfg.learner.batch_size
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for i in range(0, len(records), size):
+        learner.learn_many(records[i:i + size])
+    return len(records) / (time.perf_counter() - wall), len(records) / (time.thread_time() - cpu)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_option(parser)
+    parser.add_argument("--stream", default="ml-time", choices=sorted(shapes.ITEM_STREAMS))
+    parser.add_argument("--limit", type=int, default=40_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sets", nargs="+", default=["", "learner.batch_size=256",
+                                                      "learner.batch_size=256 learner.history=10 learner.recency=1 "
+                                                      "learner.key_token=false learner.place_weights=false"])
+    args = parser.parse_args()
+    shapes.DATA = data_dir(args.data)
+    torch.set_num_threads(1)
+    records = shapes.ITEM_STREAMS[args.stream]()[:args.limit]
+    best: dict[str, float] = {}
+    for round_ in range(args.rounds):
+        for overrides in args.sets:
+            wall, cpu = rate(overrides.split(), records)
+            best[overrides] = max(best.get(overrides, 0.0), wall)
+            print(f"round {round_}  {overrides or 'defaults':<100s} {wall:8,.0f} records/s ({cpu:,.0f} per CPU-second)",
+                  flush=True)
+    first = best[args.sets[0]]
+    for overrides in args.sets:
+        print(f"best  {overrides or 'defaults':<100s} {best[overrides]:8,.0f} records/s  {best[overrides] / first:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
