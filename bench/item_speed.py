@@ -1,13 +1,15 @@
 """next-item ``learn_many`` speed of several configurations, side by side in one run.
 
-    python bench/item_speed.py [--stream ml-time] [--limit 40000] [--rounds 2]
-                               [--sets "" "learner.batch_size=256" ...] [--data DIR]
+    python bench/item_speed.py [--limit 40000] [--rounds 2] [--sets "" "learner.batch_size=256" ...]
+                               [--data DIR]
 
 Each set (space-separated config overrides on top of next-item's defaults, with
 ``model.out_B=4096`` so every set has the same output size; "" is the defaults) learns
-the first ``--limit`` events of a bench/shapes.py stream with ``learn_many`` in batches of
+the first ``--limit`` events of MovieLens 100K in time order (bench/data.py; a SYNTHETIC
+stand-in of its shape, said so, when the file is missing) with ``learn_many`` in batches of
 its own ``learner.batch_size``, one torch thread; the sets take turns, ``--rounds`` times
-(a shared machine's load comes and goes; every set meets it alike). Prints records/s per
+(a shared machine's load comes and goes; every set meets it alike), after one untimed
+warm-up on 2,000 events each. Prints records/s per
 round (wall clock and per CPU-second) and each set's best round as a ratio to the first
 set's.
 """
@@ -25,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
-import shapes
-from data import add_data_option, data_dir
+from data import add_data_option, data_dir, events_stream
 
 
 def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
@@ -41,16 +42,18 @@ def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
-    parser.add_argument("--stream", default="ml-time", choices=sorted(shapes.ITEM_STREAMS))
     parser.add_argument("--limit", type=int, default=40_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sets", nargs="+", default=["", "learner.batch_size=256",
                                                       "learner.batch_size=256 learner.history=10 learner.recency=1 "
                                                       "learner.key_token=false learner.place_weights=false"])
     args = parser.parse_args()
-    shapes.DATA = data_dir(args.data)
     torch.set_num_threads(1)
-    records = shapes.ITEM_STREAMS[args.stream]()[:args.limit]
+    stream = events_stream(data_dir(args.data), args.limit)
+    records = [{"key": r["key"], "item": r["item"]} for r in stream.records]
+    print(f"{stream.name}: {len(records):,} events from {stream.source}")
+    for overrides in args.sets:  # untimed: the process's first steps pay one-off costs
+        rate(overrides.split(), records[:2_000])
     best: dict[str, float] = {}
     for round_ in range(args.rounds):
         for overrides in args.sets:

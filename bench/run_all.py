@@ -94,6 +94,8 @@ BENCHMARKS = (
     Benchmark("tokens", ("--records", "600", "--seeds", "1", "--depths", "0,1", "--rss-records", "3000", "--dry-run"),
               (), 30, 10800, r"^\| (model|markov|ngram)|^targets|^At the defaults", data=True,
               what="War and Peace as a token stream: next-token and mlm at depths 0/1/2 against Markov and KN n-grams"),
+    Benchmark("item_speed", ("--limit", "4000", "--rounds", "1"), (), 15, 300, r"^best|SYNTHETIC", data=True,
+              what="next-item learn_many of the defaults against other configurations, side by side"),
     Benchmark("startup", ("--records", "500", "--repeats", "1"), ("--repeats", "5"), 60, 240, r"^median|^\| (manual|group)",
               what="process start to the first record learned: a lone worker vs a group join"),
 )
