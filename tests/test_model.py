@@ -169,6 +169,55 @@ def test_hashed_head_loss_is_sum_over_hashes_of_cross_entropy():
     torch.testing.assert_close(head.loss(logits, {"hashes": targets}, w), by_hand)
 
 
+def _head_grads(head: HashedHead, x: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, fit: bool,
+                tied: torch.Tensor | None = None) -> list[torch.Tensor]:
+    params = [x, *head.parameters(), *([tied] if tied is not None else [])]
+    for p in params:
+        p.grad = None
+    if fit:
+        loss = head.fit_loss(x, {"hashes": targets}, w, tied)
+    else:  # autograd through cross_entropy of the whole (n, m, size) logits
+        loss = head.loss(head(x, tied), {"hashes": targets}, w)
+    loss.backward()
+    return [loss.detach(), *(p.grad.clone() for p in params)]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_hashed_head_fit_loss_equals_the_loss_of_the_logits_with_the_same_gradients(tie):
+    """fit_loss reads the answers' log-probabilities through AnswerLogSoftmax, whose
+    backward is written by hand: loss and every gradient (the states, the transform, the
+    bias, the own or the tied table) equal autograd's through the full logits."""
+    code = HashedCode(3, 7, lambda tokens: multi_hash(tokens, 3, 7, 0, "out"), table="E" if tie else None)
+    torch.manual_seed(0)
+    head = HashedHead(4, code, width=5)
+    tied = nn.Parameter(torch.randn(7, 5)) if tie else None
+    x = torch.randn(6, 4, requires_grad=True)
+    targets = torch.randint(0, 7, (6, 3))
+    w = torch.tensor([1.0, 2.0, 0.5, 0.0, 1.0, 3.0])
+    for fast, slow in zip(_head_grads(head, x, targets, w, True, tied), _head_grads(head, x, targets, w, False, tied)):
+        torch.testing.assert_close(fast, slow)
+
+
+def test_hashed_head_fit_loss_under_bf16_autocast_runs_and_stays_close():
+    """The CUDA path's dtypes (a bf16 product under autocast, float32 softmax), on the CPU."""
+    code = HashedCode(2, 64, lambda tokens: multi_hash(tokens, 2, 64, 0, "out"))
+    torch.manual_seed(0)
+    head = HashedHead(16, code, width=16)
+    x = torch.randn(8, 16, requires_grad=True)
+    targets, w = torch.randint(0, 64, (8, 2)), torch.ones(8)
+    reference = _head_grads(head, x, targets, w, False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = head.fit_loss(x, {"hashes": targets}, w)
+    assert loss.dtype == torch.float32
+    for p in [x, *head.parameters()]:
+        p.grad = None
+    loss.backward()
+    assert x.grad.dtype == x.dtype and head.table.grad.dtype == torch.float32
+    torch.testing.assert_close(loss.detach(), reference[0], atol=0.05, rtol=0.02)
+    torch.testing.assert_close(head.table.grad, reference[2 + [p is head.table for p in head.parameters()].index(True)],
+                               atol=0.02, rtol=0.1)
+
+
 def sampled_code(negatives: int = 4) -> SampledCode:
     return SampledCode(2, 16, lambda tokens: multi_hash(tokens, 2, 16, 0, "out"), negatives)
 

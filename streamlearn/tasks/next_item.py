@@ -336,13 +336,10 @@ class TransitionHead(HashedHead):
         """The hashed loss of :meth:`forward`'s log P, sum_j -log P_j(answer's bucket j)
         weighted over the n examples, computed at the answers' buckets alone: the network's
         log-softmax there, Q there (popularity's term and the entries that fall on them)."""
-        logits = super().forward(x, tied).float()  # (n, m, size)
         pop, base, at, value, evidence = experts
-        n, m, size = logits.shape
         hashes = targets["hashes"]  # (n, m)
-        # the network's log-softmax at the answers; cross_entropy's fused backward costs
-        # half of a gather from a log-sum-exp's
-        net = -F.cross_entropy(logits.reshape(n * m, size), hashes.reshape(n * m), reduction="none").view(n, m)
+        n, m, size = *hashes.shape, self.bias.shape[1]
+        net = self.answer_logp(x, hashes, tied)  # the network's log-softmax at the answers
         cell = at // size  # (E,) the (example, slot) of each entry
         answer = torch.arange(n * m, device=at.device) * size + hashes.reshape(-1)  # (n m,) flat answer buckets
         hit = at == answer[cell]
