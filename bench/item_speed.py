@@ -44,9 +44,11 @@ def main() -> int:
     add_data_option(parser)
     parser.add_argument("--limit", type=int, default=40_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--sets", nargs="+", default=["", "learner.batch_size=256",
-                                                      "learner.batch_size=256 learner.history=10 learner.recency=1 "
-                                                      "learner.key_token=false learner.place_weights=false"])
+    # the defaults; with the 2 output hashes they had before 2026-11-26's third session; and
+    # with the input and batch of that day's morning too
+    parser.add_argument("--sets", nargs="+", default=["", "model.out_m=2",
+                                                      "model.out_m=2 learner.batch_size=256 learner.history=10 "
+                                                      "learner.recency=1 learner.key_token=false learner.place_weights=false"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     stream = events_stream(data_dir(args.data), args.limit)

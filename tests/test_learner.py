@@ -574,7 +574,7 @@ def test_full_checkpoint_writes_every_row(store):
     specs, rows, blobs, kv = checkpoint.write(lrn, full=True)
     assert {s.name: (s.rows, s.width) for s in specs} == {
         "E": (256, 16), "P": (2000, 2), "E.sum": (256, 16), "P.sum": (2000, 2),
-        "ni.ctx": (17, 256), "ni.succ": (1024, 12), "ni.pop": (2, 256), "ni.stats": (1, 8)}  # the transition counts
+        "ni.ctx": (17, 256), "ni.succ": (1024, 20), "ni.pop": (4, 256), "ni.stats": (1, 8)}  # the transition counts (out_m 4)
     assert all(len(rows[s.name][0]) == s.rows for s in specs)
     assert set(kv) == {checkpoint.HISTORY_NS, checkpoint.CANDIDATES_NS}
     assert set(blobs) == {checkpoint.CONFIG_BLOB, checkpoint.META_BLOB, checkpoint.DENSE_BLOB,
