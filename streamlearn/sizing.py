@@ -11,8 +11,9 @@ task's default) is derived when a NEW model is built by the worker or replay:
 2. a :class:`DistinctSketch` (HyperLogLog) counts the distinct ids the task names in them
    (next-item: the items; :meth:`~streamlearn.tasks.base.Task.catalogue_id`);
 3. :func:`out_B_for` turns the estimate into a size: the next power of two at or above
-   :data:`HEADROOM` x the estimate (1: the rounding up leaves 1-2x room for the items the
-   stream shows after its window), at least :data:`OUT_B_MIN` and at most :data:`OUT_B_MAX`;
+   :data:`HEADROOM` x the estimate (a half: with next-item's 4 hashes per item, buckets
+   each shared by a few items learn faster than more of them; the rounding up leaves
+   0.5-1x the window's items), at least :data:`OUT_B_MIN` and at most :data:`OUT_B_MAX`;
 4. the model is built with that value, and the checkpoint stores it in the config
    together with the :class:`Sizing` record (the estimate, the window read).
 
@@ -20,15 +21,15 @@ A stored model is never sized again: a restart whose config leaves the key at 0 
 the stored value (:func:`streamlearn.checkpoint.read_full`), and one that sets another
 value is refused like any change of a model key. A value the user sets on a fresh model
 wins and no window is read. A :class:`~streamlearn.learner.Learner` built directly from a
-config that still says 0 gets :data:`OUT_B_MIN` (the value sized for MovieLens' 1,682
+config that still says 0 gets :data:`OUT_B_MIN` (the value derived for MovieLens' 1,682
 items); :func:`sized_config` sizes a config from a sample of records instead.
 
 >>> sketch = DistinctSketch()
 >>> sketch.add([f"item{i % 1000}" for i in range(5000)])
 >>> abs(sketch.estimate() - 1000) < 1000 * 3 * sketch.error
 True
->>> out_B_for(1123), out_B_for(6594), out_B_for(0)
-(4096, 8192, 4096)
+>>> out_B_for(1123), out_B_for(4181), out_B_for(6594), out_B_for(0)
+(2048, 4096, 4096, 2048)
 """
 from __future__ import annotations
 
@@ -47,14 +48,17 @@ from .records import Record, from_dict
 __all__ = ["DERIVE", "DistinctSketch", "HEADROOM", "OUT_B_MAX", "OUT_B_MIN", "Sizing", "derived_keys",
            "out_B_for", "sized_config"]
 
-# out_B >= HEADROOM x the items seen in the window. 2 was measured to lose on a taste-driven
-# 10,000-item stream (16384 buckets: 0.905x of popularity against 0.949x at 4096 and 0.957x
-# at 8192; docs/choosing-a-configuration.md): more buckets are not always better.
-HEADROOM = 1.0
-OUT_B_MIN = 4096  # MovieLens-100K's 1,682 items (and a config that says 0 outside the worker and replay)
+# out_B >= HEADROOM x the items seen in the window. With 4 hashes per item (next-item's
+# model.out_m) fewer buckets than items won on every stream that moves (bench/shapes.py, seed 0):
+# taste-10k (4,181 in its window) 0.0399 / 0.0402 / 0.0380 / 0.0366 at 2048 / 4096 / 8192 /
+# 16384, MovieLens (1,100) 0.1621 / 0.1653 / 0.1640 / 0.1616 at 1024 / 2048 / 4096 / 8192,
+# taste (2,189) 0.0844 / 0.0883 / 0.0871 at 1024 / 2048 / 4096; the Markov worlds and routes
+# level (docs/choosing-a-configuration.md "The output size follows the stream").
+HEADROOM = 0.5
+OUT_B_MIN = 2048  # MovieLens-100K's 1,682 items (and a config that says 0 outside the worker and replay)
 OUT_B_MAX = 1 << 20  # 64-wide rows: 256 MiB of output weights per hash, plus their optimizer state
 RULE = (f"next power of two >= {HEADROOM:g} x the distinct items of the warm-up window, "
-        f"in [{OUT_B_MIN}, 2^{OUT_B_MAX.bit_length() - 1}]").replace(">= 1 x ", ">= ")
+        f"in [{OUT_B_MIN}, 2^{OUT_B_MAX.bit_length() - 1}]")
 _SKETCH_SEED = derive_seed(0, "sizing/hll")  # fixed: an estimate must not depend on a process or a config
 
 

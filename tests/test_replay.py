@@ -18,6 +18,7 @@ from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import build_baselines, parse_baselines, vw_available
 from streamlearn.replay.counting import Markov, Popularity
 from streamlearn.replay.model import ModelContestant
+from streamlearn.sizing import OUT_B_MIN
 from streamlearn.hashing import words
 from streamlearn.replay.metrics import MRR, MetricSet, RecallAtK
 from streamlearn.state import open_store
@@ -294,7 +295,7 @@ def test_the_task_of_a_file_brings_its_defaults_and_replays_it(tmp_path):
     assert task_of(path) == "next-item" and task_of(tmp_path / "x.tsv", "tsv") == "classify"
     config = Config().override(f"learner.task={task_of(path)}", "store.shards=2", "store.map_size_gb=0.05")
     report = replay(FileSource(path), ReplayOptions(k=3, window=30, limit=48), config=config)
-    assert report["task"] == "next-item" and report["config"]["model"]["model"]["out_B"] == 4096
+    assert report["task"] == "next-item" and report["config"]["model"]["model"]["out_B"] == OUT_B_MIN  # few items
     assert report["config"]["model"]["hashing"]["tokenizer"] == "ids"
     assert report["evaluated"] == 36  # 48 events of 12 users: each user's first is not scored
     with pytest.raises(DatasetError, match="can hold any task"):

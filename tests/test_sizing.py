@@ -67,8 +67,9 @@ def test_the_sketch_is_the_same_in_another_process():
 
 
 def test_the_rule_is_a_power_of_two_with_headroom_in_range():
-    assert [out_B_for(e) for e in (0, 1, 1123, 4096, 4097, 4181, 6594, 8193)] == [4096, 4096, 4096, 4096, 8192,
-                                                                                 8192, 8192, 16384]
+    # the next power of two >= half the estimate, at least 2048
+    assert [out_B_for(e) for e in (0, 1, 1123, 4096, 4097, 4181, 6594, 8192, 8193)] == [
+        2048, 2048, 2048, 2048, 4096, 4096, 4096, 4096, 8192]
     assert out_B_for(10**9) == 1 << 20
     with pytest.raises(ValueError, match="p must be in"):
         DistinctSketch(p=3)
@@ -83,8 +84,8 @@ def test_sized_config_reads_only_its_window_and_an_explicit_size_reads_nothing()
             read.append(e)
             yield e
     sized, sizing = sized_config(cfg, records())
-    assert sizing == Sizing("model.out_B", 8192, sizing.estimate, 4500, 4500)
-    assert abs(sizing.estimate - 4500) < 3 * 0.0163 * 4500 and sized.model.out_B == 8192
+    assert sizing == Sizing("model.out_B", 4096, sizing.estimate, 4500, 4500)
+    assert abs(sizing.estimate - 4500) < 3 * 0.0163 * 4500 and sized.model.out_B == 4096
     assert len(read) == 4500  # the window and not one more
 
     def untouchable():
@@ -112,24 +113,24 @@ def test_replay_derives_the_size_records_it_and_a_reopen_reuses_it(tmp_path, cap
     report = replay(FileSource(data), ReplayOptions(), config=cfg, save=tmp_path / "saved")
     sizing = report["config"]["sizing"]
     assert sizing["key"] == "model.out_B" and sizing["records"] == 5100 and abs(sizing["estimate"] - 5000) < 250
-    assert sizing["value"] == report["config"]["model"]["model"]["out_B"] == 8192
+    assert sizing["value"] == report["config"]["model"]["model"]["out_B"] == 4096
     assert report["records"] == 5500  # the window's records were learned too, once each
     with open_store(tmp_path / "saved", readonly=True) as store:
-        assert stored_config(store).model.out_B == 8192
+        assert stored_config(store).model.out_B == 4096
         with store.snapshot():
             assert stored_sizing(store) == Sizing.from_dict(sizing)
-        assert store.manifest().config["model"]["out_B"] == 8192
+        assert store.manifest().config["model"]["out_B"] == 4096
     assert main(["inspect", "--state", str(tmp_path / "saved"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["sizing"] == sizing
     assert main(["inspect", "--state", str(tmp_path / "saved")]) == 0
-    assert "sizing   model.out_B=8192 derived from ~" in capsys.readouterr().out
+    assert "sizing   model.out_B=4096 derived from ~" in capsys.readouterr().out
 
     # Reopened (replay --state) with the defaults: the stored size, never sized again
     again = replay(FileSource(data), ReplayOptions(mode="frozen", limit=300), state=tmp_path / "saved")
-    assert again["config"]["model"]["model"]["out_B"] == 8192 and again["config"]["sizing"] == sizing
-    with pytest.raises(CheckpointMismatchError, match="--set model.out_B=8192"):
+    assert again["config"]["model"]["model"]["out_B"] == 4096 and again["config"]["sizing"] == sizing
+    with pytest.raises(CheckpointMismatchError, match="--set model.out_B=4096"):
         replay(FileSource(data), ReplayOptions(mode="frozen", limit=300), state=tmp_path / "saved",
-               overrides=["model.out_B=4096"])
+               overrides=["model.out_B=8192"])
 
 
 def test_replay_with_an_explicit_size_reads_no_window(tmp_path):
@@ -161,23 +162,23 @@ def test_the_worker_sizes_a_new_model_from_its_window_and_a_restart_reuses_it(br
     # every record learned once: the window was read, not consumed
     assert summary.saved and summary.learned == 5500 and summary.offsets == ends
     cfg_stored, sizing, m = stored(state)
-    assert cfg_stored.model.out_B == m.config["model"]["out_B"] == sizing.value == 8192
+    assert cfg_stored.model.out_B == m.config["model"]["out_B"] == sizing.value == 4096
     assert sizing.records == 5100 and abs(sizing.estimate - 5000) < 250
     assert sum(m.records_applied.values()) == 5500
 
-    # A restart whose window would now size it otherwise (100 records: 4096) reuses 8192.
+    # A restart whose window would now size it otherwise (100 records: 2048) reuses 4096.
     more = events(500, 5000, seed=1)
     produce_rows(broker, topic, [(e["key"].encode(), e, None) for e in more])
     restarted = worker_config(broker, group, "learner.sizing_window=100")
     assert Worker(restarted, RunOptions(topic, str(state), until_idle_s=1.5)).run().learned == 500
     cfg_stored, again, m = stored(state)
-    assert cfg_stored.model.out_B == 8192 and again == sizing and sum(m.records_applied.values()) == 6000
+    assert cfg_stored.model.out_B == 4096 and again == sizing and sum(m.records_applied.values()) == 6000
     with open_store(state, readonly=True) as store:
         learner = read_full(store)
-    assert learner.cfg.model.out_B == 8192 and learner.sizing == sizing
+    assert learner.cfg.model.out_B == 4096 and learner.sizing == sizing
 
     # A different explicit size is refused, naming the stored one; the state is untouched.
-    with pytest.raises(CheckpointMismatchError, match="model.out_B 8192 -> 16384"):
+    with pytest.raises(CheckpointMismatchError, match="model.out_B 4096 -> 16384"):
         Worker(worker_config(broker, group, "model.out_B=16384"), RunOptions(topic, str(state), until_idle_s=1.5))
     assert stored(state)[2].commits == m.commits
 
