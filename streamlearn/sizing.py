@@ -53,7 +53,7 @@ __all__ = ["DERIVE", "DistinctSketch", "HEADROOM", "OUT_B_MAX", "OUT_B_MIN", "Si
 # taste-10k (4,181 in its window) 0.0399 / 0.0402 / 0.0380 / 0.0366 at 2048 / 4096 / 8192 /
 # 16384, MovieLens (1,100) 0.1621 / 0.1653 / 0.1640 / 0.1616 at 1024 / 2048 / 4096 / 8192,
 # taste (2,189) 0.0844 / 0.0883 / 0.0871 at 1024 / 2048 / 4096; the Markov worlds and routes
-# level (docs/choosing-a-configuration.md "The output size follows the stream").
+# level (docs/choosing-a-configuration.md "Fewer buckets than items").
 HEADROOM = 0.5
 OUT_B_MIN = 2048  # MovieLens-100K's 1,682 items (and a config that says 0 outside the worker and replay)
 OUT_B_MAX = 1 << 20  # 64-wide rows: 256 MiB of output weights per hash, plus their optimizer state
