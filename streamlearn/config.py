@@ -497,7 +497,8 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
     "model.recent", "model.successors",
     "optim.sparse",
-    "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random", "learner.nb_weight", "learner.nb_cells",
+    "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
+    "learner.nb_weight", "learner.nb_cells",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({

@@ -125,8 +125,8 @@ class NextItemPreparer(TokenPreparer):
         t = np.arange(width, dtype=np.int64)[None, :]
         history = np.minimum(n - 1 - t, HISTORY_PLACES - 1)
         tags = np.minimum(HISTORY_PLACES + t - n, KEY_PLACE - 1)
-        out = np.where(t < n, history, np.where(t < n + recent, tags, np.where(keyed & (t == n + recent), KEY_PLACE, 0)))
-        return out
+        key = np.where(keyed & (t == n + recent), KEY_PLACE, 0)
+        return np.where(t < n, history, np.where(t < n + recent, tags, key))
 
     def _add_places(self, feats: dict[str, np.ndarray], lengths: list[int], keyed: list[bool]) -> None:
         if self.cfg.learner.place_weights:
