@@ -24,7 +24,9 @@ comes and goes; every contestant meets it alike), each figure the best pass:
 3. depth: ``model.layers=1`` and ``2`` ``learn_many`` against a bare-torch model of the
    same shape (the same tokenizer into a bounded dictionary, a plain sparse
    ``nn.Embedding``, the same pre-LN encoder, sqrt-n pooling and a linear head; SparseAdam
-   for the embedding, AdamW for the rest, one step per batch of the learner's size).
+   for the embedding, AdamW for the rest, one step per batch of the learner's size), on
+   the learners' device (on CUDA with pinned copies and bf16 autocast, timed to a
+   synchronize).
 
 Records/s are wall clock (per CPU-second in brackets: the process's thread CPU time,
 which a loaded machine disturbs less). The table replaces the part of docs/benchmarks.md
@@ -40,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +53,7 @@ from data import add_data_option, ag_news, data_dir, text_stream, write_between_
 import quality_streams as qs
 
 from streamlearn.config import Config
-from streamlearn.device import set_threads, torch_default_threads
+from streamlearn.device import Device, set_threads, torch_default_threads
 from streamlearn.hashing import tokenize
 from streamlearn.learner import Learner
 from streamlearn.records import from_dict
@@ -61,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/speed.py:begin -->", "<!-- bench/speed.py:end -->"
 TARGETS = {"learn_many": 10_000, "prequential / VW": 0.4, "learn_one loop": 2_000, "depth / bare torch": 0.7}
 ONE_LIMIT = 300  # records of the learn_one loop at torch's default threads
+DEVICE = Device.pick(Config().learner.device)  # where the learners at their defaults run, and so the bare models
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Rate:
 def timed(rate: Rate, records: int, run: Callable[[], float | None]) -> None:
     wall, cpu = time.perf_counter(), time.thread_time()
     accuracy = run()
+    DEVICE.synchronize()  # a GPU's queued steps count in the time
     rate.add(records, time.perf_counter() - wall, time.thread_time() - cpu, accuracy)
 
 
@@ -157,12 +162,13 @@ class BareClassifier(nn.Module):
 class Bare:
     """:class:`BareClassifier` with its optimizers, dictionary and label ids: one step
     per batch of ``learner.batch_size`` (SparseAdam for the embedding, AdamW for the rest,
-    both at ``optim.dense_lr``)."""
+    both at ``optim.dense_lr``), on the learners' device as they run there (pinned copies
+    and bf16 autocast on CUDA)."""
 
     def __init__(self, layers: int, labels: Sequence):
         self.cfg = Config().override(f"model.layers={layers}")
         self.label_id = {lab: i for i, lab in enumerate(labels)}
-        self.model = BareClassifier(self.cfg, len(labels))
+        self.model = BareClassifier(self.cfg, len(labels)).to(DEVICE.torch)
         lr = self.cfg.optim.dense_lr
         self.sparse = torch.optim.SparseAdam(list(self.model.emb.parameters()), lr=lr)
         self.dense = torch.optim.AdamW([p for n, p in self.model.named_parameters() if not n.startswith("emb.")], lr=lr)
@@ -173,9 +179,13 @@ class Bare:
         lists = [[_word_id(self.vocab, t, cap) for t in tokenize(r["text"], h.ngrams, h.lowercase)][:h.max_tokens]
                  for r in chunk]
         width = max(map(len, lists))
-        ids = torch.tensor([row + [0] * (width - len(row)) for row in lists])  # (N, T)
-        mask = torch.arange(width) < torch.tensor([len(row) for row in lists]).unsqueeze(1)  # (N, T)
-        loss = F.cross_entropy(self.model(ids, mask), torch.tensor([self.label_id[r["label"]] for r in chunk]))
+        ids = np.array([row + [0] * (width - len(row)) for row in lists])  # (N, T)
+        mask = np.arange(width) < np.array([len(row) for row in lists])[:, None]  # (N, T)
+        y = np.array([self.label_id[r["label"]] for r in chunk])
+        ids, mask, y = DEVICE.tensor(ids), DEVICE.tensor(mask), DEVICE.tensor(y)
+        with DEVICE.autocast():
+            logits = self.model(ids, mask)
+        loss = F.cross_entropy(logits.float(), y)
         loss.backward()
         self.sparse.step()
         self.dense.step()
@@ -268,11 +278,11 @@ def rows(name: str, r: dict[str, Rate], vw: bool) -> list[str]:
 
 def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: str, passes: int) -> str:
     intro = (f"Produced by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} (torch {torch.__version__}, "
-             "CPU, a shared 2-core machine: compare figures "
+             f"{DEVICE.describe()}; the bare-torch models run there too: compare figures "
              f"within this table only). Best of {passes} passes, each running every contestant once in turn; "
              "records/s wall clock, per thread CPU-second in brackets; accuracy is prequential (each record "
              "predicted before it is learned). streamlearn runs at its defaults (depth 0, Naive Bayes part, batch "
-             f"{Config().learner.batch_size}) with torch's intra-op threads left to the library (it picks 1 on 2 cores). " + " ".join(
+             f"{Config().learner.batch_size}) with torch's intra-op threads left to the library (one less than the cores, at least 1). " + " ".join(
                  f"{name}: {n:,} records." for name, (n, _) in results.items()))
     table = ["| stream | contestant | records/s (per CPU-s) | accuracy | ratio | target |",
              "|---|---|---:|---:|---:|---|"]

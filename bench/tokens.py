@@ -25,7 +25,8 @@ the same run: ``nn.Embedding`` over token ids for the hash embedding, torch's ow
 softmax (the batch's answers plus the same number of uniform negatives, ``nn.Embedding``
 output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
 count part and no hashing: it is the floor the hashed model's bookkeeping is measured
-against, not a contestant.
+against, not a contestant. Both run on the learner's device (on CUDA with pinned copies
+and bf16 autocast, timed to a synchronize).
 
 Memory: RSS of a ``Learner`` used from Python at the defaults, sampled every tenth of
 ``--rss-records`` records while the stream is fed round and round (an endless stream: the
@@ -58,6 +59,7 @@ from torch import nn
 from data import ROOT, add_data_option, data_dir, write_between_markers
 
 from streamlearn.config import load_config
+from streamlearn.device import Device
 from streamlearn.learner import Learner
 from streamlearn.records import from_dict
 from streamlearn.replay import ReplayOptions, run_replay
@@ -157,6 +159,7 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
         rows.append(sum(len(ids) for ids in report.rows.values()))
         nbytes.append(sum(len(ids) * size for base, ids in report.rows.items()
                           for name, size in sizes.items() if name == base or name.startswith(base + ".")))
+    learner.dev.synchronize()
     seconds = time.perf_counter() - started
     table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
     reference = bare_torch_rate(learner, cfg, tail)
@@ -177,7 +180,7 @@ class BareLM(nn.Module):
         self.out_b = nn.Embedding(vocab, 1, sparse=True)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
-        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))  # (b, t, d)
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))  # (b, t, d)
         if self.encoder is not None:
             x = self.encoder(x, mask=causal, src_key_padding_mask=pad)
         return x
@@ -185,7 +188,8 @@ class BareLM(nn.Module):
 
 def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
     """Records/s of :class:`BareLM` learning the same batches with the same objective
-    shape: next-token at every position (causal), mlm at ``learner.mask_prob`` of them."""
+    shape: next-token at every position (causal), mlm at ``learner.mask_prob`` of them; on
+    the learner's device, as it runs there (pinned copies and bf16 autocast on CUDA)."""
     m = cfg.model
     vocab: dict[str, int] = {}
     batches = []
@@ -194,7 +198,8 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
                 for r in batch]
         batches.append(seqs)
     width = max(len(s) for b in batches for s in b) + 1
-    lm = BareLM(len(vocab) + 2, m.d_model, m.layers, m.heads, m.ffn, width)
+    dev = learner.dev
+    lm = BareLM(len(vocab) + 2, m.d_model, m.layers, m.heads, m.ffn, width).to(dev.torch)
     sparse = [lm.emb.weight, lm.out.weight, lm.out_b.weight]
     dense = [p for p in lm.parameters() if all(p is not q for q in sparse)]
     opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr), torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
@@ -209,23 +214,30 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
         pad = torch.arange(t)[None, :] > torch.tensor([len(s) for s in seqs])[:, None]
         if causal:
             inputs, answers, where = ids[:, :-1], ids[:, 1:], ~pad[:, 1:]
-            mask = nn.Transformer.generate_square_subsequent_mask(t - 1)
-            states = lm(inputs, pad[:, :-1], mask)
         else:
             where = (torch.rand(ids.shape, generator=gen) < cfg.learner.mask_prob) & ~pad
             where[:, 0] = False
-            answers = ids
-            states = lm(ids.masked_fill(where, 1), pad, None)
-        h, y = states[where], answers[where]  # (n, d), (n,)
-        choices = torch.unique(torch.cat([y, torch.randint(2, len(vocab) + 2, (m.negatives,), generator=gen)]))
-        logits = h @ lm.out(choices).t() + lm.out_b(choices)[:, 0]  # (n, c)
+            inputs, answers = ids.masked_fill(where, 1), ids
+        negatives = torch.randint(2, len(vocab) + 2, (m.negatives,), generator=gen)
+        inputs, answers, where, negatives = (dev.tensor(a.numpy()) for a in (inputs, answers, where, negatives))
+        pad = dev.tensor(pad.numpy())
+        with dev.autocast():
+            if causal:
+                mask = torch.ones(t - 1, t - 1, dtype=torch.bool, device=dev.torch).triu(1)  # True: not attended
+                states = lm(inputs, pad[:, :-1], mask)
+            else:
+                states = lm(inputs, pad, None)
+            h, y = states[where], answers[where]  # (n, d), (n,)
+            choices = torch.unique(torch.cat([y, negatives]))
+            logits = h @ lm.out(choices).t() + lm.out_b(choices)[:, 0]  # (n, c)
         target = torch.searchsorted(choices, y)
-        loss = F.cross_entropy(logits, target)
+        loss = F.cross_entropy(logits.float(), target)
         for o in opts:
             o.zero_grad()
         loss.backward()
         for o in opts:
             o.step()
+    dev.synchronize()
     return sum(map(len, tail)) / (time.perf_counter() - started)
 
 
@@ -262,8 +274,9 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
 # ---------------------------------------------------------------------------- report
 
 def section(results: dict, source: str, command: str, records: int, seeds: list[int]) -> str:
-    intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, CPU, a shared "
-             f"2-core machine; one torch thread). Stream: {source}, {records:,} records of {WORDS} words in book "
+    device = Device.pick(load_config(None, use_env=False).learner.device)  # where the learners at their defaults run
+    intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, {device.describe()}; "
+             f"one torch thread; the bare-torch reference runs there too). Stream: {source}, {records:,} records of {WORDS} words in book "
              "order.")
     if any("quality" in r for r in results.values()):
         intro += (f" recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); baselines "

@@ -1,8 +1,9 @@
 """Where the model runs: the torch device, host-to-device copies, autocast, seeded RNG.
 
 CUDA when available (``learner.device = "auto"``), else the CPU. On CUDA, numpy batches
-are copied through pinned memory without blocking, and forward passes run under bf16
-autocast; on the CPU arrays become tensors without a copy.
+are copied through pinned memory without blocking, and training's forward passes run
+under bf16 autocast (answers stay float32: ``Learner._inference``); on the CPU arrays
+become tensors without a copy.
 
 >>> dev = Device.pick("cpu")
 >>> dev.tensor(np.arange(3)).tolist()
@@ -20,7 +21,8 @@ import torch
 from .config import Config
 from .exceptions import ConfigError
 
-__all__ = ["Device", "adopt_threads", "intra_op_threads", "pick_device", "set_threads", "torch_default_threads"]
+__all__ = ["Device", "adopt_threads", "intra_op_threads", "pick_device", "set_threads", "torch_default_threads",
+           "usable_cpus"]
 
 _SET_COUNT: int | None = None  # the intra-op thread count streamlearn last set (adopt_threads, set_threads)
 _PINNED = False  # set_threads was called: that count stays
@@ -63,6 +65,18 @@ class Device:
             gen.manual_seed(seed)
             yield
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on this device (CUDA runs it asynchronously): a clock
+        read after this counts that work. A no-op on the CPU."""
+        if self.cuda:
+            torch.cuda.synchronize(self.torch)
+
+    def describe(self) -> str:
+        """The device in words, for reports: the GPU's name, or the CPU and its core count."""
+        if self.cuda:
+            return f"CUDA on {torch.cuda.get_device_name(self.torch)}, bf16 autocast in training"
+        return f"CPU, {usable_cpus()} cores"
+
     def __repr__(self) -> str:
         return f"Device({self.torch})"
 
@@ -87,8 +101,12 @@ def intra_op_threads(cfg: Config) -> int:
     loaded 2-core box ran 70x slower)."""
     if cfg.worker.torch_threads > 0:
         return cfg.worker.torch_threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus - 1)
+    return max(1, usable_cpus() - 1)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def torch_default_threads() -> int | None:
