@@ -30,6 +30,18 @@ from ..hashing import derive_seed
 TensorFeats = dict[str, torch.Tensor]
 
 
+def choose_sparse_checks() -> None:
+    """Say explicitly that sparse tensors are not checked, unless the program turned the
+    checks on. Every sparse gradient here is built well-formed and says so
+    (``check_invariants=False``), yet torch 2.11's CUDA build warned at each backward pass
+    (seen on an H100, bench/gpu.sh) while the process-wide choice was left unset."""
+    if not torch.sparse.check_sparse_tensor_invariants.is_enabled():
+        torch.sparse.check_sparse_tensor_invariants.disable()
+
+
+choose_sparse_checks()  # once, as the module that builds the sparse gradients loads
+
+
 class TokenEmbedding(nn.Module):
     """Base class of every scheme: tokens -> (N, T, out_dim) vectors, zero at padding.
     ``featurizer`` is the scheme's numpy half, built from the same scheme config."""
