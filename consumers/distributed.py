@@ -75,12 +75,12 @@ class DistSettings:
 
 
 def dist_settings(world_size: int | None = None, rank: int | None = None, url: str | None = None,
-                  timeout_s: float = 15.0, environ: Mapping[str, str] | None = None) -> DistSettings | None:
+                  timeout_s: float = 15.0, environ: Mapping[str, str] | None = None,
+                  gpus: int | None = None) -> DistSettings | None:
     """Settings from explicit options, else from torchrun's ``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_USE_AGENT_STORE`` (the only reader
-    of these variables). None: single worker.
-
-    gloo on CPU, nccl when CUDA is available.
+    of these variables). None: single worker. The backend: :func:`backend_for` (``gpus``:
+    the GPUs torch sees, unless given).
     """
     env = os.environ if environ is None else environ
     if world_size is None and "WORLD_SIZE" in env:
@@ -102,9 +102,21 @@ def dist_settings(world_size: int | None = None, rank: int | None = None, url: s
         raise ConfigError(f"--dist-url must look like tcp://HOST:PORT, got {url!r}")
     if timeout_s <= 0:
         raise ConfigError(f"the collective timeout must be > 0 s, got {timeout_s}")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = backend_for(world_size, env, gpus)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     return DistSettings(rank, world_size, url, backend, timeout_s, host_store=not agent_store)
+
+
+def backend_for(world_size: int, environ: Mapping[str, str], gpus: int | None = None) -> str:
+    """NCCL when each rank on this host can have a GPU of its own, else gloo. The ranks on
+    this host: torchrun's ``LOCAL_WORLD_SIZE``, else (started by hand) all of them, as they
+    may share the host. NCCL refuses two ranks on one GPU ("Duplicate GPU detected", seen
+    with 2 workers on one H100); under gloo the ranks still train on the GPU, and only the
+    sync buffers, packed on the host anyway, travel by gloo."""
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = _int_env(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else world_size
+    return "nccl" if 0 < here <= gpus else "gloo"
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int:
@@ -126,7 +138,7 @@ class Group:
         self.settings = settings
         host, _, port = settings.url[len("tcp://"):].rpartition(":")
         timeout = timedelta(seconds=settings.timeout_s)
-        if settings.backend == "nccl":  # one GPU per rank on a host: torchrun's LOCAL_RANK, else rank mod GPUs
+        if settings.backend == "nccl":  # one GPU per rank on a host (backend_for): torchrun's LOCAL_RANK, else the rank
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", settings.rank % torch.cuda.device_count())))
         try:
             # Our own TCPStore (hosted by rank 0) also carries the sync requests (SyncClock).

@@ -15,7 +15,7 @@ from streamlearn.broker import free_port
 from streamlearn.checkpoint import write
 from streamlearn.config import Config, StoreConfig
 from streamlearn.consumers.distributed import (
-    DistSettings, StaleWorkerError, dist_settings, fenced_commit, stored_generation)
+    DistSettings, StaleWorkerError, backend_for, dist_settings, fenced_commit, stored_generation)
 from streamlearn.exceptions import ConfigError
 from streamlearn.learner import Learner
 from streamlearn.state import Checkpoint, open_store
@@ -49,13 +49,14 @@ AVERAGE_SCRIPT = textwrap.dedent("""
     touched = lrn.take_dirty()
     lrn.mark_dirty(touched)  # read, not taken: the sync takes them
     touched = {n: ids.tolist() for n, ids in touched.items()}
-    dense = {n: p.detach().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
-    tables = {n: t.detach().numpy().copy() for n, t in lrn.replica.tables().items()}
+    dense = {n: p.detach().cpu().numpy().copy() for n, p in lrn.model.dense_parameters().items()}
+    tables = {n: t.detach().cpu().numpy().copy() for n, t in lrn.replica.tables().items()}
     np.savez(f"{out}/pre{rank}.npz", **{"d:" + n: v for n, v in dense.items()},
              **{"t:" + n: v for n, v in tables.items()})
     report = average_replicas(lrn, group)
-    np.savez(f"{out}/post{rank}.npz", **{"d:" + n: p.detach().numpy() for n, p in lrn.model.dense_parameters().items()},
-             **{"t:" + n: t.detach().numpy() for n, t in lrn.replica.tables().items()})
+    np.savez(f"{out}/post{rank}.npz",
+             **{"d:" + n: p.detach().cpu().numpy() for n, p in lrn.model.dense_parameters().items()},
+             **{"t:" + n: t.detach().cpu().numpy() for n, t in lrn.replica.tables().items()})
     dirty = {n: v.tolist() for n, v in lrn.take_dirty().items()}
     result = {"digest": lrn.replica.digest(), "labels": lrn.labels, "bytes": report.payload_bytes,
               "rows": report.rows, "touched": touched, "dirty": dirty}
@@ -261,11 +262,22 @@ def test_allreduce_dead_peer_fails_the_round_fast_and_the_batch_is_learned_alone
     assert seconds < 60
 
 
+def test_nccl_only_where_each_rank_on_the_host_has_a_gpu_of_its_own():
+    assert backend_for(2, {}, gpus=0) == "gloo"
+    assert backend_for(2, {}, gpus=1) == "gloo"  # two ranks on one GPU: NCCL refuses them
+    assert backend_for(2, {}, gpus=2) == "nccl"
+    assert backend_for(8, {"LOCAL_WORLD_SIZE": "4"}, gpus=4) == "nccl"  # torchrun: 4 of the 8 ranks here
+    assert backend_for(8, {"LOCAL_WORLD_SIZE": "4"}, gpus=2) == "gloo"
+    assert dist_settings(2, 1, "tcp://h:1", environ={}, gpus=2).backend == "nccl"
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE must be an integer"):
+        backend_for(2, {"LOCAL_WORLD_SIZE": "two"}, gpus=2)
+
+
 def test_settings_from_options_or_torchrun_env():
     assert dist_settings(environ={}) is None
     env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
-    assert dist_settings(environ=env) == DistSettings(1, 3, "tcp://10.0.0.5:29500", "gloo", 15.0)
-    assert dist_settings(2, 0, "tcp://h:1", 5.0, environ=env) == DistSettings(0, 2, "tcp://h:1", "gloo", 5.0)
+    assert dist_settings(environ=env, gpus=0) == DistSettings(1, 3, "tcp://10.0.0.5:29500", "gloo", 15.0)
+    assert dist_settings(2, 0, "tcp://h:1", 5.0, environ=env, gpus=0) == DistSettings(0, 2, "tcp://h:1", "gloo", 5.0)
     under_torchrun = dist_settings(environ={**env, "RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"})
     assert under_torchrun.rank == 0 and not under_torchrun.host_store  # the agent hosts the store
     for bad, message in [(dict(world_size=2, environ={}), "--rank"),
