@@ -150,7 +150,7 @@ def test_importance_weights_are_the_rows_of_P_the_tokens_pick():
     lrn = classifier()
     e = lrn.explain_many([{"tokens": ["free", "never-seen"]}])[0]
     feats = lrn.featurizer.featurize([["free", "never-seen"]], 128)
-    P, d1 = lrn.model.embedding.P.detach().numpy(), feats["d1"][0]
+    P, d1 = lrn.model.embedding.P.detach().cpu().numpy(), feats["d1"][0]
     np.testing.assert_allclose(e.importance, P[d1], rtol=1e-6)
     assert e.rows == feats["buckets"][0].tolist()
     assert len(e.importance[0]) == lrn.cfg.embedding.k

@@ -9,7 +9,6 @@ from river import evaluate, metrics
 
 from streamlearn import checkpoint
 from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
-from streamlearn.embeddings import to_tensors
 from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record, from_features
@@ -96,7 +95,7 @@ def test_classify_learns_a_separable_stream():
     np.testing.assert_allclose(probs[0], before[0], atol=1e-6)
     with torch.inference_mode():
         network = lrn.task.network_logits(lrn.model, batch, lrn.dev)
-    want = (network + 0.1 * torch.from_numpy(lrn.task.nb_scores(batch))).softmax(-1).numpy()
+    want = (network.cpu() + 0.1 * torch.from_numpy(lrn.task.nb_scores(batch))).softmax(-1).numpy()
     np.testing.assert_allclose(probs, want, atol=1e-6)
     lrn.learn_batch(batch)
     assert np.mean(hits[:48]) < 0.7
@@ -212,7 +211,7 @@ def test_next_item_recency_tells_the_bag_which_item_came_last(recency, places):
     else:
         assert hits <= 0.5
     if places:
-        weights = torch.exp(lrn.model.head.place.detach())
+        weights = torch.exp(lrn.model.head.place.detach().cpu())
         assert not torch.allclose(weights[:6], torch.ones(6))  # they moved from the plain bag's 1
 
 
@@ -322,7 +321,7 @@ def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
     (Classify.gradients). On every batch of a stream, from the same parameters, they
     equal what autograd computes through the model (Classify.loss), as do the loss and
     the logits; the sparse gradients come coalesced (one value row per table row)."""
-    lrn = learner(*overrides, "hashing.max_tokens=6")  # some texts are cut
+    lrn = learner(*overrides, "hashing.max_tokens=6", "learner.device=cpu")  # some texts are cut; the CPU's path
     assert lrn.model.depth == 0
     for records in batches(topic_stream(80, seed=4) + [{"text": "team", "label": "sport", "weight": 3.0}], 16):
         batch = lrn.prepare(records)
@@ -777,10 +776,11 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     # the label logits are the model's plus nb_weight times those scores
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
-        feats = to_tensors(q.feats)
-        model_logits = lrn.model.head(lrn.model.pool(lrn.model.encode(feats), feats["mask"]), q.n_labels).float()
+        feats = lrn.dev.tensors(q.feats)
+        model_logits = lrn.model.head(lrn.model.pool(lrn.model.encode(feats), feats["mask"]), q.n_labels).float().cpu()
     nb = torch.from_numpy(lrn.task.nb.scores(q.nb_tokens, q.n_labels))
-    np.testing.assert_allclose(lrn.outputs(q).numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lrn.outputs(q).cpu().numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_naive_bayes_part_counts_words_of_a_text_and_every_token_of_a_list():
@@ -882,7 +882,8 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
     with torch.no_grad():
         for name, ids in rows.items():
             values, found = store.read_rows(name, ids)
-            tables[name][torch.from_numpy(ids[found])] = torch.from_numpy(values[found])
+            at = torch.from_numpy(ids[found]).to(tables[name].device)
+            tables[name][at] = torch.from_numpy(values[found]).to(tables[name].device)
     np.testing.assert_allclose(reader.predict_proba_batch(batch), lrn.predict_proba_batch(lrn.prepare(query, train=False)),
                                rtol=1e-6, atol=1e-7)
 

@@ -110,7 +110,7 @@ def test_embed_gives_the_input_embedding_of_each_token(tmp_path):
     assert second.tokens == ["w2", "w3", "w2 w3", "\x05w0", "\x05w0"]  # text: words, bigrams, digit shapes
     feats = learner.featurizer.featurize([first.tokens], 128)
     with torch.no_grad():
-        want = learner.model.embedding({k: torch.from_numpy(v) for k, v in feats.items()})[0].numpy()
+        want = learner.model.embedding(learner.dev.tensors(feats))[0].cpu().numpy()
     np.testing.assert_allclose(first.vectors, want, rtol=0, atol=1e-6)
     assert first.vectors.shape == (3, snap.embedding_dim) and answer.step == 1
 

@@ -212,9 +212,10 @@ def test_mean_gradients_keep_two_replicas_bit_equal():
         ids0, v0 = grabbed[0][2][name]
         ids1, v1 = grabbed[1][2][name]
         local = torch.zeros_like(grad)
-        local.index_add_(0, ids0, v0).index_add_(0, ids1, v1)
+        local.index_add_(0, ids0.to(grad.device), v0.to(grad.device)).index_add_(0, ids1.to(grad.device),
+                                                                                 v1.to(grad.device))
         torch.testing.assert_close(grad, local / 2)
-        assert len(np.setxor1d(ids0.numpy(), ids1.numpy())), "both ranks touched the same rows"
+        assert len(np.setxor1d(ids0.cpu().numpy(), ids1.cpu().numpy())), "both ranks touched the same rows"
     for name, grad in seen[0][0].items():  # dense: the mean of both ranks' gradients, the same on both
         assert torch.equal(grad, seen[1][0][name]), name
     assert not seen[0][0]["head.weight"][labels:].any()  # label rows past the labels: no gradient

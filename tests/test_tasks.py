@@ -97,6 +97,7 @@ def test_next_token_queries_that_share_a_prefix_answer_as_alone():
     queries = [{"tokens": tokens[:i]} for i in range(len(tokens) + 1)] + [{"tokens": ["other1"]}]
     together = learner.topk_many(queries, k=3)
     alone = [learner.topk_many([q], k=3)[0] for q in queries]
+    atol = 1e-2 if learner.dev.cuda else 1e-5  # bf16 autocast on CUDA: a batch's shape moves the rounding
     for a, b in zip(together, alone):
-        assert a.tokens == b.tokens and np.allclose(a.scores, b.scores, atol=1e-5)
+        assert a.tokens == b.tokens and np.allclose(a.scores, b.scores, atol=atol)
     assert len(learner.prepare(queries, train=False).feats["mask"]) == 2  # two sequences cover them all

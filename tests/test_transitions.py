@@ -293,9 +293,7 @@ def test_the_loss_at_the_answers_equals_the_loss_of_the_whole_mixture():
     for s in range(3):
         learner.learn_many(_records(40, s))
     batch = learner.prepare(_records(40, 50))
-    from streamlearn.device import Device
-
-    task, model, dev = learner.task, learner.model, Device(torch.device("cpu"))
+    task, model, dev = learner.task, learner.model, learner.dev
     states = task.readout(model, batch, dev.tensors(batch.feats), dev)
     experts = task.experts(batch, dev)
     targets, weight = dev.tensors(batch.targets), dev.tensor(batch.weight)
@@ -312,17 +310,16 @@ def test_answering_in_place_gives_the_mixture_of_the_graph_path():
     it must be the same normalised log P as the path autograd runs, every bucket."""
     import torch
 
-    from streamlearn.device import Device
-
     learner = _learner()
     for s in range(3):
         learner.learn_many(_records(40, s))
     batch = learner.prepare(QUERIES, train=False)
-    task, model, dev = learner.task, learner.model, Device(torch.device("cpu"))
+    task, model, dev = learner.task, learner.model, learner.dev
     with torch.no_grad():
         fast = task.logits(model, batch, dev)
     with torch.enable_grad():
         graph = task.logits(model, batch, dev).detach()
     assert fast.shape == graph.shape == (len(QUERIES), learner.cfg.model.out_m, learner.cfg.model.out_B)
     torch.testing.assert_close(fast, graph, rtol=0, atol=1e-5)
-    torch.testing.assert_close(fast.exp().sum(-1), torch.ones(fast.shape[:2]), rtol=0, atol=1e-5)  # normalised
+    torch.testing.assert_close(fast.exp().sum(-1), torch.ones(fast.shape[:2], device=fast.device), rtol=0,
+                               atol=1e-5)  # normalised
