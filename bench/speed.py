@@ -282,7 +282,8 @@ def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: 
              f"within this table only). Best of {passes} passes, each running every contestant once in turn; "
              "records/s wall clock, per thread CPU-second in brackets; accuracy is prequential (each record "
              "predicted before it is learned). streamlearn runs at its defaults (depth 0, Naive Bayes part, batch "
-             f"{Config().learner.batch_size}) with torch's intra-op threads left to the library (one less than the cores, at least 1). " + " ".join(
+             f"{Config().learner.batch_size}) with torch's intra-op threads left to the library (one less than "
+             "the cores, at least 1). " + " ".join(
                  f"{name}: {n:,} records." for name, (n, _) in results.items()))
     table = ["| stream | contestant | records/s (per CPU-s) | accuracy | ratio | target |",
              "|---|---|---:|---:|---:|---|"]

@@ -276,8 +276,8 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
 def section(results: dict, source: str, command: str, records: int, seeds: list[int]) -> str:
     device = Device.pick(load_config(None, use_env=False).learner.device)  # where the learners at their defaults run
     intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, {device.describe()}; "
-             f"one torch thread; the bare-torch reference runs there too). Stream: {source}, {records:,} records of {WORDS} words in book "
-             "order.")
+             f"one torch thread; the bare-torch reference runs there too). Stream: {source}, {records:,} records "
+             f"of {WORDS} words in book order.")
     if any("quality" in r for r in results.values()):
         intro += (f" recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); baselines "
                   "predict then learn record by record. Ratios are the model's mean over the baseline's; records/s "
