@@ -1,12 +1,15 @@
 """Torch's intra-op threads: a Learner sets them when the program chose none, and never
 when it did (streamlearn.device.adopt_threads). Each case runs in a fresh interpreter:
-the thread count is process-wide."""
+the thread count is process-wide. And what a CPU device says of itself in benchmark
+tables (the CUDA side: tests/test_cuda.py)."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from streamlearn.device import Device, usable_cpus
 
 PROBE = """
 import json, sys, torch
@@ -54,3 +57,10 @@ def test_set_threads_pins_a_count_even_equal_to_torchs_default():
     """The service's --threads: kept, whatever its value."""
     got = probe("set_threads(torch.get_num_threads())")
     assert got["after"] == got["again"] == got["count"]
+
+
+def test_a_cpu_device_names_itself_and_its_cores_for_the_benchmarks_tables():
+    dev = Device.pick("cpu")
+    assert usable_cpus() == len(os.sched_getaffinity(0)) >= 1
+    assert dev.describe() == f"CPU, {usable_cpus()} cores" and not dev.cuda
+    dev.synchronize()  # what every timed benchmark region ends with: nothing queued on a CPU
