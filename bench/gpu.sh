@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, on a machine with an NVIDIA GPU and a CUDA build of torch
-# (docs/gpu.md): the test suite with every learner on CUDA, `make run`'s job, and the speed
-# and token-stream benchmarks, each under a time limit. Logs and tables land in OUT_DIR;
-# docs/benchmarks.md ("On a GPU") holds the last results and the command that made them.
+# (docs/gpu.md): the test suite with every learner on CUDA, `make run`'s job, the speed
+# and token-stream benchmarks, and a profile of a next-token step (bench/profile_step.py),
+# each under a time limit. Logs and tables land in OUT_DIR; docs/benchmarks.md ("On a
+# GPU") holds the last results and the command that made them.
 #
 #   bash bench/gpu.sh OUT_DIR [DATA_DIR]
 #
@@ -40,5 +41,6 @@ parallel=()
 step tests "${TESTS_LIMIT:-300}" "$py" -m pytest -q -p no:cacheprovider -rfE --tb=short "${parallel[@]}"
 step demo 90 "$py" -m streamlearn.demo
 step tokens 150 "$py" bench/tokens.py "${data[@]}" --parts speed --dry-run
+step profile 120 "$py" bench/profile_step.py "${data[@]}" --task next-token
 step speed 180 "$py" bench/speed.py "${data[@]}" --passes 1 --records 2000 --dry-run  # whole streams: over 3 min
 grep -h "passed\|failed" "$out/tests.log" | tail -1 | tee -a "$out/summary.txt"
