@@ -40,6 +40,7 @@ import torch
 
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
 from streamlearn.checkpoint import read_full
+from streamlearn.device import usable_cpus
 from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -210,7 +211,7 @@ def main() -> None:
         parser.error(f"--records {args.records} leaves 2 workers under two syncs each at --checkpoint-every "
                      f"{args.checkpoint_every}: give at least {4 * args.checkpoint_every} records")
     torch.set_num_threads(1)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = usable_cpus()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         fast = speed(broker, args, Path(tmp))
         good = {} if args.skip_quality else quality(broker, args, Path(tmp))

@@ -219,8 +219,8 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
             where[:, 0] = False
             inputs, answers = ids.masked_fill(where, 1), ids
         negatives = torch.randint(2, len(vocab) + 2, (m.negatives,), generator=gen)
-        inputs, answers, where, negatives = (dev.tensor(a.numpy()) for a in (inputs, answers, where, negatives))
-        pad = dev.tensor(pad.numpy())
+        inputs, answers, where, negatives, pad = (dev.tensor(a.numpy())
+                                                  for a in (inputs, answers, where, negatives, pad))
         with dev.autocast():
             if causal:
                 mask = torch.ones(t - 1, t - 1, dtype=torch.bool, device=dev.torch).triu(1)  # True: not attended
