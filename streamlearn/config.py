@@ -145,13 +145,18 @@ class ModelConfig:
     # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
     # log-probabilities join the scores through learned gates (docs/model.md "Count part");
     # next-item with output "hashed": "transitions" counts what followed the last 1 and 2 items
-    # and mixes those counts with the network through a learned gate ("Transition counts")
+    # and adds their log-probability to the network's logits with a learned weight ("Transition counts")
     counts: str = key("none", one_of(*COUNT_PARTS))
     # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half),
     # or of the transition part's contexts (16 + 4 (out_m + 1) successors bytes each)
     count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
-    # model.counts=transitions: successors kept per context (the most counted, Space-Saving)
-    successors: int = key(16, between(1, 1024))
+    # model.counts=transitions: how the counts join the network: "product" adds their weighted
+    # log-probability to the logits, "mixture" (before 2026-11-26; a state stored then keeps it)
+    # mixes the two distributions through a gate (docs/model.md "Transition counts")
+    count_join: str = key("product", one_of("product", "mixture"))
+    # model.counts=transitions: successors kept per context (the most counted, Space-Saving);
+    # 32 against 16: MovieLens in user order 1.197x -> 1.215x Markov (docs/choosing-a-configuration.md)
+    successors: int = key(32, between(1, 1024))
     # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
     recent: int = key(0, between(0, 1 << 20))
 
@@ -495,7 +500,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
-    "model.recent", "model.successors",
+    "model.recent", "model.successors", "model.count_join",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
     "learner.nb_weight", "learner.nb_cells",

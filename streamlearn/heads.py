@@ -22,7 +22,7 @@ from torch's global RNG; the model is built under a seeded ``fork_rng``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from .counts.table import distinct
 from .hashing import derive_seed
 from .outputs import HashedCode, OutputCode, PatternCode, SampledCode
 
-__all__ = ["HashedHead", "LabelHead", "NaiveBayesHead", "SampledHead", "ShuffleRandomHead", "TFreeHead",
+__all__ = ["HashedHead", "LabelHead", "NaiveBayesHead", "Prior", "SampledHead", "ShuffleRandomHead", "TFreeHead", "add_prior",
            "output_head"]
 
 
@@ -138,11 +138,13 @@ class HashedHead(nn.Module):
         """Log-probabilities (n, m, size): what beam search sums per candidate."""
         return F.log_softmax(logits.float(), dim=-1)
 
-    def answer_logp(self, x: torch.Tensor, hashes: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
-        """log softmax_j(logits)(hashes[:, j]) (n, m): each slot's log-probability of the
-        answer's bucket, what the loss reads, with :class:`AnswerLogSoftmax`'s backward."""
+    def answer_logp(self, x: torch.Tensor, hashes: torch.Tensor, tied: torch.Tensor | None = None,
+                    prior: Prior | None = None, lam: torch.Tensor | None = None) -> torch.Tensor:
+        """log softmax_j(logits [+ lam prior])(hashes[:, j]) (n, m): each slot's
+        log-probability of the answer's bucket, what the loss reads, with
+        :class:`AnswerLogSoftmax`'s backward."""
         table = self.table if self.table is not None else tied
-        return AnswerLogSoftmax.apply(self.transform(x), table, self.bias, hashes)
+        return AnswerLogSoftmax.apply(self.transform(x), table, self.bias, hashes, prior, lam)
 
     def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
                  tied: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,26 +157,54 @@ class HashedHead(nn.Module):
         return {}
 
 
+class Prior(NamedTuple):
+    """A second expert's log-probabilities over a hashed head's buckets, up to a constant
+    per example, as they join (n, m, size) logits: a shared part ``shared`` (m, size) plus
+    ``lift`` (P,) at the flat positions ``where`` (P,) (distinct) of the (n, m, size)
+    scores. Weighted per example by a ``lam`` (n, 1, 1): :func:`add_prior`.
+    (next-item's transition counts: :class:`~streamlearn.tasks.next_item.TransitionHead`)"""
+
+    shared: torch.Tensor
+    where: torch.Tensor
+    lift: torch.Tensor
+
+    def weigh(self, lam: torch.Tensor) -> torch.Tensor:
+        """lam at each of :attr:`where` (P,): the weight of the example it belongs to."""
+        return lam.reshape(-1)[self.where // self.shared.numel()]
+
+
+def add_prior(scores: torch.Tensor, prior: Prior, lam: torch.Tensor) -> torch.Tensor:
+    """``scores`` (n, m, size) + lam * the prior, in place (no graph may need ``scores``)."""
+    scores.addcmul_(prior.shared, lam)
+    scores.view(-1).index_add_(0, prior.where, prior.weigh(lam) * prior.lift)
+    return scores
+
+
 class AnswerLogSoftmax(torch.autograd.Function):
-    """``log_softmax(z @ table.T + bias, -1)`` at the answers: z (n, m, width), table
-    (size, width), bias (m, size), answers (n, m) -> (n, m) float32.
+    """``log_softmax(z @ table.T + bias [+ lam * prior], -1)`` at the answers: z (n, m,
+    width), table (size, width), bias (m, size), answers (n, m) -> (n, m) float32; with a
+    :class:`Prior` and its weight ``lam`` (n, 1, 1), which takes a gradient too, a second
+    expert's log-probabilities join the logits.
 
     The same values and gradients as autograd through ``cross_entropy`` of the (n, m,
-    size) logits (tests/test_model.py), at about 0.6x its time (n m = 512 rows of 4,096
-    buckets, width 64, one CPU thread: 8.0 against 13.9 ms forward and backward): the
-    one (n, m, size) buffer becomes the exponentials in place and, in the backward, the
-    logits' gradient in place, where autograd allocates and reads several. The
-    backward's two matrix products are most of what is left.
+    size) logits (tests/test_model.py, tests/test_transitions.py), at about 0.6x its time
+    (n m = 512 rows of 4,096 buckets, width 64, one CPU thread: 8.0 against 13.9 ms forward
+    and backward): the one (n, m, size) buffer becomes the exponentials in place and, in
+    the backward, the logits' gradient in place, where autograd allocates and reads
+    several. The backward's two matrix products are most of what is left.
     """
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, table: torch.Tensor, bias: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, z: torch.Tensor, table: torch.Tensor, bias: torch.Tensor, answers: torch.Tensor,
+                prior: Prior | None = None, lam: torch.Tensor | None = None) -> torch.Tensor:
         e = torch.matmul(z, table.t().to(z.dtype)).float()  # (n, m, size); a bf16 product under CUDA autocast
         e.add_(bias)
+        if prior is not None:
+            add_prior(e, prior, lam)
         top = e.amax(2, keepdim=True)  # (n, m, 1)
         at = e.gather(2, answers.unsqueeze(2))  # (n, m, 1) the answers' logits
         sums = e.sub_(top).exp_().sum(2, keepdim=True)  # e: exp(logit - top)
-        ctx.e, ctx.sums = e, sums
+        ctx.e, ctx.sums, ctx.prior = e, sums, prior
         ctx.save_for_backward(z, table, answers)
         return (at - top - sums.log()).squeeze(2)
 
@@ -189,7 +219,13 @@ class AnswerLogSoftmax(torch.autograd.Function):
         grad_z = (flat @ table.float()).view(z.shape).to(z.dtype) if ctx.needs_input_grad[0] else None
         grad_table = (flat.t() @ z.reshape(-1, z.shape[2]).float()).to(table.dtype) if ctx.needs_input_grad[1] else None
         grad_bias = d.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_z, grad_table, grad_bias, None
+        prior, grad_lam = ctx.prior, None
+        del ctx.prior
+        if prior is not None and ctx.needs_input_grad[5]:
+            n = len(d)  # d lam: sum over (m, size) of d times the prior
+            grad_lam = (d.view(n, -1) @ prior.shared.reshape(-1)).index_add_(
+                0, prior.where // prior.shared.numel(), d.view(-1)[prior.where] * prior.lift).view(n, 1, 1)
+        return grad_z, grad_table, grad_bias, None, None, grad_lam
 
 
 class TFreeHead(nn.Module):

@@ -128,7 +128,8 @@ KEYS: dict[str, Case] = {
     "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn3 is next-token's default
     "model.count_slots": Case(4096, 1000),
     "model.recent": Case(100, -1, ("learner.task=next-token",)),
-    "model.successors": Case(32, 0, ("learner.task=next-item",)),
+    "model.successors": Case(64, 0, ("learner.task=next-item",)),
+    "model.count_join": Case("mixture", "sum", ("learner.task=next-item",)),
     "optim.output_lr": Case(0.01, -0.1),
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),

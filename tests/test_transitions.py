@@ -1,7 +1,7 @@
 """next-item's transition-count part: Witten-Bell over the counts equals a dict count while contexts keep
 fewer than S successors, Space-Saving keeps the heavy successors past S, a full table
 halves in place, and in the learner: restart from incremental checkpoints, snapshots,
-the gate learning, the config's rules and the group workers' refusal."""
+the counts' weight learning, the config's rules and the group workers' refusal."""
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -219,7 +219,7 @@ def test_the_part_round_trips_through_incremental_checkpoints_and_snapshots(tmp_
         live.learn_many(_records(40, 100 + s))
         back.learn_many(_records(40, 100 + s))
     _same(live.topk_many(QUERIES, k=5), back.topk_many(QUERIES, k=5))
-    assert live.model.head.gate.weight.abs().sum() > 0  # the gate learns (it starts at W = 0)
+    assert live.model.head.trust.weight.abs().sum() > 0  # the counts' weight learns (it starts at W = 0)
 
 
 def test_rows_dirtied_per_step_scale_with_the_batch_not_the_tables():
@@ -284,12 +284,18 @@ def test_group_workers_refuse_next_item(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-def test_the_loss_at_the_answers_equals_the_loss_of_the_whole_mixture():
-    """TransitionHead.fit_loss reads the mixture at the answers' buckets only; it must be
+def _counts_weight(head):
+    """The parameter through which a transition head weighs the counts."""
+    return head.trust.weight if hasattr(head, "trust") else head.gate.weight
+
+
+@pytest.mark.parametrize("join", ["product", "mixture"])
+def test_the_loss_at_the_answers_equals_the_loss_of_the_whole_mixture(join):
+    """A transition head's fit_loss reads log P at the answers' buckets only; it must be
     the hashed loss of forward's log P over every bucket, value and gradient."""
     import torch
 
-    learner = _learner()
+    learner = _learner(f"model.count_join={join}")
     for s in range(3):
         learner.learn_many(_records(40, s))
     batch = learner.prepare(_records(40, 50))
@@ -298,19 +304,20 @@ def test_the_loss_at_the_answers_equals_the_loss_of_the_whole_mixture():
     experts = task.experts(batch, dev)
     targets, weight = dev.tensors(batch.targets), dev.tensor(batch.weight)
     fast = model.head.fit_loss(states, targets, weight, None, experts)
-    (g_fast,) = torch.autograd.grad(fast, model.head.gate.weight, retain_graph=True)
+    (g_fast,) = torch.autograd.grad(fast, _counts_weight(model.head), retain_graph=True)
     whole = model.head.loss(model.head(states, None, experts), targets, weight)
-    (g_whole,) = torch.autograd.grad(whole, model.head.gate.weight)
+    (g_whole,) = torch.autograd.grad(whole, _counts_weight(model.head))
     assert float(fast.detach()) == pytest.approx(float(whole.detach()), rel=1e-5)
     torch.testing.assert_close(g_fast, g_whole, rtol=1e-4, atol=1e-6)
 
 
-def test_answering_in_place_gives_the_mixture_of_the_graph_path():
-    """Without autograd TransitionHead.forward builds the mixture in the logits' buffer;
-    it must be the same normalised log P as the path autograd runs, every bucket."""
+@pytest.mark.parametrize("join", ["product", "mixture"])
+def test_answering_in_place_gives_the_mixture_of_the_graph_path(join):
+    """Without autograd a transition head builds log P in the logits' buffer; it must be
+    the same normalised log P as the path autograd runs, every bucket."""
     import torch
 
-    learner = _learner()
+    learner = _learner(f"model.count_join={join}")
     for s in range(3):
         learner.learn_many(_records(40, s))
     batch = learner.prepare(QUERIES, train=False)
@@ -323,3 +330,61 @@ def test_answering_in_place_gives_the_mixture_of_the_graph_path():
     torch.testing.assert_close(fast, graph, rtol=0, atol=1e-5)
     torch.testing.assert_close(fast.exp().sum(-1), torch.ones(fast.shape[:2], device=fast.device), rtol=0,
                                atol=1e-5)  # normalised
+
+
+def test_the_counts_join_the_logits_as_their_whole_log_probability():
+    """TransitionHead's sparse prior (log pop shared, a lift where successors are held, log
+    base dropped) must give what the dense product gives: log_softmax(logits + lam log Q)
+    with Q built over every bucket, value and the counts' weight's gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    learner = _learner()
+    for s in range(3):
+        learner.learn_many(_records(40, s))
+    batch = learner.prepare(_records(40, 50))
+    task, model, dev = learner.task, learner.model, learner.dev
+    states = task.readout(model, batch, dev.tensors(batch.feats), dev).detach()
+    pop, base, at, value, evidence = experts = task.experts(batch, dev)
+    assert len(torch.unique(at)) < len(at)  # two successors share a bucket somewhere: the sums matter
+    head = model.head
+    q = torch.outer(base, pop.reshape(-1)).view(-1).index_add(0, at, value).view(len(base), *pop.shape)
+    lam = F.softplus(head.trust(evidence.float()))[:, :, None]
+    dense = F.log_softmax(super(type(head), head).forward(states).float() + lam * q.log(), -1)
+    sparse = head(states, None, experts)
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=1e-4)
+    targets, weight = dev.tensors(batch.targets), dev.tensor(batch.weight)
+    (g_dense,) = torch.autograd.grad(head.loss(dense, targets, weight), head.trust.bias)
+    (g_fit,) = torch.autograd.grad(head.fit_loss(states, targets, weight, None, experts), head.trust.bias)
+    torch.testing.assert_close(g_fit, g_dense, rtol=1e-3, atol=1e-6)
+
+
+def test_a_state_stored_before_the_product_keeps_its_mixture(tmp_path):
+    """A next-item state written before ``model.count_join`` existed has a mixture head
+    (its gate among the dense weights): it restores as one and answers as it did, and a
+    restart at today's default is refused, naming the key."""
+    import json
+
+    from streamlearn import checkpoint
+    from streamlearn.exceptions import CheckpointMismatchError
+    from streamlearn.state import Checkpoint, open_store
+    from streamlearn.tasks.next_item import MixtureHead, TransitionHead
+
+    live = _learner("model.count_join=mixture")
+    for s in range(3):
+        live.learn_many(_records(40, s))
+    old = live.cfg.to_dict()
+    del old["model"]["count_join"]
+    specs, rows, blobs, kv = checkpoint.write(live, full=True)
+    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
+    with open_store(tmp_path, live.cfg.store) as store:
+        store.declare_tables(specs)
+        store.commit(Checkpoint(step=live.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    with open_store(tmp_path, readonly=True) as store:
+        assert checkpoint.stored_config(store).model.count_join == "mixture"
+        back = checkpoint.read_full(store)
+        assert type(back.model.head) is MixtureHead
+        _same(live.topk_many(QUERIES, k=5), back.topk_many(QUERIES, k=5))
+        with pytest.raises(CheckpointMismatchError, match=r"model.count_join.*--set model.count_join=mixture"):
+            checkpoint.read_full(store, _learner().cfg)
+    assert type(_learner().model.head) is TransitionHead

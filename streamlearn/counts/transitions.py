@@ -12,8 +12,9 @@ and T_o(c) the number of distinct items seen after it,
 
 A context never seen backs off entirely; one whose successors are many and spread
 (large T) backs off more than one that always leads to the same item. Nothing to tune.
-The head mixes it with the network through a gate that reads each context's evidence,
-log(1 + n_o(c)) and log(1 + T_o(c)) (:class:`~streamlearn.tasks.next_item.TransitionHead`).
+The head adds lam log Q to the network's logits (a product of experts), lam read from each
+context's evidence, log(1 + n_o(c)) and log(1 + T_o(c))
+(:class:`~streamlearn.tasks.next_item.TransitionHead`).
 The research branch ``streams`` measured this design: Markov world 1k 0.99x of
 Markov-1, routes 1.58x, where the network alone reached 0.80x and 0.55x.
 

@@ -53,8 +53,8 @@ REGISTRY: dict[str, Entry] = {
     "classify": Entry("classify:Classify"),
     "mlm": Entry("mlm:MaskedToken", _TOKEN_STREAM),  # depth 0: a layer did not pay (choosing-a-configuration.md)
     # opaque ids, not words; an own output space sized from the stream (out_B=0: streamlearn.sizing), each
-    # item in 4 of its buckets (out_m); the transition counts of the last 1 and 2 items, mixed with the
-    # network by a learned gate
+    # item in 4 of its buckets (out_m); the transition counts of the last 1 and 2 items, their
+    # log-probability added to the network's logits with a learned weight (a product of experts)
     "next-item": Entry("next_item:NextItem", (
         "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=0", "model.out_m=4", "embedding.K=100000",
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=128", "model.counts=transitions",

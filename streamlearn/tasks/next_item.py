@@ -16,9 +16,9 @@ of that input. A query asks by ``key`` (its stored history) or with
 ``tokens`` (a history of its own; with a ``key`` as well, the key's token joins it).
 
 With ``model.counts=transitions`` (the task's default) the head is a mixture
-(:class:`TransitionHead`): the network's hashed softmax, popularity and what followed the
-key's last item and last two items, counted (:mod:`streamlearn.counts.transitions`), are
-weighed per example by a gate that reads how much evidence each context has.
+(:class:`TransitionHead`): the network's hashed logits plus what followed the key's last
+item and last two items, counted (:mod:`streamlearn.counts.transitions`), as a
+log-probability weighed per example by how much evidence each context has.
 
 In a replay, the items a key already had are excluded from every contestant's top-k
 list (a recommender does not recommend what the user already rated).
@@ -40,14 +40,14 @@ from ..device import Device
 from ..exceptions import RecordError
 from ..featurize import Featurizer
 from ..hashing import canonical_id
-from ..heads import HashedHead
+from ..heads import HashedHead, Prior, add_prior
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN, Histories
 from ..outputs import HashedCode, OutputCode
 from ..records import Record
 from .base import Event, TokenPreparer, TokenTask
 
-__all__ = ["NextItem", "NextItemPreparer", "RECENT", "TransitionHead"]
+__all__ = ["MixtureHead", "NextItem", "NextItemPreparer", "RECENT", "TransitionHead"]
 
 RECENT = "\x01"  # starts a recency token (NextItemPreparer.model_input); a control character, not an id
 KEY = "\x02"  # starts the key's own token (learner.key_token)
@@ -199,7 +199,8 @@ class NextItem(TokenTask):
             head = super().make_head(d_model, embedding)
         else:
             width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
-            head = TransitionHead(d_model, self.code, width)
+            join = TransitionHead if self.cfg.model.count_join == "product" else MixtureHead
+            head = join(d_model, self.code, width)
         if self.cfg.learner.place_weights:
             # log-weights of the input's places (readout): 0, a plain bag at the start
             head.place = nn.Parameter(torch.zeros(PLACES))
@@ -292,15 +293,80 @@ class _Key:
         self.count += 1
 
 
-# The network's starting share of the mixture is sigmoid(1.5) = 0.82. At 0 (half each) a
-# stream where taste, not the last item, decides (taste world, 10,000 items) reached
-# 0.89x of popularity; at 1.5 0.95x, at 3 0.96x, the Markov world 0.99x / 0.99x / 0.98x
-# (bench/shapes.py, seed 0; routes and MovieLens unchanged).
-GATE_START = 1.5
+# The counts' starting weight in the logits is softplus(0) = 0.69. On seed 0 a start of
+# softplus(-1) = 0.31 gave the taste world (3,000 items) 1.357x popularity against 1.325x, the
+# 10,000-item one 1.191x against 1.232x, MovieLens in user order the same (1.197x / 1.196x
+# Markov); softplus(1) = 1.31 lost on both it was run on (bench/shapes.py).
+TRUST_START = 0.0
 
 
 class TransitionHead(HashedHead):
-    """The hashed head mixed with the transition counts, per output slot j:
+    """The hashed head and the transition counts as a product of experts, per output slot j:
+
+        log P_j(b) = log_softmax_b(logits_j(b) + lam log Q_j(b | c)),   lam = softplus(w . e + c)
+
+    Q the Witten-Bell backoff of :mod:`streamlearn.counts.transitions`, lam the counts'
+    weight, read per example from the contexts' evidence e (log events, log distinct
+    successors per order); w starts at zero and c at :data:`TRUST_START`, and both learn by
+    gradient with the rest. A product, not a mixture: the network's logits carry the key's
+    taste, the counts what follows the last items, and an item both favour must outrank
+    one only either does (a sum of the two distributions ranks by the larger one).
+    ``forward`` returns log P (n, m, size), normalised: the hashed loss and decoding read
+    it as they read logits."""
+
+    def __init__(self, d_model: int, code: HashedCode, width: int):
+        super().__init__(d_model, code, width)
+        self.trust = nn.Linear(2 * ORDERS, 1)
+        nn.init.zeros_(self.trust.weight)
+        nn.init.constant_(self.trust.bias, TRUST_START)
+
+    def prior(self, experts: tuple[torch.Tensor, ...]) -> tuple[Prior, torch.Tensor]:
+        """The counts' log Q as a :class:`~streamlearn.heads.Prior`, and their weight lam
+        (n, 1, 1). Q = base pop + s: popularity times the mass every order backed off, plus
+        s, each held successor's mass (sparse). So log Q = log base (the same for every
+        bucket of an example: a softmax ignores it) + log pop (shared) + log(1 + s / (base
+        pop)) where s > 0: no (n, m, size) logarithm. Q takes no gradient, lam does."""
+        pop, base, at, value, evidence = experts
+        where, inverse = torch.unique(at, return_inverse=True)  # two successors can share a bucket
+        held = torch.zeros(len(where), device=value.device).index_add_(0, inverse, value)
+        floor = base[where // pop.numel()] * pop.reshape(-1)[where % pop.numel()]
+        lam = F.softplus(self.trust(evidence.float()))[:, :, None]
+        return Prior(pop.log(), where, torch.log1p(held / floor)), lam
+
+    def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
+                experts: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """x (n, d_model), ``experts`` (:meth:`Transitions.components
+        <streamlearn.counts.transitions.Transitions.components>` as tensors) -> log P
+        (n, m, size)."""
+        prior, lam = self.prior(experts)
+        logits = super().forward(x, tied).float()
+        if torch.is_grad_enabled():
+            scores = (logits + prior.shared * lam).view(-1).index_add(0, prior.where, prior.weigh(lam) * prior.lift)
+            return F.log_softmax(scores.view_as(logits), -1)
+        return F.log_softmax(add_prior(logits, prior, lam), -1)  # answering: no graph, the logits' own buffer
+
+    @staticmethod
+    def decodable(scores: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` is normalised log P already."""
+        return scores.float()
+
+    def fit_loss(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                 tied: torch.Tensor | None = None, experts: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """The hashed loss of :meth:`forward`'s log P, sum_j -log P_j(answer's bucket j)
+        weighted over the n examples, read at the answers (:meth:`answer_logp` with the
+        counts as its prior)."""
+        logp = self.answer_logp(x, targets["hashes"], tied, *self.prior(experts))  # (n, m)
+        return (-logp.sum(1) * weight).sum() / logp.shape[0]
+
+
+# The mixture's starting share for the network, sigmoid(1.5) = 0.82 (MixtureHead).
+GATE_START = 1.5
+
+
+class MixtureHead(HashedHead):
+    """``model.count_join=mixture``, the transition head before 2026-11-26, which a state
+    stored then keeps (its config has no ``count_join``): the hashed head mixed with the
+    transition counts, per output slot j:
 
         P_j(b) = sigmoid(g) softmax(logits_j)(b) + sigmoid(-g) Q_j(b | c)
 
