@@ -330,7 +330,7 @@ class TransitionHead(HashedHead):
         where, inverse = torch.unique(at, return_inverse=True)  # two successors can share a bucket
         held = torch.zeros(len(where), device=value.device).index_add_(0, inverse, value)
         floor = base[where // pop.numel()] * pop.reshape(-1)[where % pop.numel()]
-        lam = F.softplus(self.trust(evidence.float()))[:, :, None]
+        lam = F.softplus(self.trust(evidence.float()).float())[:, :, None]  # float32 under autocast too
         return Prior(pop.log(), where, torch.log1p(held / floor)), lam
 
     def forward(self, x: torch.Tensor, tied: torch.Tensor | None = None,
