@@ -7,8 +7,9 @@ The model predicts each mini-batch, then learns it (one step); its peers predict
 learn record by record in stream order, on the same records and the same tokens
 (bench/peers.py), so their figures do not depend on the model's batch size. Text:
 accuracy against river MultinomialNB, river LogisticRegression and VW --oaa --ngram 2,
-each on our tokens and on its own tokenizer (the better counts). Next-item: recall@10
-against first-order Markov and popularity; every method ranks the items seen before the
+each on our words, on the model's own tokens (its n-grams and digit shapes: those of the
+run's config) and through its own tokenizer (the best of the three counts). Next-item:
+recall@10 against first-order Markov and popularity; every method ranks the items seen before the
 event and excludes the key's earlier items.
 
 Each run prints one line per stream: model mean and min over the seeds, the best peer,
@@ -100,15 +101,25 @@ ITEM_STREAMS = {
 
 # ---------------------------------------------------------------------------- peers
 
-def text_peers(records: list[dict]) -> dict:
+def text_peers(records: list[dict], hashing) -> dict:
+    """Each peer's accuracy on our words, on the model's own tokens under ``hashing`` (its
+    n-grams and digit shapes too) and through its own tokenizer; the best of the three
+    counts, so a peer is never handicapped by a tokenization."""
     labels = [r["label"] for r in records]
-    toks = [tokenize(r["text"]) for r in records]
     texts = [r["text"] for r in records]
+    words = [tokenize(t) for t in texts]
+    model = [tokenize(t, hashing.ngrams, hashing.lowercase, hashing.shapes) for t in texts]
     out = {}
     for name, fn in (("river_nb", peers.river_nb), ("river_logreg", peers.river_logreg), ("vw", peers.vw_oaa)):
-        ours, native = fn(labels, token_lists=toks), fn(labels, texts=texts)
-        out[name] = {"our_tokens": ours, "native": native, "best": max(x for x in (ours, native) if x is not None)}
+        got = {"our_tokens": fn(labels, token_lists=words), "model_tokens": fn(labels, token_lists=model),
+               "native": fn(labels, texts=texts)}
+        out[name] = {**got, "best": max(x for x in got.values() if x is not None)}
     return out
+
+
+def tokens_signature(hashing) -> str:
+    """What the model's tokens depend on: a text stream's peers are cached per value."""
+    return f"ngrams={hashing.ngrams},shapes={hashing.shapes},lower={hashing.lowercase}"
 
 
 def item_peers(events: list[dict]) -> dict:
@@ -214,7 +225,9 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
         if limit:  # a short run: the stream's first ``limit`` records, its peers cached under their own name
             data, name = data[:limit], f"{name}:{limit}"
         if task == "text":
-            peer = cached_peers(cache, name, lambda data=data: text_peers(data))
+            hashing = load_config(overrides=["learner.task=classify", *overrides], use_env=False).hashing
+            peer = cached_peers(cache, f"{name}|{tokens_signature(hashing)}",
+                                lambda data=data, hashing=hashing: text_peers(data, hashing))
             best_name = max(peer, key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
             scores = [classify(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
