@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from streamlearn.batching import spans
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
@@ -42,9 +43,9 @@ def classify(records: list[dict], overrides: Sequence[str], batch: int) -> dict:
     first seen in the batch cannot be predicted yet: those records count as misses)."""
     L = learner("classify", overrides, batch)
     hits, learn_s = 0, 0.0
-    for start in range(0, len(records), batch):
+    for start, stop in spans(len(records), batch):  # 1, 2, 4, ... as the worker batches
         known = len(L.labels)
-        b = L.prepare(records[start:start + batch])
+        b = L.prepare(records[start:stop])
         assert not b.rejected, b.rejected[:1]
         if known:
             probs = L.predict_proba_batch(b)[:, :known]  # (N, known)
@@ -78,11 +79,11 @@ def next_item(events: list[dict], overrides: Sequence[str], batch: int, k: int =
     last: dict[int, int] = {}
     hits = {"model": 0, "markov": 0, "popularity": 0}
     evaluated, learn_s = 0, 0.0
-    for start in range(0, len(events), batch):
-        b = L.prepare(events[start:start + batch])
+    for start, stop in spans(len(events), batch):
+        b = L.prepare(events[start:stop])
         scores = _item_scores(L, b, codes) if b.examples else None  # (examples, n_items)
         row = 0
-        for e in range(start, min(start + batch, len(events))):
+        for e in range(start, stop):
             u, item = int(users[e]), int(items[e])
             if u in last:
                 exclude = rated[u] | (first >= e)

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from streamlearn.batching import spans
 from streamlearn.config import load_config
 from streamlearn.datasets import DatasetReader
 from streamlearn.hashing import tokenize
@@ -149,11 +150,10 @@ def learner(overrides, sample=()) -> Learner:
 def classify(records: list[dict], overrides) -> float:
     """Prequential accuracy: predict each batch with the labels known before it, learn it."""
     L = learner(("learner.task=classify", *overrides))
-    batch = L.cfg.learner.batch_size
     hits = 0
-    for start in range(0, len(records), batch):
+    for start, stop in spans(len(records), L.cfg.learner.batch_size):  # 1, 2, 4, ... as the worker batches
         known = len(L.labels)
-        b = L.prepare(records[start:start + batch])
+        b = L.prepare(records[start:stop])
         if known:
             probs = L.predict_proba_batch(b)[:, :known]
             hits += int((probs.argmax(1) == b.targets["labels"]).sum())
@@ -175,15 +175,14 @@ def next_item(events: list[dict], overrides, k: int = 10) -> tuple[float, int]:
     items excluded; the batch is scored with the weights from before it. Also returns
     the model's model.out_B (derived from the first events unless ``overrides`` set it)."""
     L = learner((*ITEM_BASE, *overrides), sample=events)
-    batch = L.cfg.learner.batch_size
     index: dict[str, int] = {}
     first: list[int] = []  # event at which item j was first seen
     codes = np.empty((0, 0), dtype=np.int64)
     codes_size = L.task.code.size
     seen: dict[str, list[int]] = {}
     hits = evaluated = 0
-    for start in range(0, len(events), batch):
-        chunk = events[start:start + batch]
+    for start, stop in spans(len(events), L.cfg.learner.batch_size):
+        chunk = events[start:stop]
         fresh = [e["item"] for e in chunk if e["item"] not in index]
         for j, e in enumerate(chunk):
             if e["item"] not in index:

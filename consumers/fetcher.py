@@ -40,7 +40,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
-from ..batching import Preparer
+from ..batching import Preparer, step_size
 from ..broker import create_topic, topic_partitions
 from ..records import Record, decode_many, reason_code
 from . import positions as logs
@@ -65,7 +65,9 @@ class FetchPlan:
     ``max_records``: stop after this many records (learned or dead-lettered);
     ``until_idle_s``: stop when no record arrived for this long after the assignment;
     ``assign``: read every partition without joining the consumer group (only where no
-    other worker can share the topic: a lone worker; its state's writer lock fences it).
+    other worker can share the topic: a lone worker; its state's writer lock fences it);
+    ``steps``: the model's steps before this run: a new model's first batches take 1, 2,
+    4, ... records (:func:`~streamlearn.batching.step_size`).
     """
 
     topic: str
@@ -73,6 +75,7 @@ class FetchPlan:
     max_records: int | None = None
     until_idle_s: float | None = None
     assign: bool = False
+    steps: int = 0
 
 
 class Fetcher(threading.Thread):
@@ -100,6 +103,7 @@ class Fetcher(threading.Thread):
         self._dlq: DeadLetters | None = None
         self._buffer: list[Any] = []  # fetched, not yet prepared
         self._buffered_at = 0.0
+        self._emitted = 0  # mini-batches prepared in this run (step_size)
         self._unsaved = 0  # records prepared since the last checkpoint
         self._saved_at = time.monotonic()
         self._retry_at = 0.0  # after a failed checkpoint: not before this time
@@ -307,7 +311,7 @@ class Fetcher(threading.Thread):
 
     # ------------------------------------------------------------------ preparing
     def _emit(self, flush: bool) -> None:
-        size = self.plan.batch_size
+        size = step_size(self.plan.batch_size, self.plan.steps + self._emitted)
         while self._buffer and (flush or len(self._buffer) >= size) and self._why_stop() is None:
             take = size
             if self.plan.max_records is not None:
@@ -315,6 +319,8 @@ class Fetcher(threading.Thread):
             chunk, self._buffer = self._buffer[:take], self._buffer[take:]
             self._buffered_at = time.monotonic()
             self._prepare(chunk)
+            self._emitted += 1
+            size = step_size(self.plan.batch_size, self.plan.steps + self._emitted)
             if self._checkpoint_due():
                 self.checkpoint("interval")
 

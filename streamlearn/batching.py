@@ -15,7 +15,7 @@ A preparer reads the model never: it hashes with the embedding's featurizer
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Iterable
 
 import numpy as np
@@ -27,7 +27,7 @@ from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
 from .records import Record, from_dict
 
-__all__ = ["Batch", "Preparer", "QUERY_MASK", "seed_of"]
+__all__ = ["Batch", "Preparer", "QUERY_MASK", "batches", "seed_of", "spans", "step_size"]
 
 QUERY_MASK = "[MASK]"  # in a query's tokens or text: the position to fill (mlm)
 _FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
@@ -215,6 +215,42 @@ class _BatchRng:
         if self._gen is None:
             self._gen = np.random.default_rng(seed_of(self._seed, f"batch/{self._seq}"))
         return getattr(self._gen, name)
+
+
+def step_size(batch_size: int, step: int) -> int:
+    """Records in a model's mini-batch number ``step`` (0: the first it ever learns): 1,
+    2, 4, ... up to ``batch_size``, then ``batch_size``. A new model learns its first
+    records sooner, as a per-record learner does: with whole batches from the start, a
+    model that knows no label yet could answer none of its first ``batch_size`` records.
+    The worker, replay and the benchmarks batch a stream so; a model restored from its
+    checkpoint is past the ramp.
+
+    >>> [step_size(8, s) for s in range(6)]
+    [1, 2, 4, 8, 8, 8]
+    >>> step_size(6, 2), step_size(6, 3), step_size(1, 0)
+    (4, 6, 1)
+    """
+    return batch_size if step >= batch_size.bit_length() else min(batch_size, 1 << step)
+
+
+def spans(n: int, batch_size: int, step: int = 0) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each mini-batch of ``n`` records for a model that has taken
+    ``step`` steps (:func:`step_size`), in order.
+
+    >>> [b - a for a, b in spans(20, 8)]
+    [1, 2, 4, 8, 5]
+    """
+    start = 0
+    while start < n:
+        stop = min(n, start + step_size(batch_size, step))
+        yield start, stop
+        start, step = stop, step + 1
+
+
+def batches(items: Sequence, batch_size: int, step: int = 0) -> Iterator[Sequence]:
+    """``items`` cut into the mini-batches of :func:`spans`."""
+    for start, stop in spans(len(items), batch_size, step):
+        yield items[start:stop]
 
 
 def seed_of(seed: int, purpose: str) -> int:

@@ -236,10 +236,10 @@ def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(160))
     saved = tmp_path / "saved"
     report = replay(FileSource(path), ReplayOptions(), config=cfg(), save=saved)
-    assert report["saved_step"] == 10  # 160 records / 16 per step
+    assert report["saved_step"] == 14  # 1 + 2 + 4 + 8 records in the first steps (step_size), then 16 per step
     assert main(["inspect", "--state", str(saved), "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
-    assert manifest["step"] == 10 and manifest["metrics"]["records"] == 160
+    assert manifest["step"] == 14 and manifest["metrics"]["records"] == 160
     with open_store(saved, readonly=True) as store:
         commits = store.manifest().commits
     frozen = replay(FileSource(path), ReplayOptions(mode="frozen"), state=saved)
@@ -264,7 +264,7 @@ def wide_words_stream(n: int, per_label: int = 40) -> list[dict]:
 
 def test_compare_two_snapshots_on_the_same_records(tmp_path):
     path = write_jsonl(tmp_path / "s.jsonl", wide_words_stream(160))
-    short = write_jsonl(tmp_path / "short.jsonl", wide_words_stream(16))
+    short = write_jsonl(tmp_path / "short.jsonl", wide_words_stream(6))
     replay(FileSource(path), ReplayOptions(), config=cfg(), save=tmp_path / "a")
     replay(FileSource(short), ReplayOptions(), config=cfg(), save=tmp_path / "b")
     report = replay(FileSource(path), ReplayOptions(mode="frozen", baselines=("popularity",)),
@@ -274,7 +274,7 @@ def test_compare_two_snapshots_on_the_same_records(tmp_path):
     cmp = report["compare"]
     assert cmp["a"]["state"] == str(tmp_path / "a")
     assert cmp["diff"]["accuracy"] == pytest.approx(cmp["b"]["metrics"]["accuracy"] - cmp["a"]["metrics"]["accuracy"])
-    assert cmp["diff"]["accuracy"] < 0  # b learned one batch, a ten
+    assert cmp["diff"]["accuracy"] < 0  # b learned 6 records, a 160
 
 
 def test_next_item_file_replay_with_top_k_baselines(tmp_path):
@@ -380,7 +380,8 @@ def test_cli_says_where_it_saved_the_learner(tmp_path, capsys):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(32))
     sets = [a for s in TINY for a in ("--set", s)]
     assert run_cli("--file", path, *sets, "--save", str(tmp_path / "saved")) == 0
-    assert f"learner saved to {tmp_path / 'saved'} (step 2)" in capsys.readouterr().out
+    # 32 records at batch 16: 1, 2, 4, 8 (a new model's first steps, step_size), then 16 and 1
+    assert f"learner saved to {tmp_path / 'saved'} (step 6)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("lines", ["", "not json\n[1, 2]\n"], ids=["empty file", "all bad"])
@@ -456,9 +457,10 @@ def test_classify_baselines_see_a_texts_words_not_the_networks_ngrams_and_shapes
 @pytest.mark.parametrize("counts", ["none", "kn3"])
 def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, counts):
     """A next-token record brings an event per position; its mini-batches still hold
-    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 3 steps)."""
+    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 1, 2,
+    4 and 3 records, a new model's first steps growing to the batch size: 4 steps)."""
     path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(10)])
     extra = ["learner.task=next-token", "learner.batch_size=4", "model.output=sampled", f"model.counts={counts}",
              "model.count_slots=1024"]
     report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
-    assert report["saved_step"] == 3 and report["evaluated"] == 60
+    assert report["saved_step"] == 4 and report["evaluated"] == 60

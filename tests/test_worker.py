@@ -10,6 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from streamlearn.batching import step_size
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
 from streamlearn.checkpoint import AUDIT_NS, config_diff, read_full
 from streamlearn.config import Config
@@ -111,6 +112,28 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
     worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
     assert worker.run().learned == 100
     assert 0 <= worker.metrics.event_lag_s() < 60
+
+
+def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, make_topic, group, tmp_path):
+    """A new model's first mini-batches take 1, 2, 4, ... records up to learner.batch_size
+    (step_size), so it answers from its first record on; a model restored from its
+    checkpoint is past that and learns whole batches from its first step."""
+    topic = make_topic(1)
+    produce(broker, topic, stream(100, seed=5))
+    cfg = config(broker, group)
+
+    def sizes_of_run() -> list[int]:
+        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+        sizes, learn = [], worker.learner.learn_batch
+        worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
+        worker.run()
+        return [n for n in sizes if n]  # the empty batch that carries the start positions aside
+
+    first = sizes_of_run()
+    assert first[:5] == [1, 2, 4, 8, 16] and sum(first) == 100
+    produce(broker, topic, stream(64, seed=6))
+    second = sizes_of_run()
+    assert second[0] == 16 and sum(second) == 64
 
 
 def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic, group, tmp_path):
@@ -228,8 +251,9 @@ def test_stop_writes_a_final_checkpoint_of_everything_learned(broker, make_topic
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
     thread.start()
-    text = scrape_until(port, lambda t: metric(t, "streamlearn_worker_records_total") >= 200)
-    assert metric(text, "streamlearn_worker_records_total") == 13 * 16  # held at step 14
+    held = sum(step_size(16, s) for s in range(13))  # 1 + 2 + 4 + 8, then 16 per step
+    text = scrape_until(port, lambda t: metric(t, "streamlearn_worker_records_total") >= held)
+    assert metric(text, "streamlearn_worker_records_total") == held  # held at step 14
     for name in ("streamlearn_worker_records_per_second", "streamlearn_worker_loss",
                  "streamlearn_worker_prequential_accuracy", "streamlearn_worker_checkpoint_seconds_count",
                  "streamlearn_worker_steps_total", "streamlearn_worker_broker_errors_total"):
