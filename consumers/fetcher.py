@@ -66,8 +66,8 @@ class FetchPlan:
     ``until_idle_s``: stop when no record arrived for this long after the assignment;
     ``assign``: read every partition without joining the consumer group (only where no
     other worker can share the topic: a lone worker; its state's writer lock fences it);
-    ``steps``: the model's steps before this run: a new model's first batches take 1, 2,
-    4, ... records (:func:`~streamlearn.batching.step_size`).
+    ``steps``: the model's steps before this run; with ``ramp`` (its task's ``ramps_up``) a
+    new model's first batches take 1, 2, 4, ... records (:func:`~streamlearn.batching.step_size`).
     """
 
     topic: str
@@ -76,6 +76,7 @@ class FetchPlan:
     until_idle_s: float | None = None
     assign: bool = False
     steps: int = 0
+    ramp: bool = False
 
 
 class Fetcher(threading.Thread):
@@ -311,7 +312,7 @@ class Fetcher(threading.Thread):
 
     # ------------------------------------------------------------------ preparing
     def _emit(self, flush: bool) -> None:
-        size = step_size(self.plan.batch_size, self.plan.steps + self._emitted)
+        size = step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
         while self._buffer and (flush or len(self._buffer) >= size) and self._why_stop() is None:
             take = size
             if self.plan.max_records is not None:
@@ -320,7 +321,7 @@ class Fetcher(threading.Thread):
             self._buffered_at = time.monotonic()
             self._prepare(chunk)
             self._emitted += 1
-            size = step_size(self.plan.batch_size, self.plan.steps + self._emitted)
+            size = step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
             if self._checkpoint_due():
                 self.checkpoint("interval")
 

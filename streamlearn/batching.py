@@ -217,23 +217,26 @@ class _BatchRng:
         return getattr(self._gen, name)
 
 
-def step_size(batch_size: int, step: int) -> int:
-    """Records in a model's mini-batch number ``step`` (0: the first it ever learns): 1,
-    2, 4, ... up to ``batch_size``, then ``batch_size``. A new model learns its first
-    records sooner, as a per-record learner does: with whole batches from the start, a
-    model that knows no label yet could answer none of its first ``batch_size`` records.
-    The worker, replay and the benchmarks batch a stream so; a model restored from its
-    checkpoint is past the ramp.
+def step_size(batch_size: int, step: int, ramp: bool = True) -> int:
+    """Records in a model's mini-batch number ``step`` (0: the first it ever learns).
+    With ``ramp`` (a task whose ``ramps_up``: classify) 1, 2, 4, ... up to
+    ``batch_size``, then ``batch_size``: a new model learns its first records sooner, as a
+    per-record learner does; with whole batches from the start, a model that knows no
+    label yet could answer none of its first ``batch_size`` records. The worker, replay
+    and the benchmarks batch a stream so; a model restored from its checkpoint is past
+    the ramp.
 
     >>> [step_size(8, s) for s in range(6)]
     [1, 2, 4, 8, 8, 8]
-    >>> step_size(6, 2), step_size(6, 3), step_size(1, 0)
-    (4, 6, 1)
+    >>> step_size(6, 2), step_size(6, 3), step_size(1, 0), step_size(8, 0, ramp=False)
+    (4, 6, 1, 8)
     """
-    return batch_size if step >= batch_size.bit_length() else min(batch_size, 1 << step)
+    if not ramp or step >= batch_size.bit_length():
+        return batch_size
+    return min(batch_size, 1 << step)
 
 
-def spans(n: int, batch_size: int, step: int = 0) -> Iterator[tuple[int, int]]:
+def spans(n: int, batch_size: int, step: int = 0, ramp: bool = True) -> Iterator[tuple[int, int]]:
     """(start, stop) of each mini-batch of ``n`` records for a model that has taken
     ``step`` steps (:func:`step_size`), in order.
 
@@ -242,14 +245,14 @@ def spans(n: int, batch_size: int, step: int = 0) -> Iterator[tuple[int, int]]:
     """
     start = 0
     while start < n:
-        stop = min(n, start + step_size(batch_size, step))
+        stop = min(n, start + step_size(batch_size, step, ramp))
         yield start, stop
         start, step = stop, step + 1
 
 
-def batches(items: Sequence, batch_size: int, step: int = 0) -> Iterator[Sequence]:
+def batches(items: Sequence, batch_size: int, step: int = 0, ramp: bool = True) -> Iterator[Sequence]:
     """``items`` cut into the mini-batches of :func:`spans`."""
-    for start, stop in spans(len(items), batch_size, step):
+    for start, stop in spans(len(items), batch_size, step, ramp):
         yield items[start:stop]
 
 

@@ -457,10 +457,10 @@ def test_classify_baselines_see_a_texts_words_not_the_networks_ngrams_and_shapes
 @pytest.mark.parametrize("counts", ["none", "kn3"])
 def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, counts):
     """A next-token record brings an event per position; its mini-batches still hold
-    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 1, 2,
-    4 and 3 records, a new model's first steps growing to the batch size: 4 steps)."""
+    learner.batch_size records, each learned once (10 records of 6 words, batch 4: 3 steps;
+    only classify's first steps grow 1, 2, 4, ...)."""
     path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(10)])
     extra = ["learner.task=next-token", "learner.batch_size=4", "model.output=sampled", f"model.counts={counts}",
              "model.count_slots=1024"]
     report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
-    assert report["saved_step"] == 4 and report["evaluated"] == 60
+    assert report["saved_step"] == 3 and report["evaluated"] == 60

@@ -1,7 +1,7 @@
 """The replay loop: one pass over a source, every contestant on the same events.
 
-Per mini-batch of arriving records (``learner.batch_size`` of them; a new model's first
-batches take 1, 2, 4, ... records, :func:`~streamlearn.batching.step_size`):
+Per mini-batch of arriving records (``learner.batch_size`` of them; a new classify model's
+first batches take 1, 2, 4, ... records, :func:`~streamlearn.batching.step_size`):
 
 1. Build the events (the task's builder, ``Task.events``); a record that cannot be one is
    counted with its reason, never dropped silently.
@@ -133,7 +133,8 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     result = ReplayResult(task.name, options, contestants, skipped)
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
-    loop = _Loop(result, task.events(options.seed), first.cfg.learner.batch_size, progress, first.steps)
+    loop = _Loop(result, task.events(options.seed), first.cfg.learner.batch_size, progress, first.steps,
+                 task.ramps_up)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started
@@ -146,9 +147,9 @@ def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
 
 class _Loop:
     def __init__(self, result: ReplayResult, build: Callable[[int, Record], list[Event]], batch_size: int,
-                 progress: Any, steps: int = 0):
+                 progress: Any, steps: int = 0, ramp: bool = False):
         self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
-        self.steps = steps  # the first model's steps so far: its next mini-batch's size (step_size)
+        self.steps, self.ramp = steps, ramp  # the first model's steps so far: its next batch's size (step_size)
         self.pending: deque[Event] = deque()  # arrived, label not yet revealed to the model
         self.unlearned: deque[Event] = deque()  # arrived, not yet learned by the baselines
         self.rejected: set[int] = set()  # positions the model rejected (nobody learns them after)
@@ -156,7 +157,7 @@ class _Loop:
         self._since_sample = 0
 
     def run(self, items: Iterable[Item]) -> None:
-        for chunk in _chunks(items, self.batch_size, self.steps, self.r.options.limit):
+        for chunk in _chunks(items, self.batch_size, self.steps, self.ramp, self.r.options.limit):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
@@ -230,7 +231,7 @@ class _Loop:
         records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
             new_record = not due or self.pending[0].position != due[-1].position
-            if new_record and records == step_size(self.batch_size, self.steps):
+            if new_record and records == step_size(self.batch_size, self.steps, self.ramp):
                 self._reveal(due)
                 due, records = [], 0
             records += new_record
@@ -279,10 +280,11 @@ class _Loop:
                                   refresh=False)
 
 
-def _chunks(items: Iterable[Item], batch_size: int, step: int, limit: int | None) -> Iterator[list[Item]]:
+def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool,
+            limit: int | None) -> Iterator[list[Item]]:
     """The arriving records in the mini-batches of a model at ``step`` (:func:`step_size`)."""
     chunk: list[Item] = []
-    size = step_size(batch_size, step)
+    size = step_size(batch_size, step, ramp)
     for n, item in enumerate(items):
         if limit is not None and n >= limit:
             break
@@ -290,6 +292,6 @@ def _chunks(items: Iterable[Item], batch_size: int, step: int, limit: int | None
         if len(chunk) == size:
             yield chunk
             chunk, step = [], step + 1
-            size = step_size(batch_size, step)
+            size = step_size(batch_size, step, ramp)
     if chunk:
         yield chunk

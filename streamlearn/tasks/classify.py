@@ -149,6 +149,7 @@ class Classify(Task):
 
     name = "classify"
     answers = "labels"
+    ramps_up = True  # its first steps take 1, 2, 4, ... records (Task.ramps_up)
     replicable = True  # the label tables merge at each sync (streamlearn.sync)
     target_field = "label"
     Preparer = ClassifyPreparer
