@@ -15,10 +15,12 @@ pooled: a long history whose recent items count more. The head reads the pooled 
 of that input. A query asks by ``key`` (its stored history) or with
 ``tokens`` (a history of its own; with a ``key`` as well, the key's token joins it).
 
-With ``model.counts=transitions`` (the task's default) the head is a mixture
+With ``model.counts=transitions`` (the task's default) the head joins two experts
 (:class:`TransitionHead`): the network's hashed logits plus what followed the key's last
 item and last two items, counted (:mod:`streamlearn.counts.transitions`), as a
-log-probability weighed per example by how much evidence each context has.
+log-probability weighed per example by how much evidence each context has. A state stored
+before 2026-11-26 keeps the mixture of the two distributions it was trained with
+(``model.count_join=mixture``, :class:`MixtureHead`).
 
 In a replay, the items a key already had are excluded from every contestant's top-k
 list (a recommender does not recommend what the user already rated).
@@ -293,8 +295,8 @@ class _Key:
         self.count += 1
 
 
-# The counts' starting weight in the logits is softplus(0) = 0.69. On seed 0 a start of
-# softplus(-1) = 0.31 gave the taste world (3,000 items) 1.357x popularity against 1.325x, the
+# The counts' starting weight in the logits is softplus(0) = 0.69. On seed 0 (16 successors
+# per context) a start of softplus(-1) = 0.31 gave the taste world (3,000 items) 1.357x popularity against 1.325x, the
 # 10,000-item one 1.191x against 1.232x, MovieLens in user order the same (1.197x / 1.196x
 # Markov); softplus(1) = 1.31 lost on both it was run on (bench/shapes.py).
 TRUST_START = 0.0
