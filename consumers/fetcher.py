@@ -312,7 +312,7 @@ class Fetcher(threading.Thread):
 
     # ------------------------------------------------------------------ preparing
     def _emit(self, flush: bool) -> None:
-        size = step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
+        size = self._next_size()
         while self._buffer and (flush or len(self._buffer) >= size) and self._why_stop() is None:
             take = size
             if self.plan.max_records is not None:
@@ -321,9 +321,13 @@ class Fetcher(threading.Thread):
             self._buffered_at = time.monotonic()
             self._prepare(chunk)
             self._emitted += 1
-            size = step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
+            size = self._next_size()
             if self._checkpoint_due():
                 self.checkpoint("interval")
+
+    def _next_size(self) -> int:
+        """Records in the next mini-batch (:func:`~streamlearn.batching.step_size`)."""
+        return step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
 
     def _prepare(self, chunk: list[Any]) -> None:
         spans = _spans(chunk)

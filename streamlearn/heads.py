@@ -168,9 +168,14 @@ class Prior(NamedTuple):
     where: torch.Tensor
     lift: torch.Tensor
 
+    @property
+    def example(self) -> torch.Tensor:
+        """(P,) the example each of :attr:`where` belongs to."""
+        return self.where // self.shared.numel()
+
     def weigh(self, lam: torch.Tensor) -> torch.Tensor:
         """lam at each of :attr:`where` (P,): the weight of the example it belongs to."""
-        return lam.reshape(-1)[self.where // self.shared.numel()]
+        return lam.reshape(-1)[self.example]
 
 
 def add_prior(scores: torch.Tensor, prior: Prior, lam: torch.Tensor) -> torch.Tensor:
@@ -224,7 +229,7 @@ class AnswerLogSoftmax(torch.autograd.Function):
         if prior is not None and ctx.needs_input_grad[5]:
             n = len(d)  # d lam: sum over (m, size) of d times the prior
             grad_lam = (d.view(n, -1) @ prior.shared.reshape(-1)).index_add_(
-                0, prior.where // prior.shared.numel(), d.view(-1)[prior.where] * prior.lift).view(n, 1, 1)
+                0, prior.example, d.view(-1)[prior.where] * prior.lift).view(n, 1, 1)
         return grad_z, grad_table, grad_bias, None, None, grad_lam
 
 
