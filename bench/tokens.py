@@ -1,13 +1,17 @@
 """War and Peace as a token stream: the model at depths 0/1/2 against counting, both token tasks.
 
-    python bench/tokens.py [--data DIR] [--records N] [--seeds 3] [--depths 0,1,2]
-                           [--tasks next-token,mlm] [--rss-records 500000]
-                           [--parts quality,speed,rss] [--dry-run]
+    python bench/tokens.py [--data DIR] [--stream war-and-peace|sms|ag-news] [--records N]
+                           [--seeds 3] [--depths 0,1,2] [--tasks next-token,mlm]
+                           [--rss-records 500000] [--parts quality,speed,rss] [--dry-run]
 
 Stream (from --data, default ../shared/data next to the repository): War and Peace split on
 whitespace into records of 32 words ``{"text": ...}`` in book order (17,578 records; the
 product's tokenizer makes punctuation marks tokens, so a record holds about 39 tokens); a
 synthetic Zipf text of the same record count stands in, labelled SYNTHETIC, without it.
+``--stream sms`` or ``ag-news`` reads instead the texts of a classification set, one record
+per message or article in file order, labels dropped (bench/data.py's readers and synthetic
+stand-ins): a second and third English token stream, shorter and of other registers, to
+check the defaults on streams they were not chosen on (the table is printed, never written).
 
 Per task, one prequential pass of ``replay`` (each mini-batch predicted, then learned) at
 the task's defaults with ``model.layers`` set to each depth, for each ``learner.seed``;
@@ -56,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data import ROOT, add_data_option, data_dir, write_between_markers
+from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
 
 from streamlearn.config import load_config
 from streamlearn.device import Device
@@ -74,8 +78,19 @@ K = 10
 
 # ---------------------------------------------------------------------------- stream
 
-def stream(data: Path, n: int) -> tuple[list[dict], str]:
-    """The records and where they came from (``n``: the first n; 0: all)."""
+STREAMS = {"war-and-peace": f"of {WORDS} words in book order",
+           "sms": "(one per message, in file order)",
+           "ag-news": "(one per article, in file order)"}
+
+
+def stream(data: Path, n: int, name: str = "war-and-peace") -> tuple[list[dict], str]:
+    """The records of stream ``name`` (:data:`STREAMS`) and where they came from (``n``:
+    the first n; 0: all)."""
+    if name != "war-and-peace":
+        got = text_stream("sms", data) if name == "sms" else ag_news(data)
+        records = [{"text": r["text"]} for r in got.records]
+        source = got.source if got.synthetic else " + ".join(os.path.relpath(f, ROOT) for f in got.source.split(" + "))
+        return (records[:n] if n else records), source
     file = data / FILE
     if file.is_file():
         words = file.read_text(encoding="utf-8").split()
@@ -273,11 +288,12 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
 
 # ---------------------------------------------------------------------------- report
 
-def section(results: dict, source: str, command: str, records: int, seeds: list[int]) -> str:
+def section(results: dict, source: str, command: str, records: int, seeds: list[int],
+            shape: str = STREAMS["war-and-peace"]) -> str:
     device = Device.pick(load_config(None, use_env=False).learner.device)  # where the learners at their defaults run
     intro = (f"Produced by `{command}` on {datetime.date.today()} (torch {torch.__version__}, {device.describe()}; "
              f"one torch thread; the bare-torch reference runs there too). Stream: {source}, {records:,} records "
-             f"of {WORDS} words in book order.")
+             f"{shape}.")
     if any("quality" in r for r in results.values()):
         intro += (f" recall@{K}; seeds {', '.join(map(str, seeds))} (model mean, min-max in brackets); baselines "
                   "predict then learn record by record. Ratios are the model's mean over the baseline's; records/s "
@@ -323,7 +339,9 @@ def _quality_lines(task: str, q: dict) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_option(parser)
-    parser.add_argument("--records", type=int, default=0, help="first N records (0: the whole book)")
+    parser.add_argument("--stream", choices=sorted(STREAMS), default="war-and-peace",
+                        help="the token stream (the table is written for war-and-peace only)")
+    parser.add_argument("--records", type=int, default=0, help="first N records (0: the whole stream)")
     parser.add_argument("--seeds", type=int, default=3, help="learner.seed 0..N-1 per depth")
     parser.add_argument("--depths", default="0,1,2", help="comma-separated model.layers values")
     parser.add_argument("--tasks", default="next-token,mlm")
@@ -338,7 +356,7 @@ def main() -> int:
     if not parts <= {"quality", "speed", "rss"}:
         parser.error(f"--parts takes quality, speed, rss; got {args.parts}")
     torch.set_num_threads(1)
-    records, source = stream(data_dir(args.data), args.records)
+    records, source = stream(data_dir(args.data), args.records, args.stream)
     depths = [int(d) for d in args.depths.split(",")]
     seeds = list(range(args.seeds))
     extra = tuple(args.set)
@@ -352,7 +370,7 @@ def main() -> int:
         if "rss" in parts and args.rss_records:
             r["rss"] = memory(task, records, args.rss_records, extra)
     command = "python bench/tokens.py " + " ".join(sys.argv[1:])
-    text = section(results, source, command.strip(), len(records), seeds)
+    text = section(results, source, command.strip(), len(records), seeds, STREAMS[args.stream])
     print(text)
     verdict = []
     for task, r in results.items():
@@ -366,7 +384,7 @@ def main() -> int:
         verdict.append(f"{task}: best depth's worst ratio / target {best:.3f} ({'met' if best >= 1 else 'missed'})")
     if verdict:
         print("targets: " + "; ".join(verdict))
-    if not args.dry_run:
+    if not args.dry_run and args.stream == "war-and-peace":
         write_between_markers(args.out, BEGIN, END, text)
     return 0
 
