@@ -142,6 +142,36 @@ def test_next_token_probabilities_equal_dict_kn(bs):
     assert checked > 300
 
 
+@pytest.mark.parametrize("warm", [0, 40])
+def test_in_order_scores_equal_counting_the_batch_record_by_record(warm):
+    """next_token_in_order scores each record of a batch exactly as next_token does after
+    the batch's earlier records are learned one at a time (shared candidates and each
+    slot's own), from an empty model or a warm one, and leaves the tables as they were."""
+    recs = stream(7, n_rec=warm + 60)
+    kn, ref = KneserNey3(1 << 14, 1 << 12), KneserNey3(1 << 14, 1 << 12)
+    if warm:
+        kn.learn(*trigrams(recs[:warm]))
+        ref.learn(*trigrams(recs[:warm]))
+    cands = H[np.arange(15)][None]
+    for start in range(warm, len(recs), 12):
+        batch = recs[start:start + 12]
+        u, v, w = trigrams(batch)
+        records = np.repeat(np.arange(len(batch)), [len(r) for r in batch])
+        before = {name: t.numpy().tobytes() for name, t in kn.tables("lm").items()}
+        shared, own = kn.next_token_in_order(u[:, None], v[:, None], [cands, w[:, None]], 15,
+                                             np.stack([u, v, w], 1), records)
+        assert {name: t.numpy().tobytes() for name, t in kn.tables("lm").items()} == before
+        at = 0
+        for r in batch:
+            rows = slice(at, at + len(r))
+            ctx = u[rows, None], v[rows, None]
+            assert np.array_equal(shared[rows], ref.next_token(*ctx, cands, 15))
+            assert np.array_equal(own[rows], ref.next_token(*ctx, w[rows, None], 15))
+            ref.learn(u[rows], v[rows], w[rows])
+            at = rows.stop
+        kn.learn(u, v, w)
+
+
 def test_chain_equals_the_trigram_scored_token_by_token():
     recs = stream(2)
     ref, kn = DictKN(), KneserNey3(1 << 14, 1 << 12)
@@ -271,6 +301,31 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
         back.learn_many(_records(4, 100 + s))
     _same_answers(live, back, task)
     assert live.model.head.gates.weight.abs().sum() > 0  # the gates learn (they start at W = 0)
+
+
+def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
+    """A next-token training batch's in-order count scores (what a prequential prediction
+    of the batch reads) give each record the counts of the batch's records before it, as
+    a baseline learning record by record has them; the lagged scores differ."""
+    import copy
+
+    learner = _learner("next-token")
+    for s in range(3):
+        learner.learn_many(_records(4, s))
+    records = _records(4, 50)
+    batch = learner.prepare(records)
+    task = learner.task
+    cands = task.counter.candidates(task.index)
+    got = task.score_counts_in_order(batch, [cands], len(cands))[0]
+    one_by_one = copy.deepcopy(task.counter)
+    ctx, tri = batch.counts["ctx"], batch.counts["tri"]
+    for r in range(len(records)):
+        rows = batch.rows == r
+        assert np.array_equal(got[rows], one_by_one.next_token(ctx[rows], cands, len(cands)))
+        one_by_one.learn(tri[rows])
+    lagged = task.counter.next_token(ctx, cands, len(cands))
+    assert not np.array_equal(got, lagged)  # the batch's later records did see its earlier ones
+    assert np.array_equal(got[batch.rows == 0], lagged[batch.rows == 0])
 
 
 @pytest.mark.parametrize("task", ["next-token", "mlm"])

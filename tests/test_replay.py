@@ -464,3 +464,33 @@ def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, co
              "model.count_slots=1024"]
     report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
     assert report["saved_step"] == 3 and report["evaluated"] == 60
+
+
+def _next_token_predictions(fused: bool, batch_size: int) -> list[list[str]]:
+    """Every event's top 5 from a next-token model replayed by hand, mini-batch by
+    mini-batch, predicted from its training batch (``fused``) or from queries."""
+    config = cfg("learner.task=next-token", f"learner.batch_size={batch_size}", "model.output=sampled",
+                 "model.counts=kn3", "model.count_slots=1024", "model.negatives=8")
+    learner = Learner(config)
+    build = learner.task.events(seed=0)
+    model = ModelContestant("model", learner, learning=True, k=5, fused=fused)
+    texts = [f"w{i % 7} a b w{i % 3} c w{i % 5}" for i in range(24)]
+    out = []
+    for start in range(0, len(texts), batch_size):
+        events = [e for i in range(start, start + batch_size) for e in build(i, Record(text=texts[i]))]
+        out += model.predict(events)
+        model.learn(events)
+    return out
+
+
+def test_a_next_token_replay_predicts_each_record_from_its_training_batch():
+    """Replay answers next-token's events from the training batch before its step (one
+    example per event): at batch 1 exactly what separate prefix queries answer; in larger
+    batches a record's count scores see the batch's records before it, so later records
+    of a batch are answered differently and its first alike."""
+    assert _next_token_predictions(True, 1) == _next_token_predictions(False, 1)
+    fused, queried = _next_token_predictions(True, 4), _next_token_predictions(False, 4)
+    assert len(fused) == len(queried) == 24 * 6
+    by_record = [(fused[6 * i:6 * i + 6], queried[6 * i:6 * i + 6]) for i in range(24)]
+    assert all(f == q for i, (f, q) in enumerate(by_record) if i % 4 == 0)  # a batch's first record
+    assert any(f != q for i, (f, q) in enumerate(by_record) if i % 4)

@@ -66,6 +66,24 @@ def key(tag: str, *parts: np.ndarray) -> np.ndarray:
         return ((acc ^ (parts[-1] * _M[len(parts) - 1])) & ~_LOW) | np.uint64(_TAG_IDS[tag])
 
 
+def _p2_of(c: np.ndarray, ctx2: np.ndarray, p1w: np.ndarray, D) -> np.ndarray:
+    """P2(w | v) from N1+(. v w) (c), v's (S(v), L(v)) (ctx2 (..., 2)), P1(w) and the
+    discount (a float, or float32 per slot)."""
+    S, L = ctx2[..., 0], ctx2[..., 1]
+    inv = np.where(S > 0, 1.0 / np.maximum(S, 1.0), 0.0).astype(np.float32)  # unseen context: P1
+    lam = np.where(S > 0, D * L * inv, 1.0).astype(np.float32)
+    return np.maximum(c - D, 0) * inv + lam * p1w
+
+
+def _p3_of(c: np.ndarray, ctx: np.ndarray, p2w: np.ndarray, D) -> np.ndarray:
+    """P3(w | u v) from c(u v w) (c), (u v)'s (c(u v .), N1+(u v .)) (ctx (..., 2)), P2(w | v)
+    and the discount (a float, or float32 per slot)."""
+    tot, nf = ctx[..., 0], ctx[..., 1]
+    inv = np.where(tot > 0, 1.0 / np.maximum(tot, 1.0), 0.0).astype(np.float32)  # unseen context: P2
+    lam = np.where(tot > 0, D * nf * inv, 1.0).astype(np.float32)
+    return np.maximum(c - D, 0) * inv + lam * p2w
+
+
 class KneserNey3:
     """The KN trigram count part (module docstring); ``tables()`` are its row tables."""
 
@@ -215,12 +233,8 @@ class KneserNey3:
 
     def _p2(self, v, w, p1w: np.ndarray, ctx2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P2(w | v), N1+(. v w)); ctx2 (..., 2) = v's (S(v), L(v))."""
-        D = self.D(2)
         c = self._t2(v, w)
-        S, L = ctx2[..., 0], ctx2[..., 1]
-        inv = np.where(S > 0, 1.0 / np.maximum(S, 1.0), 0.0).astype(np.float32)  # unseen context: P1
-        lam = np.where(S > 0, D * L * inv, 1.0).astype(np.float32)
-        return np.maximum(c - D, 0) * inv + lam * p1w, c
+        return _p2_of(c, ctx2, p1w, self.D(2)), c
 
     def _t2(self, v, w) -> np.ndarray:
         """N1+(. v w); for slots' v (S, 1) against shared candidates w (1, K), read once per
@@ -232,14 +246,11 @@ class KneserNey3:
 
     def _p3(self, u, v, w, p2w: np.ndarray, c2: np.ndarray, ctx_seen: np.ndarray | None = None) -> np.ndarray:
         """P3(w | u v) given P2(w | v) and N1+(. v w) (c2); ``ctx_seen``: where N1+(. u v) > 0."""
-        D = self.D(3)
         ctx = self._get("C3", u, v, where=ctx_seen)
-        tot, nf = ctx[..., 0], ctx[..., 1]
+        tot = ctx[..., 0]
         grid = np.broadcast_shapes(np.shape(c2), np.shape(tot))
         c = self._get("T3", u, v, w, where=np.broadcast_to((c2 > 0) & (tot > 0), grid))[..., 0]
-        inv = np.where(tot > 0, 1.0 / np.maximum(tot, 1.0), 0.0).astype(np.float32)  # unseen context: P2
-        lam = np.where(tot > 0, D * nf * inv, 1.0).astype(np.float32)
-        return np.maximum(c - D, 0) * inv + lam * p2w
+        return _p3_of(c, ctx, p2w, self.D(3))
 
     def next_token(self, u: np.ndarray, v: np.ndarray, w: np.ndarray, n: int, with_c2: bool = False):
         """P3(w | u v) of slots' contexts u, v (S, 1) and candidates w (S or 1, C);
@@ -248,6 +259,41 @@ class KneserNey3:
         p2, c2 = self._p2(v, w, self._p1(w_stats[..., 0], n), self._get("C2", v))
         p3 = self._p3(u, v, w, p2, c2)
         return (p3, c2, w_stats) if with_c2 else p3
+
+    def next_token_in_order(self, u: np.ndarray, v: np.ndarray, ws: list[np.ndarray], n: int,
+                            tri: np.ndarray, records: np.ndarray) -> list[np.ndarray]:
+        """:meth:`next_token` of a training batch's slots for each candidate array of ``ws``
+        (each (1, C) shared by the slots or (S, C) a slot's own), every slot scored as if
+        the batch's records before its own had been counted: ``records`` (S,) each slot's
+        record, 0, 1, ... ascending; ``tri`` (S, 3) each slot's trigram (its context is
+        ``u``, ``v``). Exactly :meth:`next_token` after :meth:`learn` of those records one
+        at a time, while no halving falls between; the tables do not change.
+
+        The tables are read once, as :meth:`next_token` reads them. What the batch's earlier
+        records add (:class:`_InOrder`) falls only on the batch's own n-grams: the slots'
+        contexts, and the candidates that some trigram of the batch ends with; the
+        discounts and the unigram totals become per-slot values."""
+        add = _InOrder(self, tri, records)
+        ctx2 = self._get("C2", v) + add.middles(records)  # (S, 1, 2)
+        ctx3 = self._get("C3", u, v) + add.contexts(records)  # (S, 1, 2)
+        D1, D2, D3, D1_64, total, types = add.scalars(records)  # (S, 1) each
+        out = []
+        for w in ws:
+            c2 = self._t2(v, w)
+            c3 = self._get("T3", u, v, w, where=np.broadcast_to((c2 > 0) & (ctx3[..., 0] > 0), c2.shape))[..., 0]
+            c1 = np.broadcast_to(self._get("T1", w)[..., 0], c2.shape).copy()
+            cols = add.ended(w)
+            if len(cols):
+                wc = w[:, cols]
+                c1[:, cols] += add.tokens(wc, records)
+                c2[:, cols] += add.pairs(v, wc, records)
+                c3[:, cols] += add.trigrams(u, v, wc, records)
+            seen = total > 0  # the reference's unigram before any count: uniform
+            safe = np.where(seen, total, 1.0)
+            p1 = np.maximum(c1 - D1, 0) / safe.astype(np.float32) + (D1_64 * types / safe / n).astype(np.float32)
+            p1 = np.where(seen, p1, np.float32(1.0 / n)).astype(np.float32)
+            out.append(_p3_of(c3, ctx3, _p2_of(c2, ctx2, p1, D2), D3))
+        return out
 
     def chain(self, l2, l1, r1, r2, has_r1, has_r2, w, n: int) -> np.ndarray:
         """mlm: log P3(w | l2 l1) + [log P3(r1 | l1 w)] + [log P3(r2 | w r1)] of slots'
@@ -263,3 +309,108 @@ class KneserNey3:
         out = out + np.where(has_r1, np.log(np.maximum(mid, 1e-30)), 0.0)
         out = out + np.where(has_r2, np.log(np.maximum(right, 1e-30)), 0.0)
         return out.astype(np.float32)
+
+
+class _InOrder:
+    """What a batch's trigrams add to every statistic before each of its records, as
+    :meth:`KneserNey3.learn` counts them one record at a time (``tri`` (S, 3), ``records``
+    (S,) 0, 1, ... ascending), without touching the tables: per distinct key of the batch
+    and record r, the increment its records before r make (matrices (keys, R + 1), column
+    r for record r).
+
+    The rules are :meth:`KneserNey3.learn`'s. c(u v w) and c(u v .) count occurrences. A
+    trigram type is new if the tables lack it; from its first record on it adds 1 to
+    N1+(u v .), N1+(. v w) and S(v). A pair (v, w) whose N1+(. v w) was 0 becomes a type
+    when its first new trigram arrives; from then on it adds 1 to L(v) and N1+(. w). The
+    counts-of-counts behind the discounts and the unigram totals follow from the values
+    before and after (the changes telescope per key)."""
+
+    def __init__(self, kn: KneserNey3, tri: np.ndarray, records: np.ndarray):
+        u, v, w = tri[:, 0], tri[:, 1], tri[:, 2]
+        self.R = int(records[-1]) + 1 if len(records) else 0
+        after = records + 1  # a record's own occurrences count from the next record on
+        self.k3, first3, inv3 = np.unique(key("T3", u, v, w), return_index=True, return_inverse=True)
+        self.kc, invc = np.unique(key("C3", u, v), return_inverse=True)
+        self.k2, first2, inv2 = np.unique(key("T2", v, w), return_index=True, return_inverse=True)
+        self.kv, invv = np.unique(key("C2", v), return_inverse=True)
+        self.k1, inv1 = np.unique(key("T1", w), return_inverse=True)
+        self._slot = {"C3": invc.reshape(-1), "C2": invv.reshape(-1)}
+        inv3, invc, inv2, invv, inv1 = (a.reshape(-1) for a in (inv3, invc, inv2, invv, inv1))
+        b3, b2, b1 = kn.big.get(self.k3)[:, 0], kn.small.get(self.k2)[:, 0], kn.small.get(self.k1)[:, 0]
+        self.c3 = self._cumulative(inv3, after, len(self.k3))  # c(u v w)
+        cc = self._cumulative(invc, after, len(self.kc))  # c(u v .)
+        new = (b3 == 0)[:, None] & (np.arange(self.R + 1) > records[first3][:, None])  # (types, R + 1)
+        self.c2 = self._sum_rows(new, inv2[first3], len(self.k2))  # N1+(. v w)
+        nf = self._sum_rows(new, invc[first3], len(self.kc))  # N1+(u v .)
+        S = self._sum_rows(new, invv[first3], len(self.kv))
+        pair_new = (b2 == 0)[:, None] & (self.c2 > 0)  # (pairs, R + 1)
+        L = self._sum_rows(pair_new, invv[first2], len(self.kv))
+        self.c1 = self._sum_rows(pair_new, inv1[first2], len(self.k1))  # N1+(. w)
+        self.ctx3 = np.stack([cc, nf], -1)  # (contexts, R + 1, 2)
+        self.ctx2 = np.stack([S, L], -1)  # (middles, R + 1, 2)
+        self.ends = np.unique(w)
+        st = kn._s.astype(np.float64)
+        n1, n2 = [], []
+        for base, add in ((b1, self.c1), (b2, self.c2), (b3, self.c3)):
+            now, was = base[:, None] + add, base[:, None]
+            n1.append(((now == 1).sum(0) - (was == 1).sum(0)))
+            n2.append(((now == 2).sum(0) - (was == 2).sum(0)))
+        self.D = []
+        for order in (1, 2, 3):
+            a = st[_N1 + order - 1] + n1[order - 1]
+            b = st[_N2 + order - 1] + n2[order - 1]
+            den = a + 2 * b
+            self.D.append(np.where(den > 0, a / np.where(den > 0, den, 1), 0.5))  # (R + 1,)
+        self.total = st[_TOTAL] + self.c1.sum(0)
+        self.types = st[_TYPES] + ((b1 == 0)[:, None] & (self.c1 > 0)).sum(0)
+
+    def _cumulative(self, inv: np.ndarray, after: np.ndarray, n: int) -> np.ndarray:
+        """(n, R + 1): per key, its occurrences in the records before each record."""
+        width = self.R + 1
+        counts = np.bincount(inv * width + after, minlength=n * width).reshape(n, width)
+        return np.cumsum(counts, 1, dtype=np.float32)
+
+    def _sum_rows(self, rows: np.ndarray, into: np.ndarray, n: int) -> np.ndarray:
+        """(n, R + 1): ``rows`` (k, R + 1) summed into the rows ``into`` (k,) name (one
+        bincount: whole counts, exact in float64)."""
+        width = self.R + 1
+        at = (into[:, None] * width + np.arange(width)).ravel()
+        return np.bincount(at, rows.ravel(), n * width).reshape(n, width).astype(np.float32)
+
+    def contexts(self, records: np.ndarray) -> np.ndarray:
+        """(S, 1, 2): each slot's (c(u v .), N1+(u v .)) increment (the slots are the batch's)."""
+        return self.ctx3[self._slot["C3"], records][:, None]
+
+    def middles(self, records: np.ndarray) -> np.ndarray:
+        """(S, 1, 2): each slot's (S(v), L(v)) increment."""
+        return self.ctx2[self._slot["C2"], records][:, None]
+
+    def scalars(self, records: np.ndarray):
+        """Per slot (S, 1): D1, D2, D3 (float32, as the tables' float discounts enter the
+        float32 formulas), D1 in float64, N1 and the token-type count (float64)."""
+        r = records[:, None]
+        D1, D2, D3 = (d[r] for d in self.D)
+        return D1.astype(np.float32), D2.astype(np.float32), D3.astype(np.float32), D1, self.total[r], self.types[r]
+
+    def _at(self, keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """values[key's row, slot's record] at each cell of ``keys`` (S or 1, K), looked up
+        at the keys' own shape; 0 for keys the batch lacks. (S, K)."""
+        at = np.minimum(np.searchsorted(table_keys, keys), len(table_keys) - 1)
+        at = np.where(table_keys[at] == keys, at, len(table_keys))  # a miss reads the zero row
+        values = np.concatenate([values, np.zeros((1, values.shape[1]), values.dtype)])
+        return values[np.broadcast_to(at, (len(records), keys.shape[1])), records[:, None]]
+
+    def ended(self, w: np.ndarray) -> np.ndarray:
+        """The columns of candidates ``w`` (S or 1, C) that some trigram of the batch ends
+        with (the only ones its earlier records' counts can change)."""
+        at = np.minimum(np.searchsorted(self.ends, w), len(self.ends) - 1)
+        return np.flatnonzero((self.ends[at] == w).any(0))
+
+    def tokens(self, w: np.ndarray, records: np.ndarray) -> np.ndarray:
+        return self._at(key("T1", w), self.k1, self.c1, records)
+
+    def pairs(self, v: np.ndarray, w: np.ndarray, records: np.ndarray) -> np.ndarray:
+        return self._at(key("T2", v, w), self.k2, self.c2, records)
+
+    def trigrams(self, u: np.ndarray, v: np.ndarray, w: np.ndarray, records: np.ndarray) -> np.ndarray:
+        return self._at(key("T3", u, v, w), self.k3, self.c3, records)

@@ -201,6 +201,27 @@ class CountPart:
         has1, has2 = ctx[:, 4:5] == 1, ctx[:, 5:6] == 1
         return self._with_recent(self.kn.chain(*c, has1, has2, _grid(cands), max(n, 1)), cands, n)
 
+    @property
+    def stages(self) -> bool:
+        """Whether :meth:`next_token_in_order` can score a batch (not with the recent-token
+        cache, which has no staged view)."""
+        return self.recent is None
+
+    def next_token_in_order(self, ctx: np.ndarray, cands: list[np.ndarray], n: int, tri: np.ndarray,
+                            records: np.ndarray) -> list[np.ndarray]:
+        """:meth:`next_token` of a training batch's examples for each candidate array of
+        ``cands``, each example scored with the batch's records before its own counted
+        too, as a baseline learning record by record has them (``records`` (N,): each
+        example's record, ascending; ``tri`` (N, 3): each example's trigram;
+        :meth:`KneserNey3.next_token_in_order <.kn.KneserNey3.next_token_in_order>`). The
+        tables do not change: :meth:`learn` counts the batch after its step, so a skipped
+        step leaves them as they were."""
+        if not len(ctx):
+            return [np.zeros((0, self.columns, c.shape[-1]), np.float32) for c in cands]
+        grids = [_grid(c) for c in cands]
+        p = self.kn.next_token_in_order(ctx[:, :1], ctx[:, 1:2], grids, max(n, 1), tri, records)
+        return [np.log(np.maximum(q, 1e-30)).astype(np.float32)[:, None] for q in p]
+
 
 class _UnigramWeights:
     """N1+(. w)^0.75 of every candidate (C,), in the candidates' order, kept in step with

@@ -32,18 +32,21 @@ _NONE = np.zeros(0, dtype=np.int64)
 class ModelContestant:
     """``learning=False`` is frozen replay: predictions only, the learner never changes.
 
-    ``fused`` (a labels task, prequential, no label delay): each arriving mini-batch is
-    prepared once as a training batch and scored and learned by one
-    ``predict_learn_batch`` call, instead of tokenizing and hashing it twice (and, at
-    depth 0, running its forward twice): with no delay every arriving record is revealed
-    right after the contestants predict it, so the step taken at prediction time is the
-    step ``learn`` would take; ``learn`` hands back its report.
+    ``fused`` (prequential, no label delay; a labels task, or one whose events are its
+    training examples, ``Task.events_are_examples``): each arriving mini-batch is prepared
+    once as a training batch, predicted from it and learned, instead of tokenized and
+    hashed twice: with no delay every arriving record is revealed right after the
+    contestants predict it, so the step taken at prediction time is the step ``learn``
+    would take; ``learn`` hands back its report. A labels task scores and learns in one
+    ``predict_learn_batch`` call (at depth 0 one forward for both); next-token answers
+    each position from the training batch's outputs (``topk_batch``), whose count scores
+    see the batch's earlier records, as the counting baselines' do.
     """
 
     def __init__(self, name: str, learner: Learner, learning: bool, k: int, fused: bool):
         self.name, self.learner, self.learning, self.k = name, learner, learning, k
         self.labels = learner.task.answers == "labels"
-        self.fused = fused and learning and self.labels
+        self.fused = fused and learning and (self.labels or learner.task.events_are_examples)
         self.steps = 0
         self.notes: list[str] = []
         self._learned: tuple[tuple[int, ...], StepReport] | None = None  # fused: the step taken when predicting
@@ -56,7 +59,7 @@ class ModelContestant:
             return []
         if self.labels:
             return self._fused_proba(events) if self.fused else self._proba(events)
-        return self._topk(events)
+        return self._fused_topk(events) if self.fused else self._topk(events)
 
     def _proba(self, events: Sequence[Event]) -> list[dict]:
         return self.learner.predict_proba_many([e.record for e in events])
@@ -72,6 +75,20 @@ class ModelContestant:
         labels = self.learner.labels[:batch.label_start]
         rows = iter(probs.tolist())
         return [{} if i in rejected else dict(zip(labels, next(rows))) for i in range(len(events))]
+
+    def _fused_topk(self, events: Sequence[Event]) -> list[list[str]]:
+        """Each event's k best answers from the training batch of its records, before its
+        step (one example per event, in order: ``Task.events_are_examples``), then the step."""
+        firsts = _first_of_each_record(events)
+        batch = self.learner.prepare([e.record for e in firsts], train=True)
+        tops = iter(self.learner.topk_batch(batch, self.k))  # one per example
+        self._learned = (tuple(e.position for e in firsts), self.learner.learn_batch(batch))
+        self.steps += 1
+        rejected = {firsts[i].position for i, _ in batch.rejected}
+        out = [[] if e.position in rejected else next(tops, None) for e in events]
+        if next(tops, None) is not None or any(top is None for top in out):
+            raise StreamlearnError("replay: a record's events and its training examples differ (internal order error)")
+        return [top if isinstance(top, list) else top.tokens for top in out]
 
     def _topk(self, events: Sequence[Event]) -> list[list[str]]:
         """The k best candidates of every event, minus the items its key already had."""

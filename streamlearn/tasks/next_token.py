@@ -8,8 +8,12 @@ n examples in one forward pass. A query asks "what comes next" after a prefix (i
 ``tokens`` or ``text``; an empty prefix asks for a first token).
 
 In a replay every position of a record is an event (recall at every position): the
-model is asked the prefix before each token, the Markov baseline the token before it,
-the n-gram baseline the two before it.
+model answers the prefix before each token (a prequential replay reads the answers off the
+training batch before its step: each position's causal state is its prefix's), the Markov
+baseline the token before it, the n-gram baseline the two before it. Those answers' count
+scores see the batch's earlier records (:meth:`NextToken.score_counts_in_order`), as the
+baselines, learning record by record, see them; the step's loss reads the tables as they
+are (``TokenTask.counts_in_order`` says why).
 """
 from __future__ import annotations
 
@@ -92,12 +96,21 @@ class NextToken(TokenTask):
 
     name = "next-token"
     replicable = True  # the candidate index and the count part replay at each sync (streamlearn.sync)
+    # one event per position, each a training example: a replay predicts a record from its
+    # training batch, those predictions' count scores seeing the batch's earlier records
+    events_are_examples = True
+    counts_in_order = True
     target_field = None
     Preparer = NextTokenPreparer
 
     def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """log P_KN(w | u v) of the two tokens before each answer (N, 1, C)."""
         return self.counter.next_token(ctx, cands, n)
+
+    def score_counts_in_order(self, batch: Batch, cands: list[np.ndarray], n: int) -> list[np.ndarray]:
+        """:meth:`score_counts` with the batch's earlier records counted for each example
+        (:meth:`CountPart.next_token_in_order <streamlearn.counts.part.CountPart.next_token_in_order>`)."""
+        return self.counter.next_token_in_order(batch.counts["ctx"], cands, n, batch.counts["tri"], batch.rows)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The causal state (n, d) at each answered position."""
