@@ -143,7 +143,7 @@ class ModelConfig:
     output: str = key("auto", one_of(*OUTPUTS))
     negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
     # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
-    # log-probabilities join the scores through learned gates (docs/model.md "Count part");
+    # log-probabilities join the scores (model.count_fit; docs/model.md "Count part");
     # next-item with output "hashed": "transitions" counts what followed the last 1 and 2 items
     # and adds their log-probability to the network's logits with a learned weight ("Transition counts")
     counts: str = key("none", one_of(*COUNT_PARTS))
@@ -154,10 +154,15 @@ class ModelConfig:
     # log-probability to the logits, "mixture" (before 2026-11-26; a state stored then keeps it)
     # mixes the two distributions through a gate (docs/model.md "Transition counts")
     count_join: str = key("product", one_of("product", "mixture"))
+    # model.counts=kn3: what the network learns from. "separate": its own loss on its own
+    # logits, the gates learning the join on its detached states (two experts, as the Naive
+    # Bayes part); "joint" (before 2026-11-26; a state stored then keeps it): the loss of the
+    # joined scores, so the network learns the counts' residual (docs/model.md "Count part")
+    count_fit: str = key("separate", one_of("separate", "joint"))
     # model.counts=transitions: successors kept per context (the most counted, Space-Saving);
     # 32 against 16: MovieLens in user order 1.197x -> 1.215x Markov (docs/choosing-a-configuration.md)
     successors: int = key(32, between(1, 1024))
-    # with model.counts: a cache of the stream's last n learned tokens as a second gated score (0 = off)
+    # with model.counts: a cache of the stream's last n learned tokens as a second score (0 = off)
     recent: int = key(0, between(0, 1 << 20))
 
     def __post_init__(self) -> None:
@@ -500,7 +505,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
-    "model.recent", "model.successors", "model.count_join",
+    "model.recent", "model.successors", "model.count_join", "model.count_fit",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
     "learner.nb_weight", "learner.nb_cells",

@@ -130,6 +130,7 @@ KEYS: dict[str, Case] = {
     "model.recent": Case(100, -1, ("learner.task=next-token",)),
     "model.successors": Case(64, 0, ("learner.task=next-item",)),
     "model.count_join": Case("mixture", "sum", ("learner.task=next-item",)),
+    "model.count_fit": Case("joint", "residual", ("learner.task=next-token",)),
     "optim.output_lr": Case(0.01, -0.1),
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),

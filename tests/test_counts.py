@@ -4,6 +4,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+import torch
 
 from streamlearn.counts import ROW, CountTable, KneserNey3
 from streamlearn.counts.table import TableFullError
@@ -276,15 +277,17 @@ def _same_answers(a, b, task):
         np.testing.assert_allclose(x.scores, y.scores, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("task,recent", [("next-token", 0), ("next-token", 20), ("mlm", 0)])
-def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, tmp_path):
+@pytest.mark.parametrize("task,recent,fit", [("next-token", 0, "separate"), ("next-token", 20, "separate"),
+                                              ("next-token", 0, "joint"), ("mlm", 0, "separate"), ("mlm", 0, "joint")])
+def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, fit, tmp_path):
     """Checkpoints of dirty rows only, a restore, and training on: the restored learner
-    answers and keeps learning as the live one (counts, the recent-token cache, gates,
-    output rows)."""
+    answers and keeps learning as the live one (counts, the recent-token cache, the
+    joint fit's gates or the separate fit's fixed weights, output rows)."""
     from streamlearn.checkpoint import read_full
+    from streamlearn.heads import COUNT_WEIGHT
     from streamlearn.state import open_store
 
-    live = _learner(task, f"model.recent={recent}")
+    live = _learner(task, f"model.recent={recent}", f"model.count_fit={fit}")
     assert ("lm.recent" in live.task.count_tables()) == bool(recent)
     with open_store(tmp_path / "state", live.cfg.store) as store:
         for i in range(3):
@@ -300,7 +303,10 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
         live.learn_many(_records(4, 100 + s))
         back.learn_many(_records(4, 100 + s))
     _same_answers(live, back, task)
-    assert live.model.head.gates.weight.abs().sum() > 0  # the gates learn (they start at W = 0)
+    if fit == "joint":
+        assert live.model.head.gates.weight.abs().sum() > 0  # the gates learn (they start at W = 0)
+    else:
+        assert live.model.head.gates is None and back.model.head.weights[0] == COUNT_WEIGHT
 
 
 def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
@@ -437,3 +443,60 @@ def test_the_proposal_kept_in_step_equals_reading_every_candidate():
         t.copy_(other.tables()[name])  # a restore: the tables change without a learn
     q, total = part.proposal(cands)
     assert total == (other.kn.token_stats(cands)[:, 0].astype(np.float64) ** 0.75).sum()
+
+
+
+def test_a_separate_count_part_leaves_the_network_learning_alone_and_joins_its_answers():
+    """``model.count_fit=separate``: the network learns exactly as with no count part
+    (same losses, same weights: a step reads no count score), and its answers add the
+    count part's log-probabilities times COUNT_WEIGHT; ``joint`` learns otherwise."""
+    from streamlearn.heads import COUNT_WEIGHT
+
+    alone, separate, joint = (_learner("next-token", *extra) for extra in
+                              (("model.counts=none",), (), ("model.count_fit=joint",)))
+    for s in range(4):
+        records = _records(4, s)
+        losses = [learner.learn_many(records).loss for learner in (alone, separate, joint)]
+        assert losses[0] == losses[1] and (s == 0 or losses[2] != losses[1])
+    for name, p in alone.model.dense_parameters().items():
+        assert torch.equal(p, separate.model.dense_parameters()[name]), name
+    assert torch.equal(alone.model.head.O, separate.model.head.O)
+    task = separate.task
+    batch = separate.prepare(QUERY["next-token"], train=False)
+    cands = task.counter.candidates(task.index)
+    counts = torch.from_numpy(task.score_counts(batch.counts["ctx"], cands, len(cands)))[:, 0]
+    with torch.no_grad():
+        joined = task.logits(separate.model, batch, separate.dev)
+        states = task.readout(separate.model, batch, separate.dev.tensors(batch.feats), separate.dev)
+        net = separate.model.head(states, None, **separate.dev.tensors(task.code.scoring_inputs(task.index)))
+    torch.testing.assert_close(torch.log_softmax(joined.float(), -1),
+                               torch.log_softmax(net + COUNT_WEIGHT * counts, -1), rtol=1e-5, atol=1e-5)
+
+def test_a_token_state_stored_before_count_fit_keeps_the_joint_fit(tmp_path):
+    """A next-token state written before ``model.count_fit`` existed was trained on the
+    joined loss: it restores as ``joint``, answers as it did, and a restart at today's
+    default is refused, naming the key."""
+    import json
+
+    from streamlearn import checkpoint
+    from streamlearn.exceptions import CheckpointMismatchError
+    from streamlearn.state import Checkpoint, open_store
+
+    live = _learner("next-token", "model.count_fit=joint")
+    for s in range(3):
+        live.learn_many(_records(4, s))
+    old = live.cfg.to_dict()
+    del old["model"]["count_fit"]
+    specs, rows, blobs, kv = checkpoint.write(live, full=True)
+    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
+    with open_store(tmp_path, live.cfg.store) as store:
+        store.declare_tables(specs)
+        store.commit(Checkpoint(step=live.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    with open_store(tmp_path, readonly=True) as store:
+        assert checkpoint.stored_config(store).model.count_fit == "joint"
+        back = checkpoint.read_full(store)
+        assert back.model.head.gates is not None  # the joint fit's learned gates
+        _same_answers(live, back, "next-token")
+        with pytest.raises(CheckpointMismatchError, match=r"model.count_fit.*--set model.count_fit=joint"):
+            checkpoint.read_full(store, _learner("next-token").cfg)
+    assert _learner("next-token").model.head.gates is None

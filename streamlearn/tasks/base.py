@@ -315,8 +315,10 @@ class TokenTask(Task):
         self.code: OutputCode = output_code(cfg, featurizer)
         super().__init__(cfg, featurizer)
         self.reset_index()
-        # counted, not learned by gradient: its scores join the head's through gates
+        # counted, not learned by gradient: its scores join the head's (heads.SampledHead)
         self.counter = None if cfg.model.counts == "none" else self.new_counter()
+        # model.count_fit=joint: the step's loss is the joined softmax's, so it scores counts
+        self.joint = self.counter is not None and cfg.model.count_fit == "joint"
         self._index_base: int | None = None  # replicas: the index's length at the last merge (keep_log)
 
     def new_counter(self):
@@ -332,7 +334,7 @@ class TokenTask(Task):
 
     def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module:
         width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
-        return output_head(d_model, self.code, width)
+        return output_head(d_model, self.code, width, separate=self.cfg.model.count_fit == "separate")
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor],
                 dev: Device) -> torch.Tensor:
@@ -382,7 +384,9 @@ class TokenTask(Task):
         return self._step_targets(batch, rng)
 
     def _step_targets(self, batch: Batch, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """The code's step targets; with a count part, the choices are the distinct
+        """The code's step targets: the network's own softmax (no count part, or a
+        ``separate`` one, whose step reads no count score). With a ``joint`` count part,
+        the choices are the distinct
         answers and negatives by token hash, ``negatives`` (k,) the drawn ones among them,
         and the count part's scores of each example's own answer (``own_counts`` (n, F))
         and of the negatives (``counts`` (n, F, k)): each example's softmax runs over its
@@ -392,7 +396,7 @@ class TokenTask(Task):
         down for every example. So the count part scores n (1 + k) cells, never the
         (n, answers + negatives) grid (profile: the grid's scoring was a sixth of a
         next-token step)."""
-        if self.counter is None:
+        if not self.joint:
             return self.code.step_targets(batch.targets, self.index, rng)
         cands = self.counter.candidates(self.index)  # (C,)
         K, n = self.code.negatives, len(cands)
