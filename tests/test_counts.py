@@ -472,26 +472,18 @@ def test_a_separate_count_part_leaves_the_network_learning_alone_and_joins_its_a
     torch.testing.assert_close(torch.log_softmax(joined.float(), -1),
                                torch.log_softmax(net + COUNT_WEIGHT * counts, -1), rtol=1e-5, atol=1e-5)
 
-def test_a_token_state_stored_before_count_fit_keeps_the_joint_fit(tmp_path):
+def test_a_token_state_stored_before_count_fit_keeps_the_joint_fit(tmp_path, store_as_before):
     """A next-token state written before ``model.count_fit`` existed was trained on the
     joined loss: it restores as ``joint``, answers as it did, and a restart at today's
     default is refused, naming the key."""
-    import json
-
     from streamlearn import checkpoint
     from streamlearn.exceptions import CheckpointMismatchError
-    from streamlearn.state import Checkpoint, open_store
+    from streamlearn.state import open_store
 
     live = _learner("next-token", "model.count_fit=joint")
     for s in range(3):
         live.learn_many(_records(4, s))
-    old = live.cfg.to_dict()
-    del old["model"]["count_fit"]
-    specs, rows, blobs, kv = checkpoint.write(live, full=True)
-    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
-    with open_store(tmp_path, live.cfg.store) as store:
-        store.declare_tables(specs)
-        store.commit(Checkpoint(step=live.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    store_as_before(live, tmp_path, "model.count_fit")
     with open_store(tmp_path, readonly=True) as store:
         assert checkpoint.stored_config(store).model.count_fit == "joint"
         back = checkpoint.read_full(store)

@@ -256,7 +256,10 @@ def test_next_item_histories_advance_in_record_order_in_prepare():
 def test_variants_reduce_the_loss(overrides):
     lrn = learner("learner.task=mlm", *overrides)
     sr_before = None if lrn.model.sr_head is None else lrn.model.sr_head.proj.weight.detach().clone()
-    losses = [lrn.learn_many(b).loss for b in batches(set_stream(32 * 40), 32)]
+    # 80 batches: the loss is the network's own (model.count_fit=separate: the count part
+    # joins answers, not the loss), which the Shuffle+Random variant lowers by 24% at 60
+    # and 31% at 80; the joined loss of the joint fit fell by 62% in 40
+    losses = [lrn.learn_many(b).loss for b in batches(set_stream(32 * 80), 32)]
     assert np.isfinite(losses).all()
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
     if sr_before is not None:

@@ -359,27 +359,19 @@ def test_the_counts_join_the_logits_as_their_whole_log_probability():
     torch.testing.assert_close(g_fit, g_dense, rtol=1e-3, atol=1e-6)
 
 
-def test_a_state_stored_before_the_product_keeps_its_mixture(tmp_path):
+def test_a_state_stored_before_the_product_keeps_its_mixture(tmp_path, store_as_before):
     """A next-item state written before ``model.count_join`` existed has a mixture head
     (its gate among the dense weights): it restores as one and answers as it did, and a
     restart at today's default is refused, naming the key."""
-    import json
-
     from streamlearn import checkpoint
     from streamlearn.exceptions import CheckpointMismatchError
-    from streamlearn.state import Checkpoint, open_store
+    from streamlearn.state import open_store
     from streamlearn.tasks.next_item import MixtureHead, TransitionHead
 
     live = _learner("model.count_join=mixture")
     for s in range(3):
         live.learn_many(_records(40, s))
-    old = live.cfg.to_dict()
-    del old["model"]["count_join"]
-    specs, rows, blobs, kv = checkpoint.write(live, full=True)
-    blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
-    with open_store(tmp_path, live.cfg.store) as store:
-        store.declare_tables(specs)
-        store.commit(Checkpoint(step=live.steps, rows=rows, blobs=blobs, kv=kv, config=old))
+    store_as_before(live, tmp_path, "model.count_join")
     with open_store(tmp_path, readonly=True) as store:
         assert checkpoint.stored_config(store).model.count_join == "mixture"
         back = checkpoint.read_full(store)
