@@ -66,6 +66,17 @@ def key(tag: str, *parts: np.ndarray) -> np.ndarray:
         return ((acc ^ (parts[-1] * _M[len(parts) - 1])) & ~_LOW) | np.uint64(_TAG_IDS[tag])
 
 
+def _p1_of(c1: np.ndarray, D, total, types, n: int) -> np.ndarray:
+    """P1(w) from N1+(. w) (c1), the discount, N1 and |{w}| (floats, or float64 per slot);
+    uniform (1 / n) where nothing is counted yet. The discount's first use is in float32,
+    as the float32 counts meet it; its second, D |{w}| / N1 / n, in float64."""
+    D, total = np.asarray(D, np.float64), np.asarray(total, np.float64)
+    seen = total > 0
+    safe = np.where(seen, total, 1.0)
+    p1 = np.maximum(c1 - D.astype(np.float32), 0) / safe.astype(np.float32) + (D * types / safe / n).astype(np.float32)
+    return np.where(seen, p1, np.float32(1.0 / n)).astype(np.float32)
+
+
 def _p2_of(c: np.ndarray, ctx2: np.ndarray, p1w: np.ndarray, D) -> np.ndarray:
     """P2(w | v) from N1+(. v w) (c), v's (S(v), L(v)) (ctx2 (..., 2)), P1(w) and the
     discount (a float, or float32 per slot)."""
@@ -225,11 +236,7 @@ class KneserNey3:
         return np.concatenate([self._get("T1", w)[..., :1], self._get("C2", w)], -1)
 
     def _p1(self, c1: np.ndarray, n: int) -> np.ndarray:
-        total = float(self._s[_TOTAL])
-        if total == 0:
-            return np.full(c1.shape, 1.0 / n, dtype=np.float32)
-        D = self.D(1)
-        return (np.maximum(c1 - D, 0) / total + D * float(self._s[_TYPES]) / total / n).astype(np.float32)
+        return _p1_of(c1, self.D(1), float(self._s[_TOTAL]), float(self._s[_TYPES]), n)
 
     def _p2(self, v, w, p1w: np.ndarray, ctx2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P2(w | v), N1+(. v w)); ctx2 (..., 2) = v's (S(v), L(v))."""
@@ -276,7 +283,7 @@ class KneserNey3:
         add = _InOrder(self, tri, records)
         ctx2 = self._get("C2", v) + add.middles(records)  # (S, 1, 2)
         ctx3 = self._get("C3", u, v) + add.contexts(records)  # (S, 1, 2)
-        D1, D2, D3, D1_64, total, types = add.scalars(records)  # (S, 1) each
+        D1, D2, D3, total, types = add.scalars(records)  # (S, 1) each
         out = []
         for w in ws:
             c2 = self._t2(v, w)
@@ -288,11 +295,7 @@ class KneserNey3:
                 c1[:, cols] += add.tokens(wc, records)
                 c2[:, cols] += add.pairs(v, wc, records)
                 c3[:, cols] += add.trigrams(u, v, wc, records)
-            seen = total > 0  # the reference's unigram before any count: uniform
-            safe = np.where(seen, total, 1.0)
-            p1 = np.maximum(c1 - D1, 0) / safe.astype(np.float32) + (D1_64 * types / safe / n).astype(np.float32)
-            p1 = np.where(seen, p1, np.float32(1.0 / n)).astype(np.float32)
-            out.append(_p3_of(c3, ctx3, _p2_of(c2, ctx2, p1, D2), D3))
+            out.append(_p3_of(c3, ctx3, _p2_of(c2, ctx2, _p1_of(c1, D1, total, types, n), D2), D3))
         return out
 
     def chain(self, l2, l1, r1, r2, has_r1, has_r2, w, n: int) -> np.ndarray:
@@ -349,7 +352,7 @@ class _InOrder:
         self.ctx3 = np.stack([cc, nf], -1)  # (contexts, R + 1, 2)
         self.ctx2 = np.stack([S, L], -1)  # (middles, R + 1, 2)
         self.ends = np.unique(w)
-        st = kn._s.astype(np.float64)
+        st = kn.stats.numpy()[0].astype(np.float64)
         n1, n2 = [], []
         for base, add in ((b1, self.c1), (b2, self.c2), (b3, self.c3)):
             now, was = base[:, None] + add, base[:, None]
@@ -386,11 +389,12 @@ class _InOrder:
         return self.ctx2[self._slot["C2"], records][:, None]
 
     def scalars(self, records: np.ndarray):
-        """Per slot (S, 1): D1, D2, D3 (float32, as the tables' float discounts enter the
-        float32 formulas), D1 in float64, N1 and the token-type count (float64)."""
+        """Per slot (S, 1): D1 (float64, as :func:`_p1_of` takes it), D2, D3 (float32, as
+        the tables' float discounts enter the float32 formulas), N1 and the token-type
+        count (float64)."""
         r = records[:, None]
         D1, D2, D3 = (d[r] for d in self.D)
-        return D1.astype(np.float32), D2.astype(np.float32), D3.astype(np.float32), D1, self.total[r], self.types[r]
+        return D1, D2.astype(np.float32), D3.astype(np.float32), self.total[r], self.types[r]
 
     def _at(self, keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray, records: np.ndarray) -> np.ndarray:
         """values[key's row, slot's record] at each cell of ``keys`` (S or 1, K), looked up
