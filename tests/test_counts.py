@@ -322,7 +322,7 @@ def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
     batch = learner.prepare(records)
     task = learner.task
     cands = task.counter.candidates(task.index)
-    got = task.score_counts_in_order(batch, [cands], len(cands))[0]
+    got = task.prediction_counts(batch, cands, len(cands))
     one_by_one = copy.deepcopy(task.counter)
     ctx, tri = batch.counts["ctx"], batch.counts["tri"]
     for r in range(len(records)):

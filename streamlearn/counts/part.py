@@ -207,20 +207,18 @@ class CountPart:
         cache, which has no staged view)."""
         return self.recent is None
 
-    def next_token_in_order(self, ctx: np.ndarray, cands: list[np.ndarray], n: int, tri: np.ndarray,
-                            records: np.ndarray) -> list[np.ndarray]:
-        """:meth:`next_token` of a training batch's examples for each candidate array of
-        ``cands``, each example scored with the batch's records before its own counted
-        too, as a baseline learning record by record has them (``records`` (N,): each
-        example's record, ascending; ``tri`` (N, 3): each example's trigram;
-        :meth:`KneserNey3.next_token_in_order <.kn.KneserNey3.next_token_in_order>`). The
-        tables do not change: :meth:`learn` counts the batch after its step, so a skipped
-        step leaves them as they were."""
-        if not len(ctx):
-            return [np.zeros((0, self.columns, c.shape[-1]), np.float32) for c in cands]
-        grids = [_grid(c) for c in cands]
-        p = self.kn.next_token_in_order(ctx[:, :1], ctx[:, 1:2], grids, max(n, 1), tri, records)
-        return [np.log(np.maximum(q, 1e-30)).astype(np.float32)[:, None] for q in p]
+    def next_token_in_order(self, ctx: np.ndarray, cands: np.ndarray, n: int, tri: np.ndarray,
+                            records: np.ndarray) -> np.ndarray:
+        """:meth:`next_token` of a training batch's examples, each scored with the batch's
+        records before its own counted too, as a baseline learning record by record has
+        them (``records`` (N,): each example's record, ascending; ``tri`` (N, 3): each
+        example's trigram; :meth:`KneserNey3.next_token_in_order
+        <.kn.KneserNey3.next_token_in_order>`). The tables do not change: :meth:`learn`
+        counts the batch after its step, so a skipped step leaves them as they were."""
+        if not cands.size or not len(ctx):
+            return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
+        (p,) = self.kn.next_token_in_order(ctx[:, :1], ctx[:, 1:2], [_grid(cands)], max(n, 1), tri, records)
+        return np.log(np.maximum(p, 1e-30)).astype(np.float32)[:, None]
 
 
 class _UnigramWeights:

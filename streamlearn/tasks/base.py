@@ -304,12 +304,6 @@ class TokenTask(Task):
     of the tokens the stream has shown."""
 
     answers = "tokens"
-    # Predictions on a training batch (a prequential replay's, the worker's live check) give
-    # each record the count scores of the batch's earlier records too
-    # (:meth:`score_counts_in_order`), as a baseline learning record by record has them. The
-    # step's loss reads the tables as they are: in order there, it gained 0.0004 of recall@10
-    # on War and Peace's first 3,000 records and cost about 16% of learn_many's CPU time.
-    counts_in_order: ClassVar[bool] = False
 
     def __init__(self, cfg: Config, featurizer: Featurizer):
         self.code: OutputCode = output_code(cfg, featurizer)
@@ -350,24 +344,17 @@ class TokenTask(Task):
         known; a task that hosts a count part implements it."""
         raise NotImplementedError
 
-    def score_counts_in_order(self, batch: Batch, cands: list[np.ndarray], n: int) -> list[np.ndarray]:
-        """:meth:`score_counts` of a training batch's examples for each candidate array,
-        each example scored with the batch's earlier records counted too; a task with
-        :attr:`counts_in_order` implements it."""
-        raise NotImplementedError
-
-    def _in_order(self, batch: Batch) -> bool:
-        """Whether the batch's count scores see its earlier records (:attr:`counts_in_order`)."""
-        return self.counts_in_order and batch.train and self.counter.stages
+    def prediction_counts(self, batch: Batch, cands: np.ndarray, n: int) -> np.ndarray:
+        """The count scores (N, F, C) a prediction of ``batch`` reads: the tables as they
+        are (:meth:`score_counts`); next-token overrides it for training batches."""
+        return self.score_counts(batch.counts["ctx"], cands, n)
 
     def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
         inputs = dev.tensors(self.code.scoring_inputs(self.index))
         if self.counter is not None:
             cands = self.counter.candidates(self.index)
-            counts = (self.score_counts_in_order(batch, [cands], len(cands))[0] if self._in_order(batch)
-                      else self.score_counts(batch.counts["ctx"], cands, len(cands)))
-            inputs["counts"] = dev.tensor(counts)
+            inputs["counts"] = dev.tensor(self.prediction_counts(batch, cands, len(cands)))
         return model.head(states, self._tied(model), **inputs)
 
     def loss(self, model, batch, dev):
