@@ -328,7 +328,7 @@ class TokenTask(Task):
 
     def make_head(self, d_model: int, embedding: nn.Module) -> nn.Module:
         width = embedding.row_tables()[self.code.table].shape[1] if self.code.table else d_model
-        return output_head(d_model, self.code, width, separate=self.cfg.model.count_fit == "separate")
+        return output_head(d_model, self.code, width, separate=not self.joint)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor],
                 dev: Device) -> torch.Tensor:
