@@ -256,11 +256,14 @@ class DenseAdamW:
         torch._foreach_lerp_(m, grads, 1 - b1)  # m = b1 m + (1 - b1) g
         torch._foreach_mul_(v, b2)
         torch._foreach_addcmul_(v, grads, grads, 1 - b2)  # v = b2 v + (1 - b2) g^2
-        for p, s, mi, vi in zip(params, states, m, v):
-            t = float(s["step"])
-            bias1, bias2 = 1 - b1 ** t, 1 - b2 ** t
-            denom = (vi.sqrt() / bias2 ** 0.5).add_(self.eps)
-            p.addcdiv_(mi, denom, value=-self.lr / bias1)
+        # per tensor: p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), as torch's
+        # foreach Adam writes it (scalar lists); a Python loop of those ops per tensor was
+        # a third of the dense step (cProfile, next-token, 1 layer, 20 tensors)
+        steps = [float(s["step"]) for s in states]
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, [(1 - b2 ** t) ** 0.5 for t in steps])
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(params, m, denom, [-self.lr / (1 - b1 ** t) for t in steps])
 
     def _state(self, p: nn.Parameter) -> dict[str, torch.Tensor]:
         state = self.state.get(p)
