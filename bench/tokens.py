@@ -30,7 +30,9 @@ softmax (the batch's answers plus the same number of uniform negatives, ``nn.Emb
 output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
 count part and no hashing: it is the floor the hashed model's bookkeeping is measured
 against, not a contestant. Both run on the learner's device (on CUDA with pinned copies
-and bf16 autocast, timed to a synchronize).
+and bf16 autocast, timed to a synchronize). A record of 32 words holds about 39 tokens, so
+a second learner, warmed alike, also learns the same tail's tokens re-cut into records of
+exactly 32 tokens (``{"tokens": [...]}``): the records/s in issue 16's own unit.
 
 Memory: RSS of a ``Learner`` used from Python at the defaults, sampled every tenth of
 ``--rss-records`` records while the stream is fed round and round (an endless stream: the
@@ -158,13 +160,13 @@ def quality(task: str, records: list[dict], depths: list[int], seeds: list[int],
 
 def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     """learn_many records/s, rows and row bytes per step at the defaults after 80% of the
-    stream, against the bare-torch reference over the same batches."""
+    stream, against the bare-torch reference over the same batches; and ``rate32``, the
+    records/s of a second learner, warmed alike, over the same tail's tokens re-cut into
+    records of exactly 32 tokens (the unit of issue 16's 1,000 records/s)."""
     cfg = config(task, None, 0, extra)
-    learner = Learner(cfg)
-    bs = cfg.learner.batch_size
     cut = len(records) - len(records) // 5
-    for i in range(0, cut, bs):
-        learner.learn_many(records[i:i + bs])
+    learner = _warmed(cfg, records[:cut])
+    bs = cfg.learner.batch_size
     tail = [records[i:i + bs] for i in range(cut, len(records), bs)]
     sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
     rows, nbytes = [], []
@@ -178,8 +180,26 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     seconds = time.perf_counter() - started
     table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
     reference = bare_torch_rate(learner, cfg, tail)
+    tokens = [t for r in records[cut:] for t in learner.prep.cut(learner.prep.text_tokens(from_dict(r)))]
+    recut = [{"tokens": tokens[i:i + 32]} for i in range(0, len(tokens) - 31, 32)]
+    again = _warmed(cfg, records[:cut])
+    started = time.perf_counter()
+    for i in range(0, len(recut), bs):
+        again.learn_many(recut[i:i + bs])
+    again.dev.synchronize()
+    rate32 = len(recut) / (time.perf_counter() - started)
     return {"rate": sum(map(len, tail)) / seconds, "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
-            "table_rows": table_rows, "reference": reference, "layers": cfg.model.layers, "batch": bs}
+            "table_rows": table_rows, "reference": reference, "layers": cfg.model.layers, "batch": bs,
+            "tokens": len(tokens) / (len(records) - cut), "rate32": rate32}
+
+
+def _warmed(cfg, records: list[dict]) -> Learner:
+    """A learner at ``cfg`` that has learned ``records`` in mini-batches."""
+    learner = Learner(cfg)
+    bs = cfg.learner.batch_size
+    for i in range(0, len(records), bs):
+        learner.learn_many(records[i:i + bs])
+    return learner
 
 
 class BareLM(nn.Module):
@@ -304,8 +324,10 @@ def section(results: dict, source: str, command: str, records: int, seeds: list[
         if "speed" in r:
             s = r["speed"]
             lines += ["", f"At the defaults (`model.layers={s['layers']}`, batch {s['batch']}), after 80% of the stream: "
-                      f"`learn_many` {s['rate']:,.0f} records/s, bare torch of the same shape {s['reference']:,.0f} "
-                      f"(**{s['rate'] / s['reference']:.2f}x**); {s['rows']:,.0f} rows changed per step of "
+                      f"`learn_many` {s['rate']:,.0f} records/s ({s['tokens']:.1f} tokens a record), bare torch of the "
+                      f"same shape {s['reference']:,.0f} (**{s['rate'] / s['reference']:.2f}x**); over the same "
+                      f"tail's tokens re-cut into records of exactly 32 tokens, {s['rate32']:,.0f} records/s; "
+                      f"{s['rows']:,.0f} rows changed per step of "
                       f"{s['table_rows']:,} rows in the value tables, {s['bytes'] / 2 ** 10:,.0f} KB of row data per "
                       "step (optimizer state included: what an incremental checkpoint of one step writes)."]
         if r.get("rss"):
