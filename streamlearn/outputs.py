@@ -174,6 +174,27 @@ class PatternCode(OutputCode):
         return PatternPopularity(self.space.v)
 
 
+def unique_rows(rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` of rows (n, m) of ints in [0, size):
+    the distinct rows in lexicographic order and each row's position among them (n,).
+    Each row is read as one base-``size`` number and sorted as that (numpy's axis=0 path
+    sorts a structured view: 290 against 30 us for 440 rows of 2, 3% of a next-token
+    step); numpy's own path where the numbers would not fit in int64."""
+    n, m = rows.shape
+    if not n or size ** m >= 2 ** 63:
+        distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    key = rows[:, 0].astype(np.int64)
+    for j in range(1, m):
+        key = key * size + rows[:, j]
+    order = np.argsort(key, kind="stable")
+    s = key[order]
+    first = np.concatenate([[True], s[1:] != s[:-1]])
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return rows[order[first]], inverse
+
+
 @dataclass(frozen=True)
 class SampledCode(_HashRows):
     """m hashes of each token into the ``size`` rows of the sampled head's own table."""
@@ -201,8 +222,8 @@ class SampledCode(_HashRows):
         each example's ``answer``: its position among them."""
         hashes = targets["hashes"]
         both = np.concatenate([hashes, self.draw(index, rng)])
-        candidates, inverse = np.unique(both, axis=0, return_inverse=True)
-        return {"choices": candidates, "answer": inverse.reshape(-1)[:len(hashes)]}
+        candidates, inverse = unique_rows(both, self.size)
+        return {"choices": candidates, "answer": inverse[:len(hashes)]}
 
     def scoring_inputs(self, index):
         """Every candidate's hashes, in the index's order (answers score them all)."""

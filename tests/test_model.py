@@ -18,7 +18,7 @@ from streamlearn.objectives import (
     shuffle_random,
 )
 from streamlearn.optim import DenseAdamW, RowOptimizer
-from streamlearn.outputs import HashedCode, PatternCode, SampledCode, output_code
+from streamlearn.outputs import HashedCode, PatternCode, SampledCode, output_code, unique_rows
 from streamlearn.featurize import PatternSpace
 from streamlearn.tasks import build_task
 
@@ -400,6 +400,20 @@ def test_histories_keep_the_last_n_items_in_order():
     assert h.get("u") == ("b", "c") and h.get("v") == ("x",) and h.get("w") == ()
     assert h.take_dirty() == {"u": ("b", "c"), "v": ("x",)}
     assert h.take_dirty() == {}
+
+
+@pytest.mark.parametrize("m, size", [(1, 7), (2, 50_000), (3, 5), (5, 50_000)])  # (5, 50k): numpy's own path
+def test_unique_rows_is_numpys_unique_over_rows(m, size):
+    rng = np.random.default_rng(m)
+    rows = rng.integers(0, size, (300, m))
+    rows[100:150] = rows[:50]  # repeats
+    rows[150] = size - 1  # the largest digit in every place
+    distinct, inverse = unique_rows(rows, size)
+    want, want_inverse = np.unique(rows, axis=0, return_inverse=True)
+    assert np.array_equal(distinct, want) and np.array_equal(inverse, want_inverse.reshape(-1))
+    assert np.array_equal(distinct[inverse], rows)
+    empty, none = unique_rows(rows[:0], size)
+    assert empty.shape == (0, m) and none.shape == (0,)
 
 
 # ---------------------------------------------------------------------------- row optimizer
