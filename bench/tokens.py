@@ -33,7 +33,9 @@ against, not a contestant. Both run on the learner's device (on CUDA with pinned
 and bf16 autocast, timed to a synchronize). A record of 32 words holds about 38 tokens, so
 a second learner, warmed alike, also learns the same tail's tokens re-cut into records of
 exactly 32 tokens (joined as text: the tokenizer gives back the same 32 tokens): the
-records/s in issue 16's own unit.
+records/s in issue 16's own unit. Each rate is wall clock, with the rate per CPU-second of
+the timing thread beside it (as bench/speed.py): time the machine's other tenants take
+shows in the first only.
 
 Memory: RSS of a ``Learner`` used from Python at the defaults, sampled every tenth of
 ``--rss-records`` records while the stream is fed round and round (an endless stream: the
@@ -163,7 +165,8 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     """learn_many records/s, rows and row bytes per step at the defaults after 80% of the
     stream, against the bare-torch reference over the same batches; and ``rate32``, the
     records/s of a second learner, warmed alike, over the same tail's tokens re-cut into
-    records of exactly 32 tokens (the unit of issue 16's 1,000 records/s)."""
+    records of exactly 32 tokens (the unit of issue 16's 1,000 records/s). Each rate is
+    (wall clock, per CPU-second): :class:`Timer`."""
     cfg = config(task, None, 0, extra)
     cut = len(records) - len(records) // 5
     learner = _warmed(cfg, records[:cut])
@@ -171,28 +174,40 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     tail = [records[i:i + bs] for i in range(cut, len(records), bs)]
     sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
     rows, nbytes = [], []
-    started = time.perf_counter()
+    timer = Timer()
     for batch in tail:
         report = learner.learn_many(batch)
         rows.append(sum(len(ids) for ids in report.rows.values()))
         nbytes.append(sum(len(ids) * size for base, ids in report.rows.items()
                           for name, size in sizes.items() if name == base or name.startswith(base + ".")))
     learner.dev.synchronize()
-    seconds = time.perf_counter() - started
+    rate = timer.rates(sum(map(len, tail)))
     table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
     reference = bare_torch_rate(learner, cfg, tail)
     tokens = [t for r in records[cut:] for t in learner.prep.cut(learner.prep.text_tokens(from_dict(r)))]
     # as text, so the tokenizer's time counts as in the records above (it gives back the same 32 tokens)
     recut = [{"text": " ".join(tokens[i:i + 32])} for i in range(0, len(tokens) - 31, 32)]
     again = _warmed(cfg, records[:cut])
-    started = time.perf_counter()
+    timer = Timer()
     for i in range(0, len(recut), bs):
         again.learn_many(recut[i:i + bs])
     again.dev.synchronize()
-    rate32 = len(recut) / (time.perf_counter() - started)
-    return {"rate": sum(map(len, tail)) / seconds, "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
+    rate32 = timer.rates(len(recut))
+    return {"rate": rate, "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
             "table_rows": table_rows, "reference": reference, "layers": cfg.model.layers, "batch": bs,
             "tokens": len(tokens) / (len(records) - cut), "rate32": rate32}
+
+
+class Timer:
+    """Records/s since construction, wall clock and per CPU-second of this thread (as
+    bench/speed.py): a shared machine's stolen time shows in the first only; on CUDA the
+    GPU's time shows in the first only."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def rates(self, records: int) -> tuple[float, float]:
+        return records / (time.perf_counter() - self.wall), records / max(time.thread_time() - self.cpu, 1e-9)
 
 
 def _warmed(cfg, records: list[dict]) -> Learner:
@@ -223,7 +238,7 @@ class BareLM(nn.Module):
         return x
 
 
-def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
+def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> tuple[float, float]:
     """Records/s of :class:`BareLM` learning the same batches with the same objective
     shape: next-token at every position (causal), mlm at ``learner.mask_prob`` of them; on
     the learner's device, as it runs there (pinned copies and bf16 autocast on CUDA)."""
@@ -242,7 +257,7 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
     opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr), torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
     causal = cfg.learner.task == "next-token"
     gen = torch.Generator().manual_seed(0)
-    started = time.perf_counter()
+    timer = Timer()
     for seqs in batches:
         t = max(map(len, seqs)) + 1
         ids = torch.zeros(len(seqs), t, dtype=torch.long)  # 0: BOS / MASK / pad
@@ -275,7 +290,7 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> float:
         for o in opts:
             o.step()
     dev.synchronize()
-    return sum(map(len, tail)) / (time.perf_counter() - started)
+    return timer.rates(sum(map(len, tail)))
 
 
 # ---------------------------------------------------------------------------- memory
@@ -326,9 +341,10 @@ def section(results: dict, source: str, command: str, records: int, seeds: list[
         if "speed" in r:
             s = r["speed"]
             lines += ["", f"At the defaults (`model.layers={s['layers']}`, batch {s['batch']}), after 80% of the stream: "
-                      f"`learn_many` {s['rate']:,.0f} records/s ({s['tokens']:.1f} tokens a record), bare torch of the "
-                      f"same shape {s['reference']:,.0f} (**{s['rate'] / s['reference']:.2f}x**); over the same "
-                      f"tail's tokens re-cut into records of exactly 32 tokens, {s['rate32']:,.0f} records/s; "
+                      f"`learn_many` {_rate(s['rate'])} ({s['tokens']:.1f} tokens a record), bare torch of the "
+                      f"same shape {_rate(s['reference'])} (**{s['rate'][0] / s['reference'][0]:.2f}x**; per "
+                      f"CPU-second {s['rate'][1] / s['reference'][1]:.2f}x); over the same tail's tokens re-cut into "
+                      f"records of exactly 32 tokens, {_rate(s['rate32'])}; "
                       f"{s['rows']:,.0f} rows changed per step of "
                       f"{s['table_rows']:,} rows in the value tables, {s['bytes'] / 2 ** 10:,.0f} KB of row data per "
                       "step (optimizer state included: what an incremental checkpoint of one step writes)."]
@@ -339,6 +355,10 @@ def section(results: dict, source: str, command: str, records: int, seeds: list[
                       + f" ({last[1] - first[1]:+,.0f} MB from {first[0]:,} to {last[0]:,} records)."]
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _rate(rates: tuple[float, float]) -> str:
+    return f"{rates[0]:,.0f} records/s ({rates[1]:,.0f} per CPU-second)"
 
 
 def _quality_lines(task: str, q: dict) -> list[str]:
