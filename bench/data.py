@@ -30,9 +30,10 @@ FILES = {  # dataset name -> its file under the datasets folder
     "ag-news-5000": "ag-news-train-samples/train_random5000_text_label.csv",
     "ag-news-581": "ag-news-train-samples/train_first581.csv",
     "movielens": "movielens-100k/u.data",
+    "yelp": "sentiment-labelled-sentences/yelp_labelled.txt",
 }
-SIZES = {"sms": 5_574, "ag-news-5000": 5_000, "ag-news-581": 581, "movielens": 100_000}  # synthetic stand-ins
-CLASSES = {"sms": 2, "ag-news-5000": 4, "ag-news-581": 4}
+SIZES = {"sms": 5_574, "ag-news-5000": 5_000, "ag-news-581": 581, "movielens": 100_000, "yelp": 1_000}  # stand-ins
+CLASSES = {"sms": 2, "ag-news-5000": 4, "ag-news-581": 4, "yelp": 2}
 
 
 def add_data_option(parser: argparse.ArgumentParser) -> None:

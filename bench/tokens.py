@@ -1,6 +1,6 @@
 """War and Peace as a token stream: the model at depths 0/1/2 against counting, both token tasks.
 
-    python bench/tokens.py [--data DIR] [--stream war-and-peace|sms|ag-news] [--records N]
+    python bench/tokens.py [--data DIR] [--stream war-and-peace|sms|ag-news|yelp] [--records N]
                            [--seeds 3] [--depths 0,1,2] [--tasks next-token,mlm]
                            [--rss-records 500000] [--parts quality,speed,rss] [--dry-run]
 
@@ -8,10 +8,11 @@ Stream (from --data, default ../shared/data next to the repository): War and Pea
 whitespace into records of 32 words ``{"text": ...}`` in book order (17,578 records; the
 product's tokenizer makes punctuation marks tokens, so a record holds about 39 tokens); a
 synthetic Zipf text of the same record count stands in, labelled SYNTHETIC, without it.
-``--stream sms`` or ``ag-news`` reads instead the texts of a classification set, one record
-per message or article in file order, labels dropped (bench/data.py's readers and synthetic
-stand-ins): a second and third English token stream, shorter and of other registers, to
-check the defaults on streams they were not chosen on (the table is printed, never written).
+``--stream sms``, ``ag-news`` or ``yelp`` reads instead the texts of a classification set,
+one record per message, article or review sentence in file order, labels dropped
+(bench/data.py's readers and synthetic stand-ins): English token streams, shorter and of
+other registers, to check the defaults on streams they were not chosen on (the table is
+printed, never written).
 
 Per task, one prequential pass of ``replay`` (each mini-batch predicted, then learned) at
 the task's defaults with ``model.layers`` set to each depth, for each ``learner.seed``;
@@ -85,14 +86,15 @@ K = 10
 
 STREAMS = {"war-and-peace": f"of {WORDS} words in book order",
            "sms": "(one per message, in file order)",
-           "ag-news": "(one per article, in file order)"}
+           "ag-news": "(one per article, in file order)",
+           "yelp": "(one per review sentence, in file order)"}
 
 
 def stream(data: Path, n: int, name: str = "war-and-peace") -> tuple[list[dict], str]:
     """The records of stream ``name`` (:data:`STREAMS`) and where they came from (``n``:
     the first n; 0: all)."""
     if name != "war-and-peace":
-        got = text_stream("sms", data) if name == "sms" else ag_news(data)
+        got = ag_news(data) if name == "ag-news" else text_stream(name, data)
         records = [{"text": r["text"]} for r in got.records]
         source = got.source if got.synthetic else " + ".join(os.path.relpath(f, ROOT) for f in got.source.split(" + "))
         return (records[:n] if n else records), source
