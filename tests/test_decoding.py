@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from streamlearn.decoding import (
     CandidateIndex, DecodingError, PatternIndex, TopK, beam_topk, beam_topk_many,
-    exhaustive_topk, exhaustive_topk_many, tfree_topk,
+    candidate_topk_many, exhaustive_topk, exhaustive_topk_many, tfree_topk,
 )
 from streamlearn.exceptions import StreamlearnError
 from streamlearn.hashing import multi_hash, tfree_hashes
@@ -174,6 +174,29 @@ def test_exhaustive_topk_many_is_brute_force_minus_the_excluded(p, data):
         keep = [i for i, t in enumerate(tokens) if t not in banned][:p["k"]]
         assert got_masked.tokens == [tokens[i] for i in keep]
         assert got_masked.scores.tolist() == scores[keep].tolist() and got_masked.exact
+
+
+@pytest.mark.parametrize("n", [300, 5_000])  # 5,000: enough candidates for the blocks' bound
+def test_candidate_topk_many_is_brute_force_over_many_candidates(n):
+    """The k best by (score descending, id ascending) of a brute-force sort, with ties
+    across blocks, -inf scores and excluded candidates, where the k-th best is bounded
+    by the blocks' maxima (decoding._at_most_kth) and where it is found exactly."""
+    rng = np.random.default_rng(n)
+    index = superbloom(2, 64, (f"t{i}" for i in range(n)))
+    assert len(index) == n
+    scores = np.round(rng.standard_normal((6, n)), 1)  # ties everywhere
+    scores[1, :] = -np.inf
+    scores[1, [7, n - 1]] = [-1.0, 2.0]  # two finite candidates: the rest ties at -inf
+    scores[2, n // 2:] = scores[2].max() + 1  # the best all in one half
+    exclude = [np.array([], np.int64), np.array([n - 1]), np.arange(n // 2, n // 2 + 5), np.array([-1, n + 3]),
+               np.array([], np.int64), np.flatnonzero(scores[5] == scores[5].max())]
+    for k in (1, 10, 25):
+        got = candidate_topk_many(scores, index, k, exclude)
+        for row, excl, top in zip(scores, exclude, got):
+            banned = set(excl[(excl >= 0) & (excl < n)].tolist())
+            order = [i for i in np.lexsort((np.arange(n), -row)) if i not in banned][:k]
+            assert top.tokens == [index.tokens[i] for i in order]
+            assert top.scores.tolist() == row[order].tolist() and top.exact
 
 
 def test_exhaustive_topk_many_bad_input_is_a_clear_error():
