@@ -414,7 +414,8 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
                          exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
     """:func:`exhaustive_topk` for N positions, logp (N, m, size), batched: every
     candidate's score for every position is one gather and sum over (N, m, n), and the k
-    best come from one partition and one lexsort over (N, n). Results equal :func:`exhaustive_topk`'s
+    best from one lexsort over the entries at or above a bound on each row's k-th best
+    (:func:`_best_many`). Results equal :func:`exhaustive_topk`'s
     row by row (same tokens, order, scores, tie-break), all ``exact``. Only the buckets
     of candidates are read, so only there are NaN and +inf an error.
 
