@@ -74,6 +74,8 @@ def _p1_of(c1: np.ndarray, D, total, types, n: int) -> np.ndarray:
     seen = total > 0
     safe = np.where(seen, total, 1.0)
     p1 = np.maximum(c1 - D.astype(np.float32), 0) / safe.astype(np.float32) + (D * types / safe / n).astype(np.float32)
+    if seen.all():  # after the first count: no uniform cell, and p1 is float32 (a replay's grids: two copies fewer)
+        return p1.astype(np.float32, copy=False)
     return np.where(seen, p1, np.float32(1.0 / n)).astype(np.float32)
 
 
