@@ -277,9 +277,11 @@ def test_sasl_options_reach_every_client_and_a_rejection_is_an_error(sasl_broker
     cfg = load_config(overrides=[f"worker.bootstrap={sasl_broker.bootstrap}", "kafka.security_protocol=SASL_PLAINTEXT",
                                  "kafka.sasl_mechanism=SCRAM-SHA-512", "kafka.sasl_plain_username=streamlearn-user"])
     caplog.set_level(logging.DEBUG, logger="kafka")
+    # 3 s, not 1: under a full suite's load the broker once took over a second to answer the
+    # first SaslHandshake (the admin client's), and the client gave up before SCRAM's first message
     clients = {
-        "admin": (BrokerError, lambda: create_topic(sasl_broker.bootstrap, "t", security=cfg.kafka, timeout_s=1)),
-        "replay": (ReplaySourceError, lambda: KafkaSource(sasl_broker.bootstrap, KafkaRange("t"), timeout_s=1,
+        "admin": (BrokerError, lambda: create_topic(sasl_broker.bootstrap, "t", security=cfg.kafka, timeout_s=3)),
+        "replay": (ReplaySourceError, lambda: KafkaSource(sasl_broker.bootstrap, KafkaRange("t"), timeout_s=3,
                                                           security=cfg.kafka)),
         "worker consumer": (KafkaError, lambda: new_consumer(cfg.worker, cfg.kafka)),
         "dead-letter producer": (KafkaError, lambda: new_producer(cfg.worker, cfg.kafka)),
