@@ -525,9 +525,9 @@ def _best_many(scores: np.ndarray, k: int,
 
     A bound at or below each row's k-th best score (:func:`_at_most_kth`) keeps every entry
     at or above it (the k best and their ties, so the tie-break by candidate id is exact)
-    and one lexsort orders the kept entries by (row, score descending, id). A row whose k-th best is -inf keeps all
-    its entries, banned ones too (a banned -inf and a true -inf look alike): those are
-    dropped by their (row, col) before ranking."""
+    and one lexsort orders the kept entries by (row, score descending, id). A row whose
+    bound is -inf keeps all its entries, banned ones too (a banned -inf and a true -inf
+    look alike): those are dropped by their (row, col) before ranking."""
     N, n = scores.shape
     if n > k:
         kth = _at_most_kth(scores, k)  # (N,) at most each row's k-th best score
