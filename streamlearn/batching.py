@@ -58,8 +58,9 @@ class Batch:
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
     candidates: list[str] = dataclasses.field(default_factory=list)
-    # token tasks with a count part (model.counts): "tri" (M, 3) the trigram hashes it counts
-    # after the step, "ctx" (n, 2 or 6) each example's context hashes, "answer" (n,) its answer's;
+    # token tasks with a count part (model.counts): "grams" (M, n) the n-gram hashes it counts
+    # after the step, "ctx" (n, ...) each example's context hashes (next-token: the n - 1 before
+    # its answer; mlm: 6), "answer" (n,) its answer's;
     # next-item's transitions: "ctx" (n, 2) context keys, "every" (M, m) every record's item's code
     counts: dict[str, np.ndarray] | None = None
     sr_feats: dict[str, np.ndarray] | None = None

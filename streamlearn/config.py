@@ -39,7 +39,7 @@ SCHEMES = (
 )
 TASKS = tuple(TASK_REGISTRY)  # streamlearn.tasks: one module per task
 OUTPUTS = ("auto", "hashed", "sampled", "tfree")
-COUNT_PARTS = ("none", "kn3", "transitions")  # token tasks' count part inside the model (streamlearn.counts)
+COUNT_PARTS = ("none", "kn3", "kn4", "transitions")  # token tasks' count part inside the model (streamlearn.counts)
 COUNT_TASKS = ("next-token", "mlm")
 SPARSE_OPTIMIZERS = ("adagrad", "lazy-adam")
 HASH_INITS = ("mean", "paper")
@@ -143,11 +143,13 @@ class ModelConfig:
     output: str = key("auto", one_of(*OUTPUTS))
     negatives: int = key(256, at_least(0))  # "sampled": candidates drawn per step besides the batch's answers
     # next-token, mlm with output "sampled": "kn3" adds a hashed Kneser-Ney trigram count part whose
-    # log-probabilities join the scores (model.count_fit; docs/model.md "Count part");
+    # log-probabilities join the scores (model.count_fit; docs/model.md "Count part"); next-token:
+    # "kn4" puts a 4-gram order on that trigram (a third table of count_slots slots);
     # next-item with output "hashed": "transitions" counts what followed the last 1 and 2 items
     # and adds their log-probability to the network's logits with a learned weight ("Transition counts")
     counts: str = key("none", one_of(*COUNT_PARTS))
-    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half),
+    # slots of the count part's trigram table (16 bytes each; the bigram/unigram table gets half, kn4's
+    # 4-gram table as many),
     # or of the transition part's contexts (16 + 4 (out_m + 1) successors bytes each)
     count_slots: int = key(1 << 21, power_of_two(1 << 8, 1 << 30))
     # model.counts=transitions: how the counts join the network: "product" adds their weighted
@@ -428,11 +430,14 @@ class Config:
             raise ConfigError(f"model.counts='transitions' is a count part of task next-item with the hashed "
                               f"output (now learner.task={lc.task!r}, model.output={m.output!r}, embedding.scheme="
                               f"{self.embedding.scheme!r}): set those, or model.counts='none'")
-        if m.counts == "kn3" and (lc.task not in COUNT_TASKS or m.output != "sampled"):
+        if m.counts == "kn4" and lc.task != "next-token":
+            raise ConfigError(f"model.counts='kn4' is a count part of task next-token (now learner.task="
+                              f"{lc.task!r}; mlm reads two-sided trigrams): set model.counts='kn3' or 'none'")
+        if m.counts in ("kn3", "kn4") and (lc.task not in COUNT_TASKS or m.output != "sampled"):
             raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
                               f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
                               "set those, or model.counts='none'")
-        if m.recent and m.counts != "kn3":
+        if m.recent and m.counts not in ("kn3", "kn4"):
             raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
                               "(or model.recent=0)")
         if m.out_B == DERIVE and "model.out_B" not in task_derived(lc.task):

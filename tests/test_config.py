@@ -125,7 +125,7 @@ KEYS: dict[str, Case] = {
     "model.tie_output": Case(False, "no"),
     "model.output": Case("sampled", "softmax"),
     "model.negatives": Case(0, -1),
-    "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn3 is next-token's default
+    "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn4 is next-token's default
     "model.count_slots": Case(4096, 1000),
     "model.recent": Case(100, -1, ("learner.task=next-token",)),
     "model.successors": Case(64, 0, ("learner.task=next-item",)),
@@ -414,7 +414,7 @@ def test_token_tasks_keep_words_alone_and_classify_gets_bigrams_and_shapes():
     for task in ("mlm", "next-token"):
         t = Config().override(f"learner.task={task}")
         assert (t.hashing.ngrams, t.hashing.shapes, t.learner.batch_size) == (1, False, 8), task
-        assert (t.model.output, t.model.counts) == ("sampled", "kn3"), task
+        assert (t.model.output, t.model.counts) == ("sampled", {"mlm": "kn3", "next-token": "kn4"}[task]), task
 
 
 def test_out_B_zero_is_derived_for_next_item_only():

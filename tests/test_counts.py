@@ -6,31 +6,37 @@ import numpy as np
 import pytest
 import torch
 
-from streamlearn.counts import ROW, CountTable, KneserNey3
+from streamlearn.counts import ROW, CountTable, KneserNey3, KneserNey4
 from streamlearn.counts.table import TableFullError
 
 BOS = -1
 
 
 class DictKN:
-    """Interpolated Kneser-Ney trigram on dictionaries, one token at a time (the reference)."""
+    """Interpolated Kneser-Ney trigram on dictionaries, one token at a time (the reference);
+    ``order=4`` puts a 4-gram order of raw counts on top (KneserNey4's form)."""
 
-    def __init__(self):
-        self.c = {k: defaultdict(dict) for k in (1, 2, 3)}
-        self.tot = {k: defaultdict(int) for k in (1, 2, 3)}
-        self.n = {k: [0, 0] for k in (1, 2, 3)}  # counts-of-counts n1, n2
+    def __init__(self, order=3):
+        self.order = order
+        self.c = {k: defaultdict(dict) for k in range(1, order + 1)}
+        self.tot = {k: defaultdict(int) for k in range(1, order + 1)}
+        self.n = {k: [0, 0] for k in range(1, order + 1)}  # counts-of-counts n1, n2
+
+    def _count(self, k, ctx, w):
+        old = self.c[k][ctx].get(w, 0)
+        self.c[k][ctx][w] = old + 1
+        self.tot[k][ctx] += 1
+        self.n[k][0] += (old == 0) - (old == 1)
+        self.n[k][1] += (old == 1) - (old == 2)
+        return old
 
     def learn(self, rec):
-        r = [BOS, BOS] + list(rec)
-        for i in range(2, len(r)):
+        r = [BOS] * (self.order - 1) + list(rec)
+        for i in range(self.order - 1, len(r)):
+            if self.order == 4:
+                self._count(4, tuple(r[i - 3:i]), r[i])  # raw counts, on top of the trigram model
             for k in (3, 2, 1):
-                ctx, w = tuple(r[i - k + 1:i]), r[i]
-                old = self.c[k][ctx].get(w, 0)
-                self.c[k][ctx][w] = old + 1
-                self.tot[k][ctx] += 1
-                self.n[k][0] += (old == 0) - (old == 1)
-                self.n[k][1] += (old == 1) - (old == 2)
-                if old:
+                if self._count(k, tuple(r[i - k + 1:i]), r[i]):
                     break  # lower orders count continuations: only a new type reaches them
 
     def D(self, k):
@@ -38,14 +44,15 @@ class DictKN:
         return n1 / (n1 + 2 * n2) if n1 + 2 * n2 else 0.5
 
     def p(self, ctx, w, cands):
+        """P(w | ctx), ctx the last order - 1 tokens."""
         row = self.c[1].get(())
         if not row:
             p = 1.0 / len(cands)
         else:
             D, tot = self.D(1), self.tot[1][()]
             p = max(row.get(w, 0) - D, 0) / tot + D * len(row) / tot / len(cands)
-        for k in (2, 3):
-            c = tuple(ctx[3 - k:])
+        for k in range(2, self.order + 1):
+            c = tuple(ctx[len(ctx) - k + 1:])
             row = self.c[k].get(c)
             if row:
                 D, tot = self.D(k), self.tot[k][c]
@@ -61,14 +68,18 @@ def stream(seed, n_rec=150, vocab=15):
 H = np.random.default_rng(99).integers(1, 2**63, 1000, dtype=np.uint64)  # token id -> hash; BOS is H[-1]
 
 
-def trigrams(recs):
-    u, v, w = [], [], []
+def grams(recs, n=3):
+    """The hashes of every record's n-grams (BOS-padded), a column per place."""
+    cols = [[] for _ in range(n)]
     for r in recs:
-        p = [BOS, BOS] + r
-        u += p[:-2]
-        v += p[1:-1]
-        w += p[2:]
-    return H[np.array(u)], H[np.array(v)], H[np.array(w)]
+        p = [BOS] * (n - 1) + r
+        for j in range(n):
+            cols[j] += p[j:len(p) - n + 1 + j]
+    return tuple(H[np.array(c)] for c in cols)
+
+
+def trigrams(recs):
+    return grams(recs, 3)
 
 
 def test_table_counts_and_probes_under_load():
@@ -171,6 +182,103 @@ def test_in_order_scores_equal_counting_the_batch_record_by_record(warm):
             ref.learn(u[rows], v[rows], w[rows])
             at = rows.stop
         kn.learn(u, v, w)
+
+
+def test_hand_computed_kn4():
+    """Records "a b", "a c", "a b" (3 BOS before each): the 4-gram order by hand."""
+    a, b, c = 1, 2, 3
+    kn, ref = KneserNey4(1 << 10, 1 << 10), DictKN(4)
+    recs = [[a, b], [a, c], [a, b]]
+    kn.learn(*grams(recs, 4))
+    for r in recs:
+        ref.learn(r)
+    # order 4: c(BOS BOS BOS a) = 3, c(BOS BOS a b) = 2, c(BOS BOS a c) = 1 -> n1 = 1, n2 = 1, D4 = 1 / 3
+    assert kn.D(4) == pytest.approx(1 / 3)
+    cands = [a, b, c]
+    p3 = ref.p((BOS, a), b, cands)  # the trigram model below (checked against DictKN elsewhere)
+    p4 = (2 - 1 / 3) / 3 + (1 / 3) * 2 / 3 * p3  # context (BOS BOS a): c(b) = 2 of 3, 2 types
+    assert ref.p((BOS, BOS, a), b, cands) == pytest.approx(p4)
+    got = kn.next_token4(*(H[np.array([[t]])] for t in (BOS, BOS, a)), H[np.array([[b]])], 3)
+    assert got[0, 0] == pytest.approx(p4)
+    assert kn.next_token4(*(H[np.array([[t]])] for t in (c, BOS, a)), H[np.array([[b]])], 3)[0, 0] == \
+        pytest.approx(p3)  # an unseen 4-gram context: the trigram model
+
+
+@pytest.mark.parametrize("bs", [1, 7])
+def test_kn4_probabilities_equal_dict_kn(bs):
+    recs = stream(11)
+    ref, kn = DictKN(4), KneserNey4(1 << 14, 1 << 12)
+    seen, checked = [], 0
+    for s in range(0, len(recs), bs):
+        batch = recs[s:s + bs]
+        if seen:
+            cands = np.array(seen)
+            for r in batch:
+                p = [BOS] * 3 + r
+                for i in range(len(r)):
+                    want = [ref.p(tuple(p[i:i + 3]), w, seen) for w in seen]
+                    ctx = tuple(H[[[t]]] for t in p[i:i + 3])
+                    got = kn.score(ctx, H[cands][None], len(seen))[0]
+                    assert got == pytest.approx(want, rel=1e-5)
+                    checked += 1
+        for r in batch:
+            ref.learn(r)
+            seen += [t for t in r if t not in seen]
+        kn.learn(*grams(batch, 4))
+    assert checked > 300 and kn.D(4) not in (0.5, 1.0)
+
+
+@pytest.mark.parametrize("warm", [0, 40])
+def test_kn4_in_order_scores_equal_counting_the_batch_record_by_record(warm):
+    recs = stream(8, n_rec=warm + 60)
+    kn, ref = KneserNey4(1 << 14, 1 << 12), KneserNey4(1 << 14, 1 << 12)
+    if warm:
+        kn.learn(*grams(recs[:warm], 4))
+        ref.learn(*grams(recs[:warm], 4))
+    cands = H[np.arange(15)][None]
+    for start in range(warm, len(recs), 12):
+        batch = recs[start:start + 12]
+        x, u, v, w = grams(batch, 4)
+        records = np.repeat(np.arange(len(batch)), [len(r) for r in batch])
+        before = {name: t.numpy().tobytes() for name, t in kn.tables("lm").items()}
+        ctx = (x[:, None], u[:, None], v[:, None])
+        shared, own = kn.score_in_order(ctx, [cands, w[:, None]], 15, np.stack([x, u, v, w], 1), records)
+        assert {name: t.numpy().tobytes() for name, t in kn.tables("lm").items()} == before
+        at = 0
+        for r in batch:
+            rows = slice(at, at + len(r))
+            mine = tuple(c[rows] for c in ctx)
+            assert np.array_equal(shared[rows], ref.score(mine, cands, 15))
+            assert np.array_equal(own[rows], ref.score(mine, w[rows, None], 15))
+            ref.learn(x[rows], u[rows], v[rows], w[rows])
+            at = rows.stop
+        kn.learn(x, u, v, w)
+
+
+def test_a_full_quad_table_halves_alone_and_recounts_its_order():
+    recs = stream(4, n_rec=2000, vocab=400)
+    kn = KneserNey4(1 << 11, 1 << 12)
+    for s in range(0, len(recs), 10):
+        big, small, quad = kn.learn(*grams(recs[s:s + 10], 4))
+        assert kn.quad.used <= 0.5 * kn.quad.slots and quad.max() < kn.quad.rows
+    keys, vals = kn.quad.entries()
+    c4 = vals[(keys & np.uint64(7)) == np.uint64(6), 0]  # T4's tag
+    n1, n2 = kn.stats.numpy()[0, [8, 9]]
+    assert kn.halvings > 0 and (n1, n2) == (np.count_nonzero(c4 == 1), np.count_nonzero(c4 == 2))
+    p = kn.next_token4(H[[[BOS]]], H[[[BOS]]], H[[[BOS]]], H[np.arange(400)][None], 400)[0]
+    assert np.isfinite(np.log(p)).all() and p.sum() < 1.5
+
+
+def test_restored_rows_are_the_same_kn4():
+    kn = KneserNey4(1 << 12, 1 << 11)
+    kn.learn(*grams(stream(6), 4))
+    back = KneserNey4(1 << 12, 1 << 11)
+    assert set(back.tables("lm")) == {"lm.kn3", "lm.kn12", "lm.stats", "lm.kn4"}
+    for name, t in back.tables("lm").items():
+        t.copy_(kn.tables("lm")[name])
+    ctx = H[[[BOS]]], H[[[BOS]]], H[[[3]]]
+    cands = H[np.arange(15)][None]
+    assert back.score(ctx, cands, 15).tolist() == kn.score(ctx, cands, 15).tolist()
 
 
 def test_chain_equals_the_trigram_scored_token_by_token():
@@ -277,9 +385,11 @@ def _same_answers(a, b, task):
         np.testing.assert_allclose(x.scores, y.scores, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("task,recent,fit", [("next-token", 0, "separate"), ("next-token", 20, "separate"),
-                                              ("next-token", 0, "joint"), ("mlm", 0, "separate"), ("mlm", 0, "joint")])
-def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, fit, tmp_path):
+@pytest.mark.parametrize("task,recent,fit,counts", [
+    ("next-token", 0, "separate", "kn3"), ("next-token", 20, "separate", "kn3"), ("next-token", 0, "joint", "kn3"),
+    ("next-token", 0, "separate", "kn4"), ("next-token", 20, "joint", "kn4"),
+    ("mlm", 0, "separate", "kn3"), ("mlm", 0, "joint", "kn3")])
+def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, fit, counts, tmp_path):
     """Checkpoints of dirty rows only, a restore, and training on: the restored learner
     answers and keeps learning as the live one (counts, the recent-token cache, the
     joint fit's gates or the separate fit's fixed weights, output rows)."""
@@ -287,8 +397,9 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
     from streamlearn.heads import COUNT_WEIGHT
     from streamlearn.state import open_store
 
-    live = _learner(task, f"model.recent={recent}", f"model.count_fit={fit}")
+    live = _learner(task, f"model.recent={recent}", f"model.count_fit={fit}", f"model.counts={counts}")
     assert ("lm.recent" in live.task.count_tables()) == bool(recent)
+    assert ("lm.kn4" in live.task.count_tables()) == (counts == "kn4")
     with open_store(tmp_path / "state", live.cfg.store) as store:
         for i in range(3):
             for j in range(3):
@@ -296,6 +407,7 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
             _commit(store, live)
         back = read_full(store)
     assert live.task.counter.kn.big.used > 0
+    assert counts == "kn3" or live.task.counter.kn.quad.used > 0
     for name, t in live.task.count_tables().items():
         assert back.task.count_tables()[name].numpy().tobytes() == t.numpy().tobytes(), name  # keys can read as NaN
     _same_answers(live, back, task)
@@ -309,13 +421,14 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
         assert live.model.head.gates is None and back.model.head.weights[0] == COUNT_WEIGHT
 
 
-def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
+@pytest.mark.parametrize("counts", ["kn3", "kn4"])
+def test_a_next_token_batch_is_scored_with_its_earlier_records_counted(counts):
     """A next-token training batch's in-order count scores (what a prequential prediction
     of the batch reads) give each record the counts of the batch's records before it, as
     a baseline learning record by record has them; the lagged scores differ."""
     import copy
 
-    learner = _learner("next-token")
+    learner = _learner("next-token", f"model.counts={counts}")
     for s in range(3):
         learner.learn_many(_records(4, s))
     records = _records(4, 50)
@@ -324,7 +437,8 @@ def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
     cands = task.counter.candidates(task.index)
     got = task.prediction_counts(batch, cands, len(cands))
     one_by_one = copy.deepcopy(task.counter)
-    ctx, tri = batch.counts["ctx"], batch.counts["tri"]
+    ctx, tri = batch.counts["ctx"], batch.counts["grams"]
+    assert ctx.shape[1] == tri.shape[1] - 1 == {"kn3": 2, "kn4": 3}[counts]
     for r in range(len(records)):
         rows = batch.rows == r
         assert np.array_equal(got[rows], one_by_one.next_token(ctx[rows], cands, len(cands)))
@@ -334,19 +448,21 @@ def test_a_next_token_batch_is_scored_with_its_earlier_records_counted():
     assert np.array_equal(got[batch.rows == 0], lagged[batch.rows == 0])
 
 
-@pytest.mark.parametrize("task", ["next-token", "mlm"])
-def test_rows_dirtied_per_step_scale_with_the_batch_not_the_tables(task):
-    learner = _learner(task, "model.count_slots=65536", "model.out_B=50000")
+@pytest.mark.parametrize("task,counts", [("next-token", "kn3"), ("next-token", "kn4"), ("mlm", "kn3")])
+def test_rows_dirtied_per_step_scale_with_the_batch_not_the_tables(task, counts):
+    learner = _learner(task, "model.count_slots=65536", "model.out_B=50000", f"model.counts={counts}")
     for s in range(20):
         records = _records(4, s)
         report = learner.learn_many(records)
         positions = sum(len(r["tokens"]) for r in records)
         changed = {name: len(ids) for name, ids in report.rows.items()}
         assert 0 < changed["lm.kn3"] <= 4 * positions + 1 and changed.get("lm.kn12", 0) <= 8 * positions + 1
+        assert counts == "kn3" or 0 < changed["lm.kn4"] <= 4 * positions + 1
         assert changed["lm.stats"] == 1
         assert changed["O"] <= 2 * (positions + 16)  # m = 2 rows per answer and negative
     tables = learner.task.count_tables()
     assert tables["lm.kn3"].shape[0] == 1025 and tables["lm.kn12"].shape[0] == 513
+    assert counts == "kn3" or tables["lm.kn4"].shape[0] == 1025
 
 
 @pytest.mark.parametrize("task", ["next-token", "mlm"])
@@ -370,6 +486,8 @@ def test_a_count_part_outside_the_token_streams_sampled_head_is_refused(bad):
         Config().override("model.count_slots=1000")
     with pytest.raises(ConfigError, match="model.recent=5 is a feature of the count part"):
         Config().override("model.recent=5")
+    with pytest.raises(ConfigError, match="model.counts='kn4' is a count part of task next-token "):
+        Config().override("learner.task=mlm", "model.counts=kn4")  # mlm's chain reads trigrams
 
 
 def test_the_recent_cache_counts_the_last_tokens():
@@ -390,12 +508,12 @@ def test_the_recent_cache_counts_the_last_tokens():
         assert cache.logp(w, 40) == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize("task", ["next-token", "mlm"])
-def test_replicas_merged_by_replay_hold_one_learners_counts(task):
+@pytest.mark.parametrize("task,counts", [("next-token", "kn3"), ("next-token", "kn4"), ("mlm", "kn3")])
+def test_replicas_merged_by_replay_hold_one_learners_counts(task, counts):
     """Two replicas learn different records; after merging their logs both hold the
     count tables (bit for bit) and candidates of a third learner that learned both
     records' batches in rank order, and the merged rows are dirty for the checkpoint."""
-    a, b, one = _learner(task), _learner(task), _learner(task)
+    a, b, one = (_learner(task, f"model.counts={counts}") for _ in range(3))
     a.replica.keep_log()
     b.replica.keep_log()
     mine, theirs = _records(24, 1), _records(24, 2)
@@ -416,7 +534,7 @@ def test_replicas_merged_by_replay_hold_one_learners_counts(task):
         assert np.array_equal(bits(b.task.count_tables()[name]), bits(table)), name
     assert sorted(a.index.tokens) == sorted(b.index.tokens) == sorted(one.index.tokens)
     dirty = a.take_dirty()
-    assert "lm.kn3" in dirty and "lm.kn12" in dirty
+    assert "lm.kn3" in dirty and "lm.kn12" in dirty and ("lm.kn4" in dirty) == (counts == "kn4")
     assert a.replica.log().trigrams == [] and a.replica.log().new_tokens == []  # the next merge starts here
 
 

@@ -7,7 +7,7 @@ whole by snapshots). numpy and xxhash only: no torch op runs on them.
 - :mod:`.kn`: :class:`~.kn.KneserNey3`, the interpolated Kneser-Ney trigram on two tables,
   scoring (slot, candidate) grids for next-token (P(w | u v)) and mlm (the "chain").
 """
-from .kn import KneserNey3
+from .kn import KneserNey3, KneserNey4
 from .table import ROW, CountTable
 
-__all__ = ["ROW", "CountTable", "KneserNey3"]
+__all__ = ["ROW", "CountTable", "KneserNey3", "KneserNey4"]

@@ -4,7 +4,7 @@ tables, and count scores for (example, candidate) grids.
 Token hashes are xxh3 under ``derive_seed(hashing.seed, "counts")`` (never Python's
 ``hash()``: the tables are persisted and read by other processes). Contexts are
 BOS-padded with ``objectives.BOS_TOKEN``'s hash, as the replay's n-gram baseline pads.
-The ingest stage computes every hash (:func:`trigrams`, :func:`contexts`); the task
+The ingest stage computes every hash (:func:`ngrams`, :func:`contexts`); the task
 reads the scores (:meth:`CountPart.next_token`, :meth:`CountPart.chain`) and counts
 the batch after its step (:meth:`CountPart.learn`).
 
@@ -28,18 +28,23 @@ import torch
 from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
-from .kn import KneserNey3
+from .kn import KneserNey3, KneserNey4
 from .recent import RecentTokens
 from .table import distinct
 
-__all__ = ["PREFIX", "CountPart", "contexts", "count_seed", "trigrams"]
+__all__ = ["PREFIX", "CountPart", "contexts", "count_order", "count_seed", "ngrams", "trigrams"]
 
-PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.recent"
+PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.kn4", "lm.recent"
 
 
 def count_seed(seed: int) -> int:
     """The token-hash seed of the count part under ``hashing.seed``."""
     return derive_seed(seed, "counts")
+
+
+def count_order(counts: str) -> int:
+    """n of the n-grams the count part ``model.counts`` counts (4 for ``kn4``, else 3)."""
+    return 4 if counts == "kn4" else 3
 
 
 def _padded(lists: Sequence[Sequence[str]], seed: int, left: int, right: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,13 +61,23 @@ def _padded(lists: Sequence[Sequence[str]], seed: int, left: int, right: int) ->
     return out, starts
 
 
-def trigrams(lists: Sequence[Sequence[str]], seed: int) -> np.ndarray:
-    """(M, 3) uint64: the hashes (u, v, w) of every position of every list, BOS-padded,
-    row-major (next-token: position i's context and answer)."""
-    padded, starts = _padded(lists, seed, 2, 0)
+def ngrams(lists: Sequence[Sequence[str]], seed: int, n: int = 3) -> np.ndarray:
+    """(M, n) uint64: the hashes of every position of every list with the n - 1 before it,
+    BOS-padded, row-major (next-token: position i's context and answer).
+
+    >>> grams = ngrams([["a", "b"]], 0, 4)  # (2, 4): BOS BOS BOS a, BOS BOS a b
+    >>> grams[:, -1].tolist() == hash64(["a", "b"], 0).tolist(), bool(grams[1, 2] == grams[0, 3])
+    (True, True)
+    """
+    padded, starts = _padded(lists, seed, n - 1, 0)
     lengths = np.array([len(ts) for ts in lists], dtype=np.int64)
     at = np.repeat(starts, lengths) + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.stack([padded[at], padded[at + 1], padded[at + 2]], 1)  # (M, 3)
+    return np.stack([padded[at + j] for j in range(n)], 1)  # (M, n)
+
+
+def trigrams(lists: Sequence[Sequence[str]], seed: int) -> np.ndarray:
+    """(M, 3): :func:`ngrams` of n = 3."""
+    return ngrams(lists, seed, 3)
 
 
 def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray, seed: int) -> np.ndarray:
@@ -77,12 +92,14 @@ def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray,
 
 
 class CountPart:
-    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`) and, with
-    ``recent`` > 0, the cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`):
-    score column 0 is the KN model's, column 1 the cache's."""
+    """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`; ``order=4``:
+    with a 4-gram order on top, :class:`~.kn.KneserNey4`) and, with ``recent`` > 0, the
+    cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`): score column 0
+    is the KN model's, column 1 the cache's."""
 
-    def __init__(self, slots: int, seed: int, recent: int = 0):
-        self.kn = KneserNey3(slots, slots // 2)
+    def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3):
+        self.order = order
+        self.kn = KneserNey4(slots, slots // 2) if order == 4 else KneserNey3(slots, slots // 2)
         self.recent = RecentTokens(recent) if recent else None
         self.seed = count_seed(seed)
         self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
@@ -104,19 +121,20 @@ class CountPart:
         own = {} if self.recent is None else {f"{PREFIX}.recent": self.recent.buf}
         return {**self.kn.tables(PREFIX), **own}
 
-    def learn(self, tri: np.ndarray) -> dict[str, np.ndarray]:
-        """Count trigrams (M, 3) (their third tokens, in stream order, enter the cache);
+    def learn(self, grams: np.ndarray) -> dict[str, np.ndarray]:
+        """Count n-grams (M, order) (their last tokens, in stream order, enter the cache);
         the changed rows by store name."""
-        if not len(tri):
+        if not len(grams):
             return {}
         if self._log is not None:
-            self._log.append(tri)
+            self._log.append(grams)
         before = (self.kn.continuations, self.kn.halvings)
-        big, small = self.kn.learn(tri[:, 0], tri[:, 1], tri[:, 2])
+        rows = self.kn.learn(*grams.T)  # the big, the small (and the quad) table's
         self._weights.learned(self.kn.raised, before)
-        out = dict(zip(self.kn.tables(PREFIX), (big, small, np.zeros(1, np.int64))))
+        out = dict(zip((name for name in self.kn.tables(PREFIX) if name != f"{PREFIX}.stats"), rows))
+        out[f"{PREFIX}.stats"] = np.zeros(1, np.int64)
         if self.recent is not None:
-            out[f"{PREFIX}.recent"] = self.recent.learn(tri[:, 2])
+            out[f"{PREFIX}.recent"] = self.recent.learn(grams[:, -1])
         return out
 
     # ------------------------------------------------------------ replicas (module docstring)
@@ -129,7 +147,7 @@ class CountPart:
         self._log = [] if on else None
 
     def log(self) -> list[np.ndarray]:
-        """The trigram batches (M, 3) counted since the last merge, in order."""
+        """The n-gram batches (M, order) counted since the last merge, in order."""
         if self._log is None:
             raise StreamlearnError("the count part keeps no log: call keep_log() when the replicas are equal")
         return list(self._log)
@@ -143,8 +161,8 @@ class CountPart:
         for name, table in self.tables().items():
             table.copy_(self._base[name])  # in place: the tables' numpy views read these bytes
         self._log, changed = None, {}
-        for tri in (t for log in logs for t in log):
-            for name, rows in self.learn(tri).items():
+        for grams in (t for log in logs for t in log):
+            for name, rows in self.learn(grams).items():
                 changed.setdefault(name, []).append(rows)
         self.keep_log()
         return {name: distinct(np.concatenate(rows)) for name, rows in changed.items()}
@@ -185,11 +203,12 @@ class CountPart:
         return 0.9 * self.kn.continuation_counts(hashes).astype(np.float64) ** 0.75 / total + 0.1 / n
 
     def next_token(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
-        """(N, F, C) float32 log P_KN(w | u v) (and log P_recent(w)): contexts ctx (N, 2)
-        hashes, candidates (C,) shared by every example or (N, C) each example's own."""
+        """(N, F, C) float32 log P_KN(w | context) (and log P_recent(w)): contexts ctx
+        (N, order - 1) hashes, candidates (C,) shared by every example or (N, C) each
+        example's own."""
         if not cands.size or not len(ctx):
             return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
-        p = self.kn.next_token(ctx[:, :1], ctx[:, 1:2], _grid(cands), max(n, 1))
+        p = self.kn.score(_columns(ctx), _grid(cands), max(n, 1))
         return self._with_recent(np.log(np.maximum(p, 1e-30)).astype(np.float32), cands, n)
 
     def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
@@ -207,17 +226,17 @@ class CountPart:
         cache, which has no staged view)."""
         return self.recent is None
 
-    def next_token_in_order(self, ctx: np.ndarray, cands: np.ndarray, n: int, tri: np.ndarray,
+    def next_token_in_order(self, ctx: np.ndarray, cands: np.ndarray, n: int, grams: np.ndarray,
                             records: np.ndarray) -> np.ndarray:
         """:meth:`next_token` of a training batch's examples, each scored with the batch's
         records before its own counted too, as a baseline learning record by record has
-        them (``records`` (N,): each example's record, ascending; ``tri`` (N, 3): each
-        example's trigram; :meth:`KneserNey3.next_token_in_order
+        them (``records`` (N,): each example's record, ascending; ``grams`` (N, order): each
+        example's n-gram; :meth:`KneserNey3.next_token_in_order
         <.kn.KneserNey3.next_token_in_order>`). The tables do not change: :meth:`learn`
         counts the batch after its step, so a skipped step leaves them as they were."""
         if not cands.size or not len(ctx):
             return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
-        (p,) = self.kn.next_token_in_order(ctx[:, :1], ctx[:, 1:2], [_grid(cands)], max(n, 1), tri, records)
+        (p,) = self.kn.score_in_order(_columns(ctx), [_grid(cands)], max(n, 1), grams, records)
         return np.log(np.maximum(p, 1e-30)).astype(np.float32)[:, None]
 
 
@@ -272,6 +291,11 @@ class _UnigramWeights:
             self.weight[self.ids[at[known]]] = self._read(hashes[known])
             self.touched = []
         return self.weight
+
+
+def _columns(ctx: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Contexts (N, k) as k arrays (N, 1), one per place."""
+    return tuple(ctx[:, j:j + 1] for j in range(ctx.shape[1]))
 
 
 def _grid(cands: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..batching import Batch, Preparer, seed_of
 from ..config import Config
-from ..counts.part import CountPart, count_seed
+from ..counts.part import CountPart, count_order, count_seed
 from ..counts.table import distinct
 from ..decoding import CandidateIndex, PatternIndex, TopK
 from ..device import Device
@@ -296,6 +296,7 @@ class TokenPreparer(Preparer):
         self.code = code
         # the count part's token-hash seed; None: no count part (model.counts="none")
         self.count_seed = None if cfg.model.counts == "none" else count_seed(cfg.hashing.seed)
+        self.count_order = count_order(cfg.model.counts)  # n of the n-grams it counts
 
 
 class TokenTask(Task):
@@ -317,7 +318,8 @@ class TokenTask(Task):
 
     def new_counter(self):
         """The task's count part (``model.counts`` is set): the Kneser-Ney trigram part here."""
-        return CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent)
+        return CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent,
+                         order=count_order(self.cfg.model.counts))
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
@@ -420,7 +422,7 @@ class TokenTask(Task):
             self.index.add(batch.candidates)
         if self.counter is None or batch.counts is None:
             return {}
-        return self.counter.learn(batch.counts["tri"])
+        return self.counter.learn(batch.counts["grams"])
 
     def count_tables(self) -> dict[str, torch.Tensor]:
         return {} if self.counter is None else self.counter.tables()

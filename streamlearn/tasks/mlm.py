@@ -51,7 +51,7 @@ class MaskedTokenPreparer(TokenPreparer):
         batch.weight = weights[masked.rows]
         batch.candidates = [t for ts in lists for t in ts]
         if self.count_seed is not None:
-            batch.counts = {"tri": trigrams(lists, self.count_seed),
+            batch.counts = {"grams": trigrams(lists, self.count_seed),
                             "ctx": contexts(lists, masked.rows, masked.cols, self.count_seed),
                             "answer": hash64(masked.targets, self.count_seed)}
 

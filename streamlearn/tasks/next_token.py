@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..batching import Batch
-from ..counts.part import trigrams
+from ..counts.part import ngrams
 from ..hashing import hash64
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN
@@ -52,8 +52,8 @@ class NextTokenPreparer(TokenPreparer):
         batch.weight = weights[batch.rows]
         batch.candidates = answers
         if self.count_seed is not None:
-            tri = trigrams(lists, self.count_seed)  # (n, 3): position i's (u, v) and answer
-            batch.counts = {"tri": tri, "ctx": tri[:, :2], "answer": tri[:, 2]}
+            grams = ngrams(lists, self.count_seed, self.count_order)  # (n, order): position i's context and answer
+            batch.counts = {"grams": grams, "ctx": grams[:, :-1], "answer": grams[:, -1]}
 
     def fill_query(self, batch: Batch, records: list) -> None:
         """Each query is read out at its last input. A query that is a prefix of another
@@ -67,8 +67,9 @@ class NextTokenPreparer(TokenPreparer):
         batch.rows = rows
         batch.cols = np.array([len(t) - 1 for t in lists], dtype=np.int64)  # what follows the last input
         if self.count_seed is not None:
-            last = [[BOS_TOKEN, *t][-2:] for t in lists]  # the two tokens before the answer, BOS-padded
-            batch.counts = {"ctx": hash64([x for pair in last for x in pair], self.count_seed).reshape(-1, 2)}
+            width = self.count_order - 1  # the tokens before the answer, BOS-padded (t starts with one)
+            last = [[*[BOS_TOKEN] * (width - 1), *t][-width:] for t in lists]
+            batch.counts = {"ctx": hash64([x for ctx in last for x in ctx], self.count_seed).reshape(-1, width)}
 
 
 def _covering(lists: list[list[str]]) -> tuple[list[list[str]], np.ndarray]:
@@ -102,7 +103,7 @@ class NextToken(TokenTask):
     Preparer = NextTokenPreparer
 
     def score_counts(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
-        """log P_KN(w | u v) of the two tokens before each answer (N, 1, C)."""
+        """log P_KN(w | context) of the tokens before each answer (two, three with ``kn4``) (N, 1, C)."""
         return self.counter.next_token(ctx, cands, n)
 
     def prediction_counts(self, batch: Batch, cands: np.ndarray, n: int) -> np.ndarray:
@@ -115,7 +116,7 @@ class NextToken(TokenTask):
         Peace's first 3,000 records and cost about 16% of learn_many's CPU time)."""
         if not batch.train or not self.counter.stages:
             return super().prediction_counts(batch, cands, n)
-        return self.counter.next_token_in_order(batch.counts["ctx"], cands, n, batch.counts["tri"], batch.rows)
+        return self.counter.next_token_in_order(batch.counts["ctx"], cands, n, batch.counts["grams"], batch.rows)
 
     def readout(self, model: HashedTransformer, batch: Batch, feats: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The causal state (n, d) at each answered position."""
