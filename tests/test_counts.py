@@ -610,3 +610,26 @@ def test_a_token_state_stored_before_count_fit_keeps_the_joint_fit(tmp_path, sto
         with pytest.raises(CheckpointMismatchError, match=r"model.count_fit.*--set model.count_fit=joint"):
             checkpoint.read_full(store, _learner("next-token").cfg)
     assert _learner("next-token").model.head.gates is None
+
+
+def test_a_next_token_state_stored_with_the_trigram_keeps_it(tmp_path):
+    """next-token's default moved from kn3 to kn4 (2026-11-27): a worker restarted on a
+    state trained with kn3, its run setting no counts, opens it with kn3 and answers as
+    it did; setting kn4 on that state is refused, naming the key."""
+    from streamlearn.consumers.checkpoint import open_learner
+    from streamlearn.exceptions import CheckpointMismatchError
+    from streamlearn.state import open_store
+
+    live = _learner("next-token")  # model.counts=kn3
+    for s in range(3):
+        live.learn_many(_records(4, s))
+    with open_store(tmp_path / "state", live.cfg.store) as store:
+        _commit(store, live, full=True)
+    today = _learner("next-token", "model.counts=kn4").cfg  # the run's config: kn4 by default
+    given = {"learner.task"}  # what the run set: not model.counts
+    with open_store(tmp_path / "state", live.cfg.store) as store:
+        back = open_learner(store, today, None, given)
+        assert back.cfg.model.counts == "kn3" and "lm.kn4" not in back.task.count_tables()
+        _same_answers(live, back, "next-token")
+        with pytest.raises(CheckpointMismatchError, match="model.counts: stored 'kn3', now 'kn4'"):
+            open_learner(store, today, None, {"learner.task", "model.counts"})

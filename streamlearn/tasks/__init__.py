@@ -44,14 +44,16 @@ class Entry(NamedTuple):
 
 # The global defaults are classify's (the default task): word bigrams and digit shapes.
 # A token task predicts the tokens themselves, one word each, so it keeps words alone.
-# Token streams: a sampled softmax over hashed output rows plus the Kneser-Ney count part,
-# mini-batches of 8 records, output rows slower than input rows (docs/choosing-a-configuration.md)
+# Token streams: a sampled softmax over hashed output rows plus the Kneser-Ney count part (each
+# task names its order), mini-batches of 8 records, output rows slower than input rows
+# (docs/choosing-a-configuration.md)
 _TOKEN_STREAM = ("hashing.ngrams=1", "hashing.shapes=false", "model.positions=true", "model.output=sampled",
-                 "model.counts=kn3", "model.negatives=128", "optim.output_lr=0.01", "learner.batch_size=8")
+                 "model.negatives=128", "optim.output_lr=0.01", "learner.batch_size=8")
 
 REGISTRY: dict[str, Entry] = {
     "classify": Entry("classify:Classify"),
-    "mlm": Entry("mlm:MaskedToken", _TOKEN_STREAM),  # depth 0: a layer did not pay (choosing-a-configuration.md)
+    # depth 0: a layer did not pay (choosing-a-configuration.md); the trigram: its chain reads both sides
+    "mlm": Entry("mlm:MaskedToken", (*_TOKEN_STREAM, "model.counts=kn3")),
     # opaque ids, not words; an own output space sized from the stream (out_B=0: streamlearn.sizing), each
     # item in 4 of its buckets (out_m); the transition counts of the last 1 and 2 items, their
     # log-probability added to the network's logits with a learned weight (a product of experts)
@@ -60,7 +62,7 @@ REGISTRY: dict[str, Entry] = {
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=128", "model.counts=transitions",
         "model.count_slots=262144"), derived=("model.out_B",)),
     # a 4-gram order on the count part's trigram (docs/choosing-a-configuration.md)
-    "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.layers=1", "model.counts=kn4")),
+    "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.counts=kn4", "model.layers=1")),
 }
 
 
