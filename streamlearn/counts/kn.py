@@ -22,6 +22,9 @@ Token hashes (uint64, xxh3 under a seed derived from ``hashing.seed``, BOS inclu
 the inputs; a key mixes the statistic's tag and the hashes (splitmix64's finaliser). The
 key's low 3 bits are the tag's id, so a scan (after halving) tells statistics apart.
 
+:class:`KneserNey4` (``model.counts=kn4``) adds a 4-gram order on top, in a third
+table (its docstring).
+
 Bounded memory: a table about to pass its maximum load is halved (every statistic
 halved and rounded down, the ones reaching 0 dropped) and rewritten in place; old counts
 fade, recent ones dominate. A halving dirties every row of that table once.
@@ -33,7 +36,7 @@ import torch
 
 from .table import CountTable, distinct
 
-__all__ = ["KneserNey3"]
+__all__ = ["KneserNey3", "KneserNey4"]
 
 _M = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)]
 _TAG_IDS = {"T3": 1, "C3": 2, "T2": 3, "C2": 4, "T1": 5, "T4": 6, "C4": 7}
