@@ -131,27 +131,30 @@ def test_hand_computed_kn():
     assert got[0, 0] == pytest.approx(p3)
 
 
-@pytest.mark.parametrize("bs", [1, 7])
-def test_next_token_probabilities_equal_dict_kn(bs):
-    recs = stream(1)
-    ref, kn = DictKN(), KneserNey3(1 << 14, 1 << 12)
+@pytest.mark.parametrize("order,bs", [(3, 1), (3, 7), (4, 1), (4, 7)])
+def test_next_token_probabilities_equal_dict_kn(order, bs):
+    """The trigram part (order 3) and the one with a 4-gram order on top (order 4) score
+    every position as the dictionary reference does, learned a batch at a time."""
+    recs = stream(1 if order == 3 else 11)
+    ref = DictKN(order)
+    kn = KneserNey3(1 << 14, 1 << 12) if order == 3 else KneserNey4(1 << 14, 1 << 12)
     seen, checked = [], 0
     for s in range(0, len(recs), bs):
         batch = recs[s:s + bs]
         if seen:
             cands = np.array(seen)
             for r in batch:
-                p = [BOS, BOS] + r
+                p = [BOS] * (order - 1) + r
                 for i in range(len(r)):
-                    want = [ref.p((p[i], p[i + 1]), w, seen) for w in seen]
-                    got = kn.next_token(H[[[p[i]]]], H[[[p[i + 1]]]], H[cands][None], len(seen))[0]
+                    want = [ref.p(tuple(p[i:i + order - 1]), w, seen) for w in seen]
+                    got = kn.score(tuple(H[[[t]]] for t in p[i:i + order - 1]), H[cands][None], len(seen))[0]
                     assert got == pytest.approx(want, rel=1e-5)
                     checked += 1
         for r in batch:
             ref.learn(r)
             seen += [t for t in r if t not in seen]
-        kn.learn(*trigrams(batch))
-    assert checked > 300
+        kn.learn(*grams(batch, order))
+    assert checked > 300 and kn.D(order) not in (0.5, 1.0)
 
 
 @pytest.mark.parametrize("warm", [0, 40])
@@ -202,30 +205,6 @@ def test_hand_computed_kn4():
     assert got[0, 0] == pytest.approx(p4)
     assert kn.next_token4(*(H[np.array([[t]])] for t in (c, BOS, a)), H[np.array([[b]])], 3)[0, 0] == \
         pytest.approx(p3)  # an unseen 4-gram context: the trigram model
-
-
-@pytest.mark.parametrize("bs", [1, 7])
-def test_kn4_probabilities_equal_dict_kn(bs):
-    recs = stream(11)
-    ref, kn = DictKN(4), KneserNey4(1 << 14, 1 << 12)
-    seen, checked = [], 0
-    for s in range(0, len(recs), bs):
-        batch = recs[s:s + bs]
-        if seen:
-            cands = np.array(seen)
-            for r in batch:
-                p = [BOS] * 3 + r
-                for i in range(len(r)):
-                    want = [ref.p(tuple(p[i:i + 3]), w, seen) for w in seen]
-                    ctx = tuple(H[[[t]]] for t in p[i:i + 3])
-                    got = kn.score(ctx, H[cands][None], len(seen))[0]
-                    assert got == pytest.approx(want, rel=1e-5)
-                    checked += 1
-        for r in batch:
-            ref.learn(r)
-            seen += [t for t in r if t not in seen]
-        kn.learn(*grams(batch, 4))
-    assert checked > 300 and kn.D(4) not in (0.5, 1.0)
 
 
 @pytest.mark.parametrize("warm", [0, 40])
