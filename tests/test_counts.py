@@ -514,7 +514,7 @@ def test_replicas_merged_by_replay_hold_one_learners_counts(task, counts):
     assert sorted(a.index.tokens) == sorted(b.index.tokens) == sorted(one.index.tokens)
     dirty = a.take_dirty()
     assert "lm.kn3" in dirty and "lm.kn12" in dirty and ("lm.kn4" in dirty) == (counts == "kn4")
-    assert a.replica.log().trigrams == [] and a.replica.log().new_tokens == []  # the next merge starts here
+    assert a.replica.log().grams == [] and a.replica.log().new_tokens == []  # the next merge starts here
 
 
 def test_the_proposal_kept_in_step_equals_reading_every_candidate():

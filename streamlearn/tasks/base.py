@@ -276,16 +276,16 @@ class Task:
 @dataclass(frozen=True)
 class CountLog:
     """What a token task's replica counted since the last merge (:meth:`TokenTask.log`):
-    the candidate index's new tokens, in order, and the count part's trigram batches
-    (M, 3) of token hashes, in order."""
+    the candidate index's new tokens, in order, and the count part's n-gram batches
+    (M, n) of token hashes, in order."""
 
     new_tokens: list[str]
-    trigrams: list[np.ndarray]
+    grams: list[np.ndarray]
 
     @property
     def nbytes(self) -> int:
         """About what it weighs in transit."""
-        return sum(t.nbytes for t in self.trigrams) + sum(len(t.encode()) for t in self.new_tokens)
+        return sum(t.nbytes for t in self.grams) + sum(len(t.encode()) for t in self.new_tokens)
 
 
 class TokenPreparer(Preparer):
@@ -416,7 +416,7 @@ class TokenTask(Task):
 
     def learned(self, batch: Batch) -> dict[str, np.ndarray]:
         """The candidate index learns the batch's tokens; the count part (if any) counts
-        its trigrams, after the step: a step's count scores never include its own batch,
+        its n-grams, after the step: a step's count scores never include its own batch,
         as a prediction's never do."""
         if batch.candidates:
             self.index.add(batch.candidates)
@@ -450,7 +450,7 @@ class TokenTask(Task):
         for log in logs:
             self.index.add(log.new_tokens)
         self._index_base = len(self.index)
-        return {} if self.counter is None else self.counter.merge([log.trigrams for log in logs])
+        return {} if self.counter is None else self.counter.merge([log.grams for log in logs])
 
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
         """A tied head reads its input table in full, a sampled head its own tables, a
