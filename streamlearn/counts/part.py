@@ -98,7 +98,6 @@ class CountPart:
     is the KN model's, column 1 the cache's."""
 
     def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3):
-        self.order = order
         self.kn = KneserNey4(slots, slots // 2) if order == 4 else KneserNey3(slots, slots // 2)
         self.recent = RecentTokens(recent) if recent else None
         self.seed = count_seed(seed)
