@@ -444,12 +444,14 @@ def test_rows_dirtied_per_step_scale_with_the_batch_not_the_tables(task, counts)
     assert counts == "kn3" or tables["lm.kn4"].shape[0] == 1025
 
 
-@pytest.mark.parametrize("task", ["next-token", "mlm"])
-def test_bad_records_are_refused_and_not_counted(task):
-    learner = _learner(task)
+@pytest.mark.parametrize("task,counts", [("next-token", "kn3"), ("next-token", "kn4"), ("mlm", "kn3")])
+def test_bad_records_are_refused_and_not_counted(task, counts):
+    learner = _learner(task, f"model.counts={counts}")
     report = learner.learn_many([{"tokens": []}, {"text": 5}, {"tokens": ["a", "b"]}])
     assert [i for i, _ in report.rejected] == [0, 1] and report.records == 1
     assert learner.task.counter.kn.stats.numpy()[0, 7] == 2  # two types counted: a, b (not BOS, not the bad ones)
+    if counts == "kn4":  # two 4-gram types, each seen once: n1 = 2, n2 = 0
+        assert learner.task.counter.kn.stats.numpy()[0, [8, 9]].tolist() == [2, 0]
 
 
 @pytest.mark.parametrize("bad", [("model.counts=kn3",),  # classify

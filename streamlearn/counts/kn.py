@@ -149,12 +149,7 @@ class KneserNey3:
         halved = [self._halve_if_full(t, 3 * n) for t in (self.big, self.small)]
         if any(halved):
             self._recount()
-        uk3, first, cnt3 = np.unique(key("T3", u, v, w), return_index=True, return_counts=True)
-        ukc, cntc = np.unique(key("C3", u, v), return_counts=True)
-        old, rows_big = self._add(self.big, [uk3, ukc], [cnt3, 0 * cnt3], [cntc, 0 * cntc])
-        old3 = old[:len(uk3), 0]
-        self._count_of_counts(3, old3, old3 + cnt3)
-        fresh = first[old3 == 0]  # occurrences standing for trigram types new in this batch
+        rows_big, fresh = self._count_occurrences(self.big, 3, (u, v), w)
         rows_small = [np.empty(0, np.int64)]
         if len(fresh):
             rows_big, rows_small = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
@@ -164,9 +159,8 @@ class KneserNey3:
     def _learn_fresh(self, u, v, w, rows_big):
         """Passes 2 and 3 over the new trigram types: N1+(u v .), N1+(. v w), v's
         continuation totals and N1+(. w)."""
-        ukf, cntf = np.unique(key("C3", u, v), return_counts=True)
+        rows2 = self._count_new_types(self.big, 3, (u, v))
         uk2, first2, cnt2 = np.unique(key("T2", v, w), return_index=True, return_counts=True)
-        _, rows2 = self._add(self.big, [ukf], [0 * cntf, cntf])
         old, rows2s = self._add(self.small, [uk2], [cnt2, 0 * cnt2])
         old2 = old[:, 0]
         self._count_of_counts(2, old2, old2 + cnt2)
@@ -181,6 +175,24 @@ class KneserNey3:
         self._s[_TOTAL] += float(cnt1.sum())
         self._s[_TYPES] += float(np.count_nonzero(old1 == 0))
         return distinct(np.concatenate([rows_big, rows2])), [rows2s, rows3]
+
+    def _count_occurrences(self, table: CountTable, order: int, ctx: tuple[np.ndarray, ...],
+                           w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The first pass of an order counted by occurrence (the top one: 3, or 3 and 4):
+        c(ctx w) and c(ctx .) in one pass over ``table``, and the order's counts-of-counts.
+        Returns the touched rows and the occurrences standing for the types new in this
+        batch (the first of each)."""
+        ukt, first, cnt = np.unique(key(f"T{order}", *ctx, w), return_index=True, return_counts=True)
+        ukc, cntc = np.unique(key(f"C{order}", *ctx), return_counts=True)
+        old, rows = self._add(table, [ukt, ukc], [cnt, 0 * cnt], [cntc, 0 * cntc])
+        old = old[:len(ukt), 0]
+        self._count_of_counts(order, old, old + cnt)
+        return rows, first[old == 0]
+
+    def _count_new_types(self, table: CountTable, order: int, ctx: tuple[np.ndarray, ...]) -> np.ndarray:
+        """N1+(ctx .) of the new types' contexts ``ctx`` (one per new type); the touched rows."""
+        ukf, cntf = np.unique(key(f"C{order}", *ctx), return_counts=True)
+        return self._add(table, [ukf], [0 * cntf, cntf])[1]
 
     def _count_of_counts(self, order: int, old: np.ndarray, new: np.ndarray) -> None:
         n1, n2 = _COUNTS_OF_COUNTS[order]
@@ -524,15 +536,9 @@ class KneserNey4(KneserNey3):
         halved = self._halve_if_full(self.quad, 2 * len(x))
         if halved:
             self._recount_quad()
-        uk4, first, cnt4 = np.unique(key("T4", x, u, v, w), return_index=True, return_counts=True)
-        ukc, cntc = np.unique(key("C4", x, u, v), return_counts=True)
-        old, rows = self._add(self.quad, [uk4, ukc], [cnt4, 0 * cnt4], [cntc, 0 * cntc])
-        old4 = old[:len(uk4), 0]
-        self._count_of_counts(4, old4, old4 + cnt4)
-        fresh = first[old4 == 0]
+        rows, fresh = self._count_occurrences(self.quad, 4, (x, u, v), w)
         if len(fresh):
-            ukf, cntf = np.unique(key("C4", x[fresh], u[fresh], v[fresh]), return_counts=True)
-            rows = distinct(np.concatenate([rows, self._add(self.quad, [ukf], [0 * cntf, cntf])[1]]))
+            rows = distinct(np.concatenate([rows, self._count_new_types(self.quad, 4, (x[fresh], u[fresh], v[fresh]))]))
         return np.arange(self.quad.rows) if halved else rows
 
     def _recount_quad(self) -> None:
