@@ -126,6 +126,36 @@ def test_query_readout_equals_the_training_readout_on_padded_batches(layers):
     assert not torch.allclose(trained[0], trained[1])  # the slots read their own context
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_causal_states_and_gradients_are_those_with_the_padding_mask(layers):
+    # Padding follows each record's tokens, so under the causal mask no token attends to it
+    # and the causal encoder passes no padding mask (torch's fused causal kernel): every
+    # token's state and every gradient must be the floats the padding mask gives.
+    model, _ = build(f"model.layers={layers}", "model.positions=true")
+    feats = feats_of(model, [list("abcdefghij"), ["k", "l", "m"], ["n"]])
+    mask = feats["mask"]
+    enc = model.encoder
+    T = mask.shape[1]
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    weights = torch.randn(int(mask.sum()), 16, generator=torch.Generator().manual_seed(1))
+
+    def run(encode):
+        model.zero_grad()
+        states = encode(model.embedding(feats))[mask]
+        (states * weights).sum().backward()
+        return states.detach(), [p.grad.to_dense() for p in model.parameters() if p.grad is not None]
+
+    def with_padding_mask(x):
+        h = enc.proj(x) + enc.pos.weight[:T]
+        return enc.layers(h, mask=future, src_key_padding_mask=~mask, is_causal=True)
+
+    states, grads = run(lambda x: enc(x, mask, causal=True))
+    want_states, want_grads = run(with_padding_mask)
+    assert torch.equal(states, want_states)
+    assert len(grads) == len(want_grads) and all(torch.equal(g, w) for g, w in zip(grads, want_grads))
+    assert not torch.equal(states, run(lambda x: enc(x, mask))[0])  # the mask is causal: the states differ
+
+
 def test_positions_make_order_matter_and_sets_do_not():
     torch.manual_seed(0)
     for positions, differs in ((False, False), (True, True)):
