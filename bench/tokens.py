@@ -25,8 +25,10 @@ Speed and sparsity at the defaults, from a learner that has seen the first 80% o
 stream: ``learn_many`` records/s over the last 20% in mini-batches, rows each step changed
 (every row table, optimizer state included) and their bytes (what an incremental
 checkpoint of that step writes); and a bare-torch reference of the same shape measured in
-the same run: ``nn.Embedding`` over token ids for the hash embedding, torch's own
-``TransformerEncoderLayer`` stack at the same width, heads, ffn and mask, the same sampled
+the same run, the two taking turns of 25 batches: ``nn.Embedding`` over token ids for the hash embedding, torch's own
+``TransformerEncoderLayer`` stack as the model's (pre-LN, GELU, a final LayerNorm) at the
+same width, heads, ffn and mask (next-token's causal mask without a padding mask: the
+right padding is never attended, as in the model's encoder), the same sampled
 softmax (the batch's answers plus the same number of uniform negatives, ``nn.Embedding``
 output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
 count part and no hashing: it is the floor the hashed model's bookkeeping is measured
@@ -163,53 +165,72 @@ def quality(task: str, records: list[dict], depths: list[int], seeds: list[int],
 
 # ---------------------------------------------------------------------------- speed and sparsity
 
+TURN = 25  # batches each contestant of the speed part learns before the next takes its turn
+
+
 def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     """learn_many records/s, rows and row bytes per step at the defaults after 80% of the
     stream, against the bare-torch reference over the same batches; and ``rate32``, the
     records/s of a second learner, warmed alike, over the same tail's tokens re-cut into
-    records of exactly 32 tokens (the unit of issue 16's 1,000 records/s). Each rate is
-    (wall clock, per CPU-second): :class:`Timer`."""
+    records of exactly 32 tokens (the unit of issue 16's 1,000 records/s). The three take
+    turns of :data:`TURN` batches, so a shared machine's slow minutes fall on all of them
+    alike and the ratio does not move with them (a turn of one batch would let each evict
+    the other's tables from the CPU's caches between steps: the reference measured about a
+    fifth slower so). Each rate is (wall clock, per
+    CPU-second): :class:`Clock`."""
     cfg = config(task, None, 0, extra)
     cut = len(records) - len(records) // 5
-    learner = _warmed(cfg, records[:cut])
+    learner, again = _warmed(cfg, records[:cut]), _warmed(cfg, records[:cut])
     bs = cfg.learner.batch_size
     tail = [records[i:i + bs] for i in range(cut, len(records), bs)]
-    sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
-    rows, nbytes = [], []
-    timer = Timer()
-    for batch in tail:
-        report = learner.learn_many(batch)
-        rows.append(sum(len(ids) for ids in report.rows.values()))
-        nbytes.append(sum(len(ids) * size for base, ids in report.rows.items()
-                          for name, size in sizes.items() if name == base or name.startswith(base + ".")))
-    learner.dev.synchronize()
-    rate = timer.rates(sum(map(len, tail)))
-    table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
-    reference = bare_torch_rate(learner, cfg, tail)
     tokens = [t for r in records[cut:] for t in learner.prep.cut(learner.prep.text_tokens(from_dict(r)))]
     # as text, so the tokenizer's time counts as in the records above (it gives back the same 32 tokens)
     recut = [{"text": " ".join(tokens[i:i + 32])} for i in range(0, len(tokens) - 31, 32)]
-    again = _warmed(cfg, records[:cut])
-    timer = Timer()
-    for i in range(0, len(recut), bs):
-        again.learn_many(recut[i:i + bs])
-    again.dev.synchronize()
-    rate32 = timer.rates(len(recut))
-    return {"rate": rate, "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
-            "table_rows": table_rows, "reference": reference, "layers": cfg.model.layers, "batch": bs,
-            "tokens": len(tokens) / (len(records) - cut), "rate32": rate32}
+    recut = [recut[i:i + bs] for i in range(0, len(recut), bs)]
+    reference = BareTorch(learner, cfg, tail)
+    sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
+    rows, nbytes = [], []
+    clocks = {name: Clock(learner.dev) for name in ("rate", "reference", "rate32")}
+    for block in range(0, max(len(tail), len(recut)), TURN):
+        with clocks["rate"]:
+            for batch in tail[block:block + TURN]:
+                report = learner.learn_many(batch)
+                rows.append(sum(len(ids) for ids in report.rows.values()))
+                nbytes.append(sum(len(ids) * size for base, ids in report.rows.items()
+                                  for name, size in sizes.items() if name == base or name.startswith(base + ".")))
+        with clocks["reference"]:
+            for i in range(block, min(block + TURN, len(tail))):
+                reference.step(i)
+        with clocks["rate32"]:
+            for batch in recut[block:block + TURN]:
+                again.learn_many(batch)
+    learned = sum(map(len, tail))
+    table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
+    return {"rate": clocks["rate"].rates(learned), "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
+            "table_rows": table_rows, "reference": clocks["reference"].rates(learned), "layers": cfg.model.layers,
+            "batch": bs, "tokens": len(tokens) / (len(records) - cut),
+            "rate32": clocks["rate32"].rates(sum(map(len, recut)))}
 
 
-class Timer:
-    """Records/s since construction, wall clock and per CPU-second of this thread (as
-    bench/speed.py): a shared machine's stolen time shows in the first only; on CUDA the
-    GPU's time shows in the first only."""
+class Clock:
+    """Time spent inside ``with clock:`` blocks, summed, wall clock and CPU time of this
+    thread (as bench/speed.py): a shared machine's stolen time shows in the first only; on
+    CUDA the GPU's time shows in the first only (each block ends with a synchronize)."""
 
-    def __init__(self):
-        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+    def __init__(self, dev: Device):
+        self.dev, self.wall, self.cpu = dev, 0.0, 0.0
+
+    def __enter__(self):
+        self._at = time.perf_counter(), time.thread_time()
+
+    def __exit__(self, *exc):
+        self.dev.synchronize()
+        self.wall += time.perf_counter() - self._at[0]
+        self.cpu += time.thread_time() - self._at[1]
 
     def rates(self, records: int) -> tuple[float, float]:
-        return records / (time.perf_counter() - self.wall), records / max(time.thread_time() - self.cpu, 1e-9)
+        """(records / wall seconds, records / CPU seconds) over the blocks."""
+        return records / max(self.wall, 1e-9), records / max(self.cpu, 1e-9)
 
 
 def _warmed(cfg, records: list[dict]) -> Learner:
@@ -228,55 +249,64 @@ class BareLM(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(vocab, d, sparse=True)
         self.pos = nn.Embedding(positions, d)
-        layer = nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False) if layers else None
+        layer = nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.encoder = (nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d), enable_nested_tensor=False)
+                        if layers else None)
         self.out = nn.Embedding(vocab, d, sparse=True)
         self.out_b = nn.Embedding(vocab, 1, sparse=True)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
+        """States (b, t, d); ``causal``: the (t, t) mask of a language model, whose right
+        padding no token attends to, so it takes no padding mask (as the model's encoder)."""
         x = self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))  # (b, t, d)
-        if self.encoder is not None:
-            x = self.encoder(x, mask=causal, src_key_padding_mask=pad)
-        return x
+        if self.encoder is None:
+            return x
+        if causal is not None:
+            return self.encoder(x, mask=causal, is_causal=True)
+        return self.encoder(x, src_key_padding_mask=pad)
 
 
-def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> tuple[float, float]:
-    """Records/s of :class:`BareLM` learning the same batches with the same objective
+class BareTorch:
+    """:class:`BareLM` learning the same batches as the learner with the same objective
     shape: next-token at every position (causal), mlm at ``learner.mask_prob`` of them; on
-    the learner's device, as it runs there (pinned copies and bf16 autocast on CUDA)."""
-    m = cfg.model
-    vocab: dict[str, int] = {}
-    batches = []
-    for batch in tail:
-        seqs = [[vocab.setdefault(t, len(vocab)) for t in learner.prep.text_tokens(from_dict(r))[:cfg.hashing.max_tokens]]
-                for r in batch]
-        batches.append(seqs)
-    width = max(len(s) for b in batches for s in b) + 1
-    dev = learner.dev
-    lm = BareLM(len(vocab) + 2, m.d_model, m.layers, m.heads, m.ffn, width).to(dev.torch)
-    sparse = [lm.emb.weight, lm.out.weight, lm.out_b.weight]
-    dense = [p for p in lm.parameters() if all(p is not q for q in sparse)]
-    opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr), torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
-    causal = cfg.learner.task == "next-token"
-    gen = torch.Generator().manual_seed(0)
-    timer = Timer()
-    for seqs in batches:
+    the learner's device, as it runs there (pinned copies and bf16 autocast on CUDA).
+    :meth:`step` learns batch ``i``; the token ids are made beforehand, untimed."""
+
+    def __init__(self, learner: Learner, cfg, tail: list[list[dict]]):
+        m = cfg.model
+        vocab: dict[str, int] = {}
+        self.batches = [[[vocab.setdefault(t, len(vocab))
+                          for t in learner.prep.text_tokens(from_dict(r))[:cfg.hashing.max_tokens]] for r in batch]
+                        for batch in tail]
+        width = max(len(s) for b in self.batches for s in b) + 1
+        self.dev, self.vocab, self.negatives, self.mask_prob = learner.dev, len(vocab), m.negatives, cfg.learner.mask_prob
+        self.lm = BareLM(len(vocab) + 2, m.d_model, m.layers, m.heads, m.ffn, width).to(self.dev.torch)
+        sparse = [self.lm.emb.weight, self.lm.out.weight, self.lm.out_b.weight]
+        dense = [p for p in self.lm.parameters() if all(p is not q for q in sparse)]
+        self.opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr),
+                     torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
+        self.causal = cfg.learner.task == "next-token"
+        self.gen = torch.Generator().manual_seed(0)
+
+    def step(self, i: int) -> None:
+        seqs, dev, lm = self.batches[i], self.dev, self.lm
         t = max(map(len, seqs)) + 1
         ids = torch.zeros(len(seqs), t, dtype=torch.long)  # 0: BOS / MASK / pad
-        for i, s in enumerate(seqs):
-            ids[i, 1:len(s) + 1] = torch.tensor(s) + 2
+        for j, s in enumerate(seqs):
+            ids[j, 1:len(s) + 1] = torch.tensor(s) + 2
         pad = torch.arange(t)[None, :] > torch.tensor([len(s) for s in seqs])[:, None]
-        if causal:
+        if self.causal:
             inputs, answers, where = ids[:, :-1], ids[:, 1:], ~pad[:, 1:]
         else:
-            where = (torch.rand(ids.shape, generator=gen) < cfg.learner.mask_prob) & ~pad
+            where = (torch.rand(ids.shape, generator=self.gen) < self.mask_prob) & ~pad
             where[:, 0] = False
             inputs, answers = ids.masked_fill(where, 1), ids
-        negatives = torch.randint(2, len(vocab) + 2, (m.negatives,), generator=gen)
+        negatives = torch.randint(2, self.vocab + 2, (self.negatives,), generator=self.gen)
         inputs, answers, where, negatives, pad = (dev.tensor(a.numpy())
                                                   for a in (inputs, answers, where, negatives, pad))
         with dev.autocast():
-            if causal:
+            if self.causal:
                 mask = torch.ones(t - 1, t - 1, dtype=torch.bool, device=dev.torch).triu(1)  # True: not attended
                 states = lm(inputs, pad[:, :-1], mask)
             else:
@@ -286,13 +316,11 @@ def bare_torch_rate(learner: Learner, cfg, tail: list[list[dict]]) -> tuple[floa
             logits = h @ lm.out(choices).t() + lm.out_b(choices)[:, 0]  # (n, c)
         target = torch.searchsorted(choices, y)
         loss = F.cross_entropy(logits.float(), target)
-        for o in opts:
+        for o in self.opts:
             o.zero_grad()
         loss.backward()
-        for o in opts:
+        for o in self.opts:
             o.step()
-    dev.synchronize()
-    return timer.rates(sum(map(len, tail)))
 
 
 # ---------------------------------------------------------------------------- memory
