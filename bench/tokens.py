@@ -25,12 +25,12 @@ Speed and sparsity at the defaults, from a learner that has seen the first 80% o
 stream: ``learn_many`` records/s over the last 20% in mini-batches, rows each step changed
 (every row table, optimizer state included) and their bytes (what an incremental
 checkpoint of that step writes); and a bare-torch reference of the same shape measured in
-the same run, the two taking turns of 25 batches: ``nn.Embedding`` over token ids for the hash embedding, torch's own
-``TransformerEncoderLayer`` stack as the model's (pre-LN, GELU, a final LayerNorm) at the
-same width, heads, ffn and mask (next-token's causal mask without a padding mask: the
-right padding is never attended, as in the model's encoder), the same sampled
-softmax (the batch's answers plus the same number of uniform negatives, ``nn.Embedding``
-output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
+the same run, the two taking turns of ``TURN`` batches: ``nn.Embedding`` over token ids for
+the hash embedding, torch's own ``TransformerEncoderLayer`` stack as the model's (pre-LN,
+GELU, a final LayerNorm) at the same width, heads, ffn and mask (next-token's causal mask
+without a padding mask: the right padding is never attended, as in the model's encoder),
+the same sampled softmax (the batch's answers plus the same number of uniform negatives,
+``nn.Embedding`` output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
 count part and no hashing: it is the floor the hashed model's bookkeeping is measured
 against, not a contestant. Both run on the learner's device (on CUDA with pinned copies
 and bf16 autocast, timed to a synchronize). A record of 32 words holds about 38 tokens, so
@@ -176,8 +176,7 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     turns of :data:`TURN` batches, so a shared machine's slow minutes fall on all of them
     alike and the ratio does not move with them (a turn of one batch would let each evict
     the other's tables from the CPU's caches between steps: the reference measured about a
-    fifth slower so). Each rate is (wall clock, per
-    CPU-second): :class:`Clock`."""
+    fifth slower so). Each rate is (wall clock, per CPU-second): :class:`Clock`."""
     cfg = config(task, None, 0, extra)
     cut = len(records) - len(records) // 5
     learner, again = _warmed(cfg, records[:cut]), _warmed(cfg, records[:cut])
