@@ -70,6 +70,7 @@ from torch import nn
 
 from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
 
+from streamlearn.batching import batches
 from streamlearn.config import load_config
 from streamlearn.device import Device
 from streamlearn.learner import Learner
@@ -180,12 +181,11 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     cfg = config(task, None, 0, extra)
     cut = len(records) - len(records) // 5
     learner, again = _warmed(cfg, records[:cut]), _warmed(cfg, records[:cut])
-    bs = cfg.learner.batch_size
-    tail = [records[i:i + bs] for i in range(cut, len(records), bs)]
+    tail = _batches(learner, records[cut:])
     tokens = [t for r in records[cut:] for t in learner.prep.cut(learner.prep.text_tokens(from_dict(r)))]
     # as text, so the tokenizer's time counts as in the records above (it gives back the same 32 tokens)
     recut = [{"text": " ".join(tokens[i:i + 32])} for i in range(0, len(tokens) - 31, 32)]
-    recut = [recut[i:i + bs] for i in range(0, len(recut), bs)]
+    recut = _batches(again, recut)
     reference = BareTorch(learner, cfg, tail)
     sizes = {name: t[0].numel() * t.element_size() for name, t in learner.row_tables().items()}
     rows, nbytes = [], []
@@ -207,7 +207,7 @@ def speed(task: str, records: list[dict], extra: tuple[str, ...]) -> dict:
     table_rows = sum(t.shape[0] for name, t in learner.value_tables().items())
     return {"rate": clocks["rate"].rates(learned), "rows": statistics.mean(rows), "bytes": statistics.mean(nbytes),
             "table_rows": table_rows, "reference": clocks["reference"].rates(learned), "layers": cfg.model.layers,
-            "batch": bs, "tokens": len(tokens) / (len(records) - cut),
+            "batch": len(tail[0]), "tokens": len(tokens) / (len(records) - cut),
             "rate32": clocks["rate32"].rates(sum(map(len, recut)))}
 
 
@@ -235,10 +235,16 @@ class Clock:
 def _warmed(cfg, records: list[dict]) -> Learner:
     """A learner at ``cfg`` that has learned ``records`` in mini-batches."""
     learner = Learner(cfg)
-    bs = cfg.learner.batch_size
-    for i in range(0, len(records), bs):
-        learner.learn_many(records[i:i + bs])
+    for batch in _batches(learner, records):
+        learner.learn_many(batch)
     return learner
+
+
+def _batches(learner: Learner, records: list) -> list[list]:
+    """``records`` in the mini-batches the worker and replay would give ``learner`` next
+    (:func:`~streamlearn.batching.step_size`: from its step count on)."""
+    cfg = learner.cfg.learner
+    return list(batches(records, cfg.batch_size, learner.steps, learner.task.ramps_up, cfg.double_batch_after))
 
 
 class BareLM(nn.Module):
@@ -337,13 +343,11 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
     """(records learned, RSS MB) every tenth of ``total`` records, the stream fed round and round."""
     cfg = config(task, None, 0, extra)
     learner = Learner(cfg)
-    bs, every = cfg.learner.batch_size, max(1, total // 10)
+    every = max(1, total // 10)
     samples, seen = [(0, rss_mb())], 0
-    for start in itertools.count(0, bs):
-        if seen >= total:
-            break
-        at = start % len(records)
-        batch = records[at:at + bs]
+    while seen < total:
+        at = seen % len(records)
+        batch = _batches(learner, records[at:at + 2 * cfg.learner.batch_size])[0]
         learner.learn_many(batch)
         before, seen = seen, seen + len(batch)
         if seen // every > before // every:

@@ -67,7 +67,9 @@ class FetchPlan:
     ``assign``: read every partition without joining the consumer group (only where no
     other worker can share the topic: a lone worker; its state's writer lock fences it);
     ``steps``: the model's steps before this run; with ``ramp`` (its task's ``ramps_up``) a
-    new model's first batches take 1, 2, 4, ... records (:func:`~streamlearn.batching.step_size`).
+    new model's first batches take 1, 2, 4, ... records, and from step ``double_after`` on
+    (``learner.double_batch_after``; 0: never) twice ``batch_size``
+    (:func:`~streamlearn.batching.step_size`).
     """
 
     topic: str
@@ -77,6 +79,7 @@ class FetchPlan:
     assign: bool = False
     steps: int = 0
     ramp: bool = False
+    double_after: int = 0
 
 
 class Fetcher(threading.Thread):
@@ -327,7 +330,8 @@ class Fetcher(threading.Thread):
 
     def _next_size(self) -> int:
         """Records in the next mini-batch (:func:`~streamlearn.batching.step_size`)."""
-        return step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp)
+        return step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp,
+                         self.plan.double_after)
 
     def _prepare(self, chunk: list[Any]) -> None:
         spans = _spans(chunk)

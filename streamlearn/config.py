@@ -198,6 +198,10 @@ class LearnerConfig:
     task: str = key("classify", one_of(*TASKS))
     # text: 8 learns sooner than 16 (+0.5 to 1 point on 1,000-record streams) at ~0.6x the records/s
     batch_size: int = key(8, at_least(1))
+    # from this step on a step takes 2 x batch_size records (0: never). next-token: 250, after its
+    # first 2,000 records: a warm model lost nothing per record at 16 on four streams, at ~1.35x the
+    # records/s (docs/choosing-a-configuration.md)
+    double_batch_after: int = key(0, at_least(0))
     # "auto" picks CUDA when available, else CPU
     device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
     mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
@@ -519,7 +523,8 @@ MODEL_KEYS: frozenset[str] = frozenset({
 RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
     "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
-    "learner.batch_size", "learner.device", "learner.mask_prob", "learner.history", "learner.beam",
+    "learner.batch_size", "learner.double_batch_after", "learner.device", "learner.mask_prob", "learner.history",
+    "learner.beam",
     "learner.nb_alpha", "learner.seed", "learner.sizing_window",
     "store.backend", "store.map_size_gb", "store.grow_map", "store.sync",
     *(f"{section}.{name}" for section, cls in (("worker", WorkerConfig), ("kafka", KafkaConfig),

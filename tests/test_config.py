@@ -138,6 +138,7 @@ KEYS: dict[str, Case] = {
     "optim.weight_decay": Case(0.01, -0.1),
     "learner.task": Case("mlm", "regress"),
     "learner.batch_size": Case(32, 0),
+    "learner.double_batch_after": Case(250, -1),
     "learner.device": Case("cuda:1", "GPU 0"),
     "learner.mask_prob": Case(0.3, 1.0),
     "learner.history": Case(5, 0),

@@ -384,6 +384,14 @@ def test_cli_says_where_it_saved_the_learner(tmp_path, capsys):
     assert f"learner saved to {tmp_path / 'saved'} (step 6)" in capsys.readouterr().out
 
 
+def test_replay_doubles_the_batch_from_learner_double_batch_after_on(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(64))
+    sets = [a for s in [*TINY, "learner.double_batch_after=4"] for a in ("--set", s)]
+    assert run_cli("--file", path, *sets, "--save", str(tmp_path / "saved")) == 0
+    # 1, 2, 4, 8 (the ramp to batch 16), then from step 4 on 32 and the 17 left
+    assert f"learner saved to {tmp_path / 'saved'} (step 6)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("lines", ["", "not json\n[1, 2]\n"], ids=["empty file", "all bad"])
 def test_nothing_scored_reads_n_a_not_zero(tmp_path, capsys, lines):
     """An empty range or a file of bad records has no accuracy: the report says null, the

@@ -136,6 +136,27 @@ def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, mak
     assert second[0] == 16 and sum(second) == 64
 
 
+def test_the_batch_doubles_from_learner_double_batch_after_on_across_a_restart(broker, make_topic, group,
+                                                                               tmp_path):
+    """From step ``learner.double_batch_after`` on a step takes twice learner.batch_size
+    records (next-token's default: a warm model learns more records a second at no cost);
+    a model restored past that step learns doubled batches from its first step."""
+    topic = make_topic(1)
+    produce(broker, topic, stream(100, seed=5))
+    cfg = config(broker, group, "learner.double_batch_after=5")
+
+    def sizes_of_run() -> list[int]:
+        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+        sizes, learn = [], worker.learner.learn_batch
+        worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
+        worker.run()
+        return [n for n in sizes if n]
+
+    assert sizes_of_run() == [1, 2, 4, 8, 16, 32, 32, 5]  # steps 0-4: the ramp to 16, then 32
+    produce(broker, topic, stream(64, seed=6))
+    assert sizes_of_run() == [32, 32]
+
+
 def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic, group, tmp_path):
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata

@@ -134,7 +134,7 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
     loop = _Loop(result, task.events(options.seed), first.cfg.learner.batch_size, progress, first.steps,
-                 task.ramps_up)
+                 task.ramps_up, first.cfg.learner.double_batch_after)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started
@@ -147,9 +147,10 @@ def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
 
 class _Loop:
     def __init__(self, result: ReplayResult, build: Callable[[int, Record], list[Event]], batch_size: int,
-                 progress: Any, steps: int = 0, ramp: bool = False):
+                 progress: Any, steps: int = 0, ramp: bool = False, double_after: int = 0):
         self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
-        self.steps, self.ramp = steps, ramp  # the first model's steps so far: its next batch's size (step_size)
+        # the first model's steps so far: its next batch's size (step_size)
+        self.steps, self.ramp, self.double_after = steps, ramp, double_after
         self.pending: deque[Event] = deque()  # arrived, label not yet revealed to the model
         self.unlearned: deque[Event] = deque()  # arrived, not yet learned by the baselines
         self.rejected: set[int] = set()  # positions the model rejected (nobody learns them after)
@@ -157,7 +158,8 @@ class _Loop:
         self._since_sample = 0
 
     def run(self, items: Iterable[Item]) -> None:
-        for chunk in _chunks(items, self.batch_size, self.steps, self.ramp, self.r.options.limit):
+        for chunk in _chunks(items, self.batch_size, self.steps, self.ramp, self.double_after,
+                             self.r.options.limit):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
@@ -231,7 +233,7 @@ class _Loop:
         records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
             new_record = not due or self.pending[0].position != due[-1].position
-            if new_record and records == step_size(self.batch_size, self.steps, self.ramp):
+            if new_record and records == step_size(self.batch_size, self.steps, self.ramp, self.double_after):
                 self._reveal(due)
                 due, records = [], 0
             records += new_record
@@ -280,11 +282,11 @@ class _Loop:
                                   refresh=False)
 
 
-def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool,
+def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool, double_after: int,
             limit: int | None) -> Iterator[list[Item]]:
     """The arriving records in the mini-batches of a model at ``step`` (:func:`step_size`)."""
     chunk: list[Item] = []
-    size = step_size(batch_size, step, ramp)
+    size = step_size(batch_size, step, ramp, double_after)
     for n, item in enumerate(items):
         if limit is not None and n >= limit:
             break
@@ -292,6 +294,6 @@ def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool,
         if len(chunk) == size:
             yield chunk
             chunk, step = [], step + 1
-            size = step_size(batch_size, step, ramp)
+            size = step_size(batch_size, step, ramp, double_after)
     if chunk:
         yield chunk
