@@ -43,7 +43,8 @@ def classify(records: list[dict], overrides: Sequence[str], batch: int) -> dict:
     first seen in the batch cannot be predicted yet: those records count as misses)."""
     L = learner("classify", overrides, batch)
     hits, learn_s = 0, 0.0
-    for start, stop in spans(len(records), batch, ramp=L.task.ramps_up):  # as the worker batches
+    for start, stop in spans(len(records), batch, ramp=L.task.ramps_up,
+                             double_after=L.cfg.learner.double_batch_after):  # as the worker batches
         known = len(L.labels)
         b = L.prepare(records[start:stop])
         assert not b.rejected, b.rejected[:1]
@@ -79,7 +80,8 @@ def next_item(events: list[dict], overrides: Sequence[str], batch: int, k: int =
     last: dict[int, int] = {}
     hits = {"model": 0, "markov": 0, "popularity": 0}
     evaluated, learn_s = 0, 0.0
-    for start, stop in spans(len(events), batch, ramp=L.task.ramps_up):
+    for start, stop in spans(len(events), batch, ramp=L.task.ramps_up,
+                             double_after=L.cfg.learner.double_batch_after):
         b = L.prepare(events[start:stop])
         scores = _item_scores(L, b, codes) if b.examples else None  # (examples, n_items)
         row = 0

@@ -151,7 +151,8 @@ def classify(records: list[dict], overrides) -> float:
     """Prequential accuracy: predict each batch with the labels known before it, learn it."""
     L = learner(("learner.task=classify", *overrides))
     hits = 0
-    for start, stop in spans(len(records), L.cfg.learner.batch_size, ramp=L.task.ramps_up):  # as the worker
+    for start, stop in spans(len(records), L.cfg.learner.batch_size, ramp=L.task.ramps_up,
+                             double_after=L.cfg.learner.double_batch_after):  # as the worker
         known = len(L.labels)
         b = L.prepare(records[start:stop])
         if known:
@@ -181,7 +182,8 @@ def next_item(events: list[dict], overrides, k: int = 10) -> tuple[float, int]:
     codes_size = L.task.code.size
     seen: dict[str, list[int]] = {}
     hits = evaluated = 0
-    for start, stop in spans(len(events), L.cfg.learner.batch_size, ramp=L.task.ramps_up):
+    for start, stop in spans(len(events), L.cfg.learner.batch_size, ramp=L.task.ramps_up,
+                             double_after=L.cfg.learner.double_batch_after):
         chunk = events[start:stop]
         fresh = [e["item"] for e in chunk if e["item"] not in index]
         for j, e in enumerate(chunk):
