@@ -431,14 +431,20 @@ class NaiveBayesHead:
     Jordan 2002); Wang & Manning's NBSVM (2012) puts the two together the same way.
 
     The score of label c is its one-vs-rest log-count ratio (NBSVM's r, summed over the
-    record's tokens t, with repeats) plus the label's log prior:
+    record's tokens t that were counted before, under any label, with repeats) plus the
+    label's log prior:
 
-        s_c(x) = log((docs_c + 1) / (docs + n)) + sum_t [log q_c(t) - log q_-c(t)]
+        s_c(x) = log((docs_c + 1) / (docs + n)) + sum_{t: n_t > 0} [log q_c(t) - log q_-c(t)]
         q_c(t) = (n_tc + a) / (N_c + a V),   q_-c(t) = (n_t - n_tc + a) / (N - N_c + a V)
 
-    (n_tc: count of t under c, N_c: tokens under c, a = ``learner.nb_alpha``). The first
-    term is multinomial NB; the second, complement NB (Rennie et al. 2003). Both together
-    scored above either alone on AG News (docs/choosing-a-configuration.md).
+    (n_tc: count of t under c, n_t its count under every label, N_c: tokens under c, a =
+    ``learner.nb_alpha``). The first term is multinomial NB; the second, complement NB
+    (Rennie et al. 2003). Both together scored above either alone on AG News
+    (docs/choosing-a-configuration.md). A token never counted carries no evidence, but its
+    smoothed ratio would not be zero: a / (N_c + a V) is larger for the label with fewer
+    tokens, so unseen words would push a short message toward the smaller class (on SMS,
+    "645" or "G.W.R" toward spam). It is left out, as a batch classifier's vocabulary
+    leaves out words its training set never had.
 
     One float32 table ``counts`` of ``cells`` cells, kept as a row table of 64-cell rows
     (``"nb.counts"``) so checkpoints write only the rows a batch changed:
@@ -490,6 +496,8 @@ class NaiveBayesHead:
         valid = tokens >= 0  # (N, T)
         n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
         rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels
+        seen = np.zeros(valid.shape, dtype=np.float32)  # (N, T): 1 where the token was counted before
+        seen[valid] = n_tc.sum(-1) > 0
         # The logs only at valid tokens (a third of the padded cells on news text), summed
         # over the padded cube as before: the same float sums, so the same trajectories.
         ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
@@ -497,7 +505,7 @@ class NaiveBayesHead:
         L, a = self.max_labels, self.alpha
         docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
         aV = a * max(float(self.flat[2 * L]), 1.0)
-        length = valid.sum(1, keepdims=True)  # (N, 1)
+        length = seen.sum(1, keepdims=True)  # (N, 1): the tokens counted before (the class docstring)
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
         return (np.einsum("ntc,nt->nc", ratio, valid.astype(np.float32)) + length * norm + prior).astype(np.float32)
@@ -542,7 +550,8 @@ class NaiveBayesHead:
         ratio = np.log(n_tc + a) - np.log(rest + a)  # (M, n_labels)
         at = (rec[:, None] * n_labels + np.arange(n_labels)).reshape(-1)
         summed = np.bincount(at, ratio.reshape(-1), N * n_labels).reshape(N, n_labels)
-        length = valid.sum(1)  # (N,)
+        length = valid.sum(1)  # (N,) what a record adds to its label's token total
+        seen = np.bincount(rec[n_tc.sum(-1) > 0], minlength=N)  # (N,) its tokens counted before it
         before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
         onehot = np.zeros((N, n_labels))
         onehot[np.arange(N), labels] = 1.0
@@ -552,7 +561,7 @@ class NaiveBayesHead:
         aV = self.alpha * np.maximum(float(self.flat[2 * L]) + before(self._fresh(keys, by, w, N)), 1.0)[:, None]
         norm = np.log((totals.sum(1, keepdims=True) - totals + aV) / (totals + aV))
         prior = np.log((docs + 1.0) / (docs.sum(1, keepdims=True) + n_labels))
-        return (summed + length[:, None] * norm + prior).astype(np.float32)
+        return (summed + seen[:, None] * norm + prior).astype(np.float32)
 
     def _fresh(self, keys: np.ndarray, by: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
         """(N,) the (token, label) cells each record would put in use (:meth:`learn`'s
@@ -580,7 +589,8 @@ class NaiveBayesHead:
         aV = a * max(float(self.flat[2 * L]), 1.0)
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
-        terms = (ratio + norm.astype(np.float32)) * valid[..., None]
+        seen = valid & (n_tc.sum(-1) > 0)  # (N, T): counted before (the class docstring)
+        terms = ratio * valid[..., None] + norm.astype(np.float32) * seen[..., None]
         return terms.astype(np.float32), prior.astype(np.float32)
 
     def rows_read(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:

@@ -723,8 +723,9 @@ NB = ("learner.nb_weight=0.5", "learner.nb_cells=65536", "learner.nb_alpha=0.5")
 
 
 def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) -> np.ndarray:
-    """The Naive Bayes score by hand (dict counts): log prior plus, per query token, the
-    one-vs-rest log-count ratio log q_c(t) - log q_-c(t) (heads.NaiveBayesHead)."""
+    """The Naive Bayes score by hand (dict counts): log prior plus, per query token counted
+    before (under any label), the one-vs-rest log-count ratio log q_c(t) - log q_-c(t)
+    (heads.NaiveBayesHead); a token never counted adds nothing."""
     from collections import Counter
     from streamlearn.hashing import tokenize
     docs, tokens, pairs = Counter(), Counter(), Counter()
@@ -739,6 +740,8 @@ def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) 
     for c in labels:
         s = np.log(docs[c] + 1) - np.log(sum(docs.values()) + n)
         for t in query:
+            if not any(pairs[(t, o)] for o in labels):
+                continue
             rest = sum(pairs[(t, o)] for o in labels if o != c)
             s += np.log((pairs[(t, c)] + alpha) / (tokens[c] + aV))
             s -= np.log((rest + alpha) / (N - tokens[c] + aV))
@@ -776,6 +779,11 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
                 np.testing.assert_allclose(got[i], want, rtol=1e-5)
             seen.append(r)
         lrn.learn_batch(batch)
+    # a query's scores (the service's) by the same rule: a word never counted adds nothing
+    words = ["goal", "zebra", "chip", "chip", "soup"]
+    q = lrn.prepare([{"text": " ".join(words)}], train=False)
+    want = exact_nb(seen, lrn.labels[:q.n_labels], words, 0.5)
+    np.testing.assert_allclose(lrn.task.nb.scores(q.nb_tokens, q.n_labels)[0], want, rtol=1e-5)
     # the label logits are the model's plus nb_weight times those scores
     q = lrn.prepare([{"text": "goal chip chip soup"}], train=False)
     with torch.inference_mode():
