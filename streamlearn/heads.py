@@ -495,9 +495,10 @@ class NaiveBayesHead:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
         n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
-        rest = n_tc.sum(-1, keepdims=True) - n_tc  # the token's count under the other labels
+        n_t = n_tc.sum(-1, keepdims=True)  # (M, 1) the token's count under every label
+        rest = n_t - n_tc  # the token's count under the other labels
         seen = np.zeros(valid.shape, dtype=np.float32)  # (N, T): 1 where the token was counted before
-        seen[valid] = n_tc.sum(-1) > 0
+        seen[valid] = n_t[:, 0] > 0
         # The logs only at valid tokens (a third of the padded cells on news text), summed
         # over the padded cube as before: the same float sums, so the same trajectories.
         ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
@@ -545,13 +546,14 @@ class NaiveBayesHead:
         qh, rh = q[hit] * N, np.broadcast_to(rec[:, None], q.shape)[hit]
         lo, hi = np.searchsorted(keys, np.stack([qh, qh + rh]))
         n_tc[hit] += (cum[hi] - cum[lo]).astype(np.float32)
-        rest = n_tc.sum(-1, keepdims=True) - n_tc
+        n_t = n_tc.sum(-1, keepdims=True)  # (M, 1)
+        rest = n_t - n_tc
         a = np.float32(self.alpha)
         ratio = np.log(n_tc + a) - np.log(rest + a)  # (M, n_labels)
         at = (rec[:, None] * n_labels + np.arange(n_labels)).reshape(-1)
         summed = np.bincount(at, ratio.reshape(-1), N * n_labels).reshape(N, n_labels)
         length = valid.sum(1)  # (N,) what a record adds to its label's token total
-        seen = np.bincount(rec[n_tc.sum(-1) > 0], minlength=N)  # (N,) its tokens counted before it
+        seen = np.bincount(rec[n_t[:, 0] > 0], minlength=N)  # (N,) its tokens counted before it
         before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
         onehot = np.zeros((N, n_labels))
         onehot[np.arange(N), labels] = 1.0
@@ -582,14 +584,15 @@ class NaiveBayesHead:
         its log-count ratio and its share of the length term: s_c(x) is linear in the tokens."""
         valid = tokens >= 0  # (N, T)
         n_tc = self.flat[self._cells(np.maximum(tokens, 0)[..., None], np.arange(n_labels))]  # (N, T, n_labels)
-        rest = n_tc.sum(-1, keepdims=True) - n_tc
+        n_t = n_tc.sum(-1, keepdims=True)  # (N, T, 1)
+        rest = n_t - n_tc
         ratio = np.log(n_tc + np.float32(self.alpha)) - np.log(rest + np.float32(self.alpha))
         L, a = self.max_labels, self.alpha
         docs, totals = self.flat[:n_labels].astype(np.float64), self.flat[L:L + n_labels].astype(np.float64)
         aV = a * max(float(self.flat[2 * L]), 1.0)
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
-        seen = valid & (n_tc.sum(-1) > 0)  # (N, T): counted before (the class docstring)
+        seen = valid & (n_t[..., 0] > 0)  # (N, T): counted before (the class docstring)
         terms = ratio * valid[..., None] + norm.astype(np.float32) * seen[..., None]
         return terms.astype(np.float32), prior.astype(np.float32)
 
