@@ -563,7 +563,7 @@ def test_a_separate_count_part_leaves_the_network_learning_alone_and_joins_its_a
     task = separate.task
     batch = separate.prepare(QUERY["next-token"], train=False)
     cands = task.counter.candidates(task.index)
-    counts = torch.from_numpy(task.score_counts(batch.counts["ctx"], cands, len(cands)))[:, 0]
+    counts = torch.from_numpy(task.score_counts(batch.counts["ctx"], cands, len(cands)))[:, 0].to(separate.device)
     with torch.no_grad():
         joined = task.logits(separate.model, batch, separate.dev)
         states = task.readout(separate.model, batch, separate.dev.tensors(batch.feats), separate.dev)
