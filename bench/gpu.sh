@@ -9,7 +9,8 @@
 #
 # DATA_DIR is the benchmarks' --data (default: ../shared/data beside the repository).
 # PYTHON picks the interpreter (default python3); JOBS the test processes when pytest-xdist
-# is installed (default 8; without it the suite runs in one process). The benchmarks print
+# is installed (default 12; without it the suite runs in one process). The step limits add up
+# to under 10 minutes, so the whole check fits one short lease of a GPU machine. The benchmarks print
 # tables only (--dry-run): a GPU's figures go to their own section of docs/benchmarks.md,
 # never over the CPU tables.
 set -uo pipefail
@@ -37,10 +38,10 @@ step() {
 }
 
 parallel=()
-"$py" -c "import xdist" 2>/dev/null && parallel=(-n "${JOBS:-8}")
-step tests "${TESTS_LIMIT:-300}" "$py" -m pytest -q -p no:cacheprovider -rfE --tb=short "${parallel[@]}"
-step demo 90 "$py" -m streamlearn.demo
+"$py" -c "import xdist" 2>/dev/null && parallel=(-n "${JOBS:-12}")
+step tests "${TESTS_LIMIT:-180}" "$py" -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=10 "${parallel[@]}"
+step demo 40 "$py" -m streamlearn.demo
 step tokens 150 "$py" bench/tokens.py "${data[@]}" --parts speed --dry-run
-step profile 120 "$py" bench/profile_step.py "${data[@]}" --task next-token
-step speed 180 "$py" bench/speed.py "${data[@]}" --passes 1 --records 2000 --dry-run  # whole streams: over 3 min
+step profile 60 "$py" bench/profile_step.py "${data[@]}" --task next-token --warm 60 --steps 40
+step speed 130 "$py" bench/speed.py "${data[@]}" --passes 1 --records 2000 --dry-run  # whole streams: over 3 min
 grep -h "passed\|failed" "$out/tests.log" | tail -1 | tee -a "$out/summary.txt"

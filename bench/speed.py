@@ -237,10 +237,14 @@ def measure(records: list[dict], passes: int, vw: bool) -> dict[str, Rate]:
 
 def warm_up(records: list[dict]) -> None:
     """Load what the first learner, step and replay import lazily, outside any timing,
-    and the kernels a transformer layer first calls (on an H100 the depth-1 learner, timed
-    first, ran at half the rate of the depth-2 one after it while CUDA loaded them)."""
+    and the kernels a transformer layer first calls. On a GPU, a layer's first pass over
+    a stream: torch's attention there (cuDNN's, on Hopper) builds a plan the first time it
+    meets each (batch, length) shape, so whichever model met a stream's shapes first paid
+    for them all (on an H200, SMS's 2,000 records: the first depth-1 learner 170 records/s,
+    the next ones 1,138), a cost paid once per shape, not per step of a long run."""
+    head = records if DEVICE.cuda else records[:64]
     learn_many_loop(Learner(Config()), records[:64])
-    learn_many_loop(learner("model.layers=1")(), records[:64])
+    learn_many_loop(learner("model.layers=1")(), head)
     bare_loop(Bare(1, sorted({r["label"] for r in records[:64]}, key=str)), records[:64])
     prequential(records[:64], Rate())
 
@@ -310,9 +314,9 @@ def main() -> int:
         print("vowpalwabbit is not installed (pip install vowpalwabbit): VW rows are skipped", file=sys.stderr)
     results = {}
     streams = load_streams(data_dir(args.data))
-    warm_up(next(iter(streams.values())))
     for name, records in streams.items():
         records = records[:args.records] if args.records else records
+        warm_up(records)
         print(f"{name}: {len(records):,} records", file=sys.stderr, flush=True)
         results[name] = (len(records), measure(records, max(1, args.passes), vw))
     text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes))
