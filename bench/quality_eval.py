@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from streamlearn.batching import spans
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
@@ -43,8 +42,7 @@ def classify(records: list[dict], overrides: Sequence[str], batch: int) -> dict:
     first seen in the batch cannot be predicted yet: those records count as misses)."""
     L = learner("classify", overrides, batch)
     hits, learn_s = 0, 0.0
-    for start, stop in spans(len(records), batch, ramp=L.task.ramps_up,
-                             double_after=L.cfg.learner.double_batch_after):  # as the worker batches
+    for start, stop in L.schedule.spans(len(records)):  # as the worker batches
         known = len(L.labels)
         b = L.prepare(records[start:stop])
         assert not b.rejected, b.rejected[:1]
@@ -80,8 +78,7 @@ def next_item(events: list[dict], overrides: Sequence[str], batch: int, k: int =
     last: dict[int, int] = {}
     hits = {"model": 0, "markov": 0, "popularity": 0}
     evaluated, learn_s = 0, 0.0
-    for start, stop in spans(len(events), batch, ramp=L.task.ramps_up,
-                             double_after=L.cfg.learner.double_batch_after):
+    for start, stop in L.schedule.spans(len(events)):
         b = L.prepare(events[start:stop])
         scores = _item_scores(L, b, codes) if b.examples else None  # (examples, n_items)
         row = 0

@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streamlearn.batching import spans
 from streamlearn.config import load_config
 from streamlearn.datasets import DatasetReader
 from streamlearn.hashing import tokenize
@@ -151,8 +150,7 @@ def classify(records: list[dict], overrides) -> float:
     """Prequential accuracy: predict each batch with the labels known before it, learn it."""
     L = learner(("learner.task=classify", *overrides))
     hits = 0
-    for start, stop in spans(len(records), L.cfg.learner.batch_size, ramp=L.task.ramps_up,
-                             double_after=L.cfg.learner.double_batch_after):  # as the worker
+    for start, stop in L.schedule.spans(len(records)):  # as the worker
         known = len(L.labels)
         b = L.prepare(records[start:stop])
         if known:
@@ -182,8 +180,7 @@ def next_item(events: list[dict], overrides, k: int = 10) -> tuple[float, int]:
     codes_size = L.task.code.size
     seen: dict[str, list[int]] = {}
     hits = evaluated = 0
-    for start, stop in spans(len(events), L.cfg.learner.batch_size, ramp=L.task.ramps_up,
-                             double_after=L.cfg.learner.double_batch_after):
+    for start, stop in L.schedule.spans(len(events)):
         chunk = events[start:stop]
         fresh = [e["item"] for e in chunk if e["item"] not in index]
         for j, e in enumerate(chunk):

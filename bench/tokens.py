@@ -70,7 +70,6 @@ from torch import nn
 
 from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
 
-from streamlearn.batching import batches
 from streamlearn.config import load_config
 from streamlearn.device import Device
 from streamlearn.learner import Learner
@@ -242,9 +241,8 @@ def _warmed(cfg, records: list[dict]) -> Learner:
 
 def _batches(learner: Learner, records: list) -> list[list]:
     """``records`` in the mini-batches the worker and replay would give ``learner`` next
-    (:func:`~streamlearn.batching.step_size`: from its step count on)."""
-    cfg = learner.cfg.learner
-    return list(batches(records, cfg.batch_size, learner.steps, learner.task.ramps_up, cfg.double_batch_after))
+    (:class:`~streamlearn.batching.Schedule`: from its step count on)."""
+    return list(learner.schedule.batches(records, learner.steps))
 
 
 class BareLM(nn.Module):

@@ -40,7 +40,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
-from ..batching import Preparer, step_size
+from ..batching import Preparer, Schedule
 from ..broker import create_topic, topic_partitions
 from ..records import Record, decode_many, reason_code
 from . import positions as logs
@@ -66,20 +66,16 @@ class FetchPlan:
     ``until_idle_s``: stop when no record arrived for this long after the assignment;
     ``assign``: read every partition without joining the consumer group (only where no
     other worker can share the topic: a lone worker; its state's writer lock fences it);
-    ``steps``: the model's steps before this run; with ``ramp`` (its task's ``ramps_up``) a
-    new model's first batches take 1, 2, 4, ... records, and from step ``double_after`` on
-    (``learner.double_batch_after``; 0: never) twice ``batch_size``
-    (:func:`~streamlearn.batching.step_size`).
+    ``schedule``: the model's batch sizes by step (:attr:`Learner.schedule
+    <streamlearn.learner.Learner.schedule>`), from ``steps``, its steps before this run.
     """
 
     topic: str
-    batch_size: int
+    schedule: Schedule
     max_records: int | None = None
     until_idle_s: float | None = None
     assign: bool = False
     steps: int = 0
-    ramp: bool = False
-    double_after: int = 0
 
 
 class Fetcher(threading.Thread):
@@ -107,7 +103,7 @@ class Fetcher(threading.Thread):
         self._dlq: DeadLetters | None = None
         self._buffer: list[Any] = []  # fetched, not yet prepared
         self._buffered_at = 0.0
-        self._emitted = 0  # mini-batches prepared in this run (step_size)
+        self._emitted = 0  # mini-batches prepared in this run (Schedule.size)
         self._unsaved = 0  # records prepared since the last checkpoint
         self._saved_at = time.monotonic()
         self._retry_at = 0.0  # after a failed checkpoint: not before this time
@@ -329,9 +325,8 @@ class Fetcher(threading.Thread):
                 self.checkpoint("interval")
 
     def _next_size(self) -> int:
-        """Records in the next mini-batch (:func:`~streamlearn.batching.step_size`)."""
-        return step_size(self.plan.batch_size, self.plan.steps + self._emitted, self.plan.ramp,
-                         self.plan.double_after)
+        """Records in the next mini-batch (:meth:`~streamlearn.batching.Schedule.size`)."""
+        return self.plan.schedule.size(self.plan.steps + self._emitted)
 
     def _prepare(self, chunk: list[Any]) -> None:
         spans = _spans(chunk)

@@ -99,9 +99,8 @@ class Worker:
         self.checkpointer = self._new_checkpointer()
         self.metrics = WorkerMetrics(cfg.worker.log_seconds)
         self.handoff = Handoff(cfg.worker.queue_batches)
-        plan = FetchPlan(options.topic, cfg.learner.batch_size, options.max_records, options.until_idle_s,
-                         assign=cfg.worker.assignment == "manual", steps=self.learner.steps,
-                         ramp=self.learner.task.ramps_up, double_after=cfg.learner.double_batch_after)
+        plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
+                         assign=cfg.worker.assignment == "manual", steps=self.learner.steps)
         self.fetcher = self._new_fetcher(plan)
         self.check = self.learner.task.prequential_check()
         self.live = LiveHistory(read_live(self.store), gauges=self._gauges)

@@ -27,7 +27,7 @@ from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
 from .records import Record, from_dict
 
-__all__ = ["Batch", "Preparer", "QUERY_MASK", "batches", "seed_of", "spans", "step_size"]
+__all__ = ["Batch", "Preparer", "QUERY_MASK", "Schedule", "seed_of"]
 
 QUERY_MASK = "[MASK]"  # in a query's tokens or text: the position to fill (mlm)
 _FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
@@ -218,54 +218,59 @@ class _BatchRng:
         return getattr(self._gen, name)
 
 
-def step_size(batch_size: int, step: int, ramp: bool = True, double_after: int = 0) -> int:
-    """Records in a model's mini-batch number ``step`` (0: the first it ever learns).
-    With ``ramp`` (a task whose ``ramps_up``: classify) 1, 2, 4, ... up to
-    ``batch_size``, then ``batch_size``: a new model learns its first records sooner, as a
-    per-record learner does; with whole batches from the start, a model that knows no
-    label yet could answer none of its first ``batch_size`` records. From step
-    ``double_after`` on (``learner.double_batch_after``; 0: never) a step takes twice
-    ``batch_size``: a warm model loses nothing per record to the larger batch and learns
-    more records a second (next-token; docs/choosing-a-configuration.md). The worker,
-    replay and the benchmarks batch a stream so; a model restored from its checkpoint
-    goes on from its own step count.
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How many records each of a model's mini-batches takes, by its step number (0: the
+    first batch it ever learns). With ``ramp`` (a task whose ``ramps_up``: classify) 1,
+    2, 4, ... up to ``batch_size``, then ``batch_size``: a new model learns its first
+    records sooner, as a per-record learner does; with whole batches from the start, a
+    model that knows no label yet could answer none of its first ``batch_size`` records.
+    From step ``double_after`` on (``learner.double_batch_after``; 0: never) a step takes
+    twice ``batch_size``: a warm model loses nothing per record to the larger batch and
+    learns more records a second (next-token; docs/choosing-a-configuration.md). The
+    worker, replay and the benchmarks batch a stream so (:attr:`Learner.schedule
+    <streamlearn.learner.Learner.schedule>`); a model restored from its checkpoint goes on
+    from its own step count.
 
-    >>> [step_size(8, s) for s in range(6)]
+    >>> [Schedule(8).size(s) for s in range(6)]
     [1, 2, 4, 8, 8, 8]
-    >>> step_size(6, 2), step_size(6, 3), step_size(1, 0), step_size(8, 0, ramp=False)
+    >>> Schedule(6).size(2), Schedule(6).size(3), Schedule(1).size(0), Schedule(8, ramp=False).size(0)
     (4, 6, 1, 8)
-    >>> [step_size(8, s, ramp=False, double_after=2) for s in range(4)]
+    >>> [Schedule(8, ramp=False, double_after=2).size(s) for s in range(4)]
     [8, 8, 16, 16]
     """
-    if double_after and step >= double_after:
-        return 2 * batch_size
-    if not ramp or step >= batch_size.bit_length():
-        return batch_size
-    return min(batch_size, 1 << step)
 
+    batch_size: int
+    ramp: bool = True
+    double_after: int = 0
 
-def spans(n: int, batch_size: int, step: int = 0, ramp: bool = True,
-          double_after: int = 0) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each mini-batch of ``n`` records for a model that has taken
-    ``step`` steps (:func:`step_size`), in order.
+    def size(self, step: int) -> int:
+        """Records in mini-batch number ``step``."""
+        if self.double_after and step >= self.double_after:
+            return 2 * self.batch_size
+        if not self.ramp or step >= self.batch_size.bit_length():
+            return self.batch_size
+        return min(self.batch_size, 1 << step)
 
-    >>> [b - a for a, b in spans(20, 8)]
-    [1, 2, 4, 8, 5]
-    >>> [b - a for a, b in spans(40, 8, ramp=False, double_after=2)]
-    [8, 8, 16, 8]
-    """
-    start = 0
-    while start < n:
-        stop = min(n, start + step_size(batch_size, step, ramp, double_after))
-        yield start, stop
-        start, step = stop, step + 1
+    def spans(self, n: int, step: int = 0) -> Iterator[tuple[int, int]]:
+        """(start, stop) of each mini-batch of ``n`` records for a model that has taken
+        ``step`` steps, in order.
 
+        >>> [b - a for a, b in Schedule(8).spans(20)]
+        [1, 2, 4, 8, 5]
+        >>> [b - a for a, b in Schedule(8, ramp=False, double_after=2).spans(40)]
+        [8, 8, 16, 8]
+        """
+        start = 0
+        while start < n:
+            stop = min(n, start + self.size(step))
+            yield start, stop
+            start, step = stop, step + 1
 
-def batches(items: Sequence, batch_size: int, step: int = 0, ramp: bool = True,
-            double_after: int = 0) -> Iterator[Sequence]:
-    """``items`` cut into the mini-batches of :func:`spans`."""
-    for start, stop in spans(len(items), batch_size, step, ramp, double_after):
-        yield items[start:stop]
+    def batches(self, items: Sequence, step: int = 0) -> Iterator[Sequence]:
+        """``items`` cut into the mini-batches of :meth:`spans`."""
+        for start, stop in self.spans(len(items), step):
+            yield items[start:stop]
 
 
 def seed_of(seed: int, purpose: str) -> int:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from river import base as river_base
 
-from .batching import QUERY_MASK, Batch, seed_of
+from .batching import QUERY_MASK, Batch, Schedule, seed_of
 from .config import Config
 from .decoding import TopK
 from .device import Device, adopt_threads
@@ -204,6 +204,14 @@ class Learner(river_base.Classifier):
     @property
     def device(self) -> torch.device:
         return self.dev.torch
+
+    @property
+    def schedule(self) -> Schedule:
+        """How many records each of this learner's mini-batches takes, by step number
+        (``learner.batch_size``, the task's ramp, ``learner.double_batch_after``): the
+        worker, replay and the benchmarks cut a stream by it, from :attr:`steps` on."""
+        lc = self.cfg.learner
+        return Schedule(lc.batch_size, self.task.ramps_up, lc.double_batch_after)
 
     @property
     def index(self):

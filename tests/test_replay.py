@@ -236,7 +236,7 @@ def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(160))
     saved = tmp_path / "saved"
     report = replay(FileSource(path), ReplayOptions(), config=cfg(), save=saved)
-    assert report["saved_step"] == 14  # 1 + 2 + 4 + 8 records in the first steps (step_size), then 16 per step
+    assert report["saved_step"] == 14  # 1 + 2 + 4 + 8 records in the first steps (Schedule), then 16 per step
     assert main(["inspect", "--state", str(saved), "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["step"] == 14 and manifest["metrics"]["records"] == 160
@@ -380,7 +380,7 @@ def test_cli_says_where_it_saved_the_learner(tmp_path, capsys):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(32))
     sets = [a for s in TINY for a in ("--set", s)]
     assert run_cli("--file", path, *sets, "--save", str(tmp_path / "saved")) == 0
-    # 32 records at batch 16: 1, 2, 4, 8 (a new model's first steps, step_size), then 16 and 1
+    # 32 records at batch 16: 1, 2, 4, 8 (a new model's first steps, Schedule), then 16 and 1
     assert f"learner saved to {tmp_path / 'saved'} (step 6)" in capsys.readouterr().out
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import streamlearn.tasks as tasks
+from streamlearn.batching import Schedule
 from streamlearn.config import TASKS, Config
 from streamlearn.learner import Learner
 from streamlearn.tasks.base import Task
@@ -49,6 +50,20 @@ def test_a_tasks_defaults_apply_to_the_keys_not_set():
     assert back == Config()
     stored = Config.from_dict(Config().override("learner.task=next-item", "model.out_B=777").to_dict())
     assert stored.model.out_B == 777 and stored.hashing.tokenizer == "ids"
+
+
+def test_a_learners_schedule_is_its_batch_size_its_tasks_ramp_and_its_doubling():
+    """What the worker, replay and the benchmarks cut a stream by: classify ramps up (1, 2,
+    4, ...), next-token doubles its batch from step 250, a set key wins."""
+    schedules = {name: Learner(Config().override(*SMALL, f"learner.task={name}")).schedule for name in TASKS}
+    assert schedules == {"classify": Schedule(8, ramp=True, double_after=0),
+                         "mlm": Schedule(8, ramp=False, double_after=0),
+                         "next-item": Schedule(8, ramp=False, double_after=0),
+                         "next-token": Schedule(8, ramp=False, double_after=250)}
+    mine = Learner(Config().override(*SMALL, "learner.task=next-token", "learner.batch_size=4",
+                                     "learner.double_batch_after=3")).schedule
+    assert list(mine.batches(list(range(30)))) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                                   list(range(12, 20)), list(range(20, 28)), [28, 29]]
 
 
 def test_ingest_modules_import_no_torch():

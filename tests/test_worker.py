@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from streamlearn.batching import step_size
+from streamlearn.batching import Schedule
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
 from streamlearn.checkpoint import AUDIT_NS, config_diff, read_full
 from streamlearn.config import Config
@@ -116,7 +116,7 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
 
 def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, make_topic, group, tmp_path):
     """A new model's first mini-batches take 1, 2, 4, ... records up to learner.batch_size
-    (step_size), so it answers from its first record on; a model restored from its
+    (Schedule), so it answers from its first record on; a model restored from its
     checkpoint is past that and learns whole batches from its first step."""
     topic = make_topic(1)
     produce(broker, topic, stream(100, seed=5))
@@ -272,7 +272,7 @@ def test_stop_writes_a_final_checkpoint_of_everything_learned(broker, make_topic
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=worker.run()))
     thread.start()
-    held = sum(step_size(16, s) for s in range(13))  # 1 + 2 + 4 + 8, then 16 per step
+    held = sum(Schedule(16).size(s) for s in range(13))  # 1 + 2 + 4 + 8, then 16 per step
     text = scrape_until(port, lambda t: metric(t, "streamlearn_worker_records_total") >= held)
     assert metric(text, "streamlearn_worker_records_total") == held  # held at step 14
     for name in ("streamlearn_worker_records_per_second", "streamlearn_worker_loss",

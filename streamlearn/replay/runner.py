@@ -1,7 +1,7 @@
 """The replay loop: one pass over a source, every contestant on the same events.
 
 Per mini-batch of arriving records (``learner.batch_size`` of them; a new classify model's
-first batches take 1, 2, 4, ... records, :func:`~streamlearn.batching.step_size`):
+first batches take 1, 2, 4, ... records, :class:`~streamlearn.batching.Schedule`):
 
 1. Build the events (the task's builder, ``Task.events``); a record that cannot be one is
    counted with its reason, never dropped silently.
@@ -27,7 +27,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..batching import step_size
+from ..batching import Schedule
 from ..exceptions import RecordError, StreamlearnError
 from ..learner import Learner
 from ..records import Record, reason_code
@@ -133,8 +133,7 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     result = ReplayResult(task.name, options, contestants, skipped)
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
-    loop = _Loop(result, task.events(options.seed), first.cfg.learner.batch_size, progress, first.steps,
-                 task.ramps_up, first.cfg.learner.double_batch_after)
+    loop = _Loop(result, task.events(options.seed), first.schedule, progress, first.steps)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started
@@ -146,11 +145,10 @@ def _metrics(answers: str, options: ReplayOptions) -> MetricSet:
 
 
 class _Loop:
-    def __init__(self, result: ReplayResult, build: Callable[[int, Record], list[Event]], batch_size: int,
-                 progress: Any, steps: int = 0, ramp: bool = False, double_after: int = 0):
-        self.r, self.build, self.batch_size, self.progress = result, build, batch_size, progress
-        # the first model's steps so far: its next batch's size (step_size)
-        self.steps, self.ramp, self.double_after = steps, ramp, double_after
+    def __init__(self, result: ReplayResult, build: Callable[[int, Record], list[Event]], schedule: Schedule,
+                 progress: Any, steps: int = 0):
+        self.r, self.build, self.schedule, self.progress = result, build, schedule, progress
+        self.steps = steps  # the first model's steps so far: its next batch's size (Schedule.size)
         self.pending: deque[Event] = deque()  # arrived, label not yet revealed to the model
         self.unlearned: deque[Event] = deque()  # arrived, not yet learned by the baselines
         self.rejected: set[int] = set()  # positions the model rejected (nobody learns them after)
@@ -158,8 +156,7 @@ class _Loop:
         self._since_sample = 0
 
     def run(self, items: Iterable[Item]) -> None:
-        for chunk in _chunks(items, self.batch_size, self.steps, self.ramp, self.double_after,
-                             self.r.options.limit):
+        for chunk in _chunks(items, self.schedule, self.steps, self.r.options.limit):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
@@ -226,14 +223,14 @@ class _Loop:
 
     # ---- 4. labels revealed to the model: learn, score
     def _reveal_due(self, upto: int | None) -> None:
-        """One optimizer step per mini-batch of records (:func:`step_size`), as arrived.
+        """One optimizer step per mini-batch of records (:class:`Schedule`), as arrived.
         Counted in records, not events: a next-token record brings an event per position,
         and split across mini-batches it would be learned once per piece."""
         due: list[Event] = []
         records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
             new_record = not due or self.pending[0].position != due[-1].position
-            if new_record and records == step_size(self.batch_size, self.steps, self.ramp, self.double_after):
+            if new_record and records == self.schedule.size(self.steps):
                 self._reveal(due)
                 due, records = [], 0
             records += new_record
@@ -282,11 +279,10 @@ class _Loop:
                                   refresh=False)
 
 
-def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool, double_after: int,
-            limit: int | None) -> Iterator[list[Item]]:
-    """The arriving records in the mini-batches of a model at ``step`` (:func:`step_size`)."""
+def _chunks(items: Iterable[Item], schedule: Schedule, step: int, limit: int | None) -> Iterator[list[Item]]:
+    """The arriving records in the mini-batches of a model at ``step``."""
     chunk: list[Item] = []
-    size = step_size(batch_size, step, ramp, double_after)
+    size = schedule.size(step)
     for n, item in enumerate(items):
         if limit is not None and n >= limit:
             break
@@ -294,6 +290,6 @@ def _chunks(items: Iterable[Item], batch_size: int, step: int, ramp: bool, doubl
         if len(chunk) == size:
             yield chunk
             chunk, step = [], step + 1
-            size = step_size(batch_size, step, ramp, double_after)
+            size = schedule.size(step)
     if chunk:
         yield chunk

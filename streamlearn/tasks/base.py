@@ -129,7 +129,7 @@ class Task:
     # state merges between replicas (label tables; the token tasks' candidate index and
     # count part, replayed). next-item's per-key histories are not merged.
     replicable: ClassVar[bool] = False
-    # A new model's first mini-batches take 1, 2, 4, ... records (batching.step_size): classify,
+    # A new model's first mini-batches take 1, 2, 4, ... records (batching.Schedule): classify,
     # whose empty label table answers none of a first whole batch. Not next-item: its first
     # tiny batches fill the row optimizers' accumulators with large gradients, and MovieLens
     # fell from 1.408x to 1.383x of Markov (seed 0).
