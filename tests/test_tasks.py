@@ -54,11 +54,12 @@ def test_a_tasks_defaults_apply_to_the_keys_not_set():
 
 def test_a_learners_schedule_is_its_batch_size_its_tasks_ramp_and_its_doubling():
     """What the worker, replay and the benchmarks cut a stream by: classify ramps up (1, 2,
-    4, ...), next-token doubles its batch from step 250, a set key wins."""
+    4, ...), next-item takes 128 records a step, next-token doubles its batch from step
+    250, a set key wins."""
     schedules = {name: Learner(Config().override(*SMALL, f"learner.task={name}")).schedule for name in TASKS}
     assert schedules == {"classify": Schedule(8, ramp=True, double_after=0),
                          "mlm": Schedule(8, ramp=False, double_after=0),
-                         "next-item": Schedule(8, ramp=False, double_after=0),
+                         "next-item": Schedule(128, ramp=False, double_after=0),
                          "next-token": Schedule(8, ramp=False, double_after=250)}
     mine = Learner(Config().override(*SMALL, "learner.task=next-token", "learner.batch_size=4",
                                      "learner.double_batch_after=3")).schedule
