@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..featurize import Featurizer
+from ..featurize import E_STD, Featurizer, featurizer_for
 from ..hashing import derive_seed
 
 TensorFeats = dict[str, torch.Tensor]
@@ -74,6 +74,22 @@ class TokenEmbedding(nn.Module):
         closed-form; ``feats`` the featurizer's numpy arrays, ``weight`` (N,) float32.
         None: this scheme has none (its callers use autograd)."""
         return None
+
+
+class OneTableEmbedding(TokenEmbedding):
+    """A scheme whose only weights are one row table ``E`` (rows, ``cfg.d``) drawn from
+    N(0, E_STD^2) under ``cfg.seed``: Bloom, the hashing trick, T-Free and the plain
+    dictionary. Each subclass says how many rows and how its features pick them."""
+
+    def __init__(self, cfg, rows: int):
+        super().__init__()
+        self.cfg = cfg
+        self.out_dim = cfg.d
+        self.featurizer = featurizer_for(cfg)
+        self.E = normal_table(rows, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (rows, d)
+
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        return {"E": self.E}
 
 
 class Bag:

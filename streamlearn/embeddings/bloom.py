@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..featurize import E_STD, BloomEmbeddingConfig, featurizer_for
-from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
+from ..featurize import BloomEmbeddingConfig
+from .base import OneTableEmbedding, TensorFeats, gather_valid, scatter_valid, valid_index
 
 __all__ = ["BloomEmbedding", "BloomEmbeddingConfig"]
 
 
-class BloomEmbedding(TokenEmbedding):
+class BloomEmbedding(OneTableEmbedding):
     """Features: ``ids`` int64 (N, T, m) in [0, B)."""
 
     def __init__(self, cfg: BloomEmbeddingConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.out_dim = cfg.d
-        self.featurizer = featurizer_for(cfg)
-        self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
+        super().__init__(cfg, cfg.B)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -45,6 +40,3 @@ class BloomEmbedding(TokenEmbedding):
         ids = gather_valid(feats["ids"], index)  # (M, m)
         e = F.embedding_bag(ids, self.E, mode="sum", sparse=True)  # (M, d)
         return scatter_valid(e, index, mask)  # (N, T, d)
-
-    def row_tables(self) -> dict[str, nn.Parameter]:
-        return {"E": self.E}

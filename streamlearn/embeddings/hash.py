@@ -28,7 +28,7 @@ from torch import nn
 
 from ..featurize import E_STD, HashEmbeddingConfig, HashingTrickConfig, featurizer_for
 from .base import (
-    Bag, RowGroups, TensorFeats, TokenEmbedding, flat_valid, gather_valid, normal_table,
+    Bag, OneTableEmbedding, RowGroups, TensorFeats, TokenEmbedding, flat_valid, gather_valid, normal_table,
     scatter_valid, valid_index,
 )
 
@@ -158,21 +158,14 @@ class WeightedLookup(torch.autograd.Function):
         return grad_E, grad_P, None, None
 
 
-class HashingTrickEmbedding(TokenEmbedding):
+class HashingTrickEmbedding(OneTableEmbedding):
     """Features: ``buckets`` int64 (N, T) in [0, B)."""
 
     def __init__(self, cfg: HashingTrickConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.out_dim = cfg.d
-        self.featurizer = featurizer_for(cfg)
-        self.E = normal_table(cfg.B, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (B, d)
+        super().__init__(cfg, cfg.B)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
         index = valid_index(mask)  # (M,)
         e = F.embedding(gather_valid(feats["buckets"], index), self.E, sparse=True)  # (M, d)
         return scatter_valid(e, index, mask)  # (N, T, d)
-
-    def row_tables(self) -> dict[str, nn.Parameter]:
-        return {"E": self.E}

@@ -18,32 +18,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..featurize import E_STD, PlainEmbeddingConfig, featurizer_for
-from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
+from ..featurize import PlainEmbeddingConfig
+from .base import OneTableEmbedding, TensorFeats, gather_valid, scatter_valid, valid_index
 
 __all__ = ["PlainEmbedding", "PlainEmbeddingConfig"]
 
 
-class PlainEmbedding(TokenEmbedding):
+class PlainEmbedding(OneTableEmbedding):
     """Features: ``ids`` int64 (N, T) in [0, vocab]; ``vocab`` is the OOV row."""
 
     def __init__(self, cfg: PlainEmbeddingConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.out_dim = cfg.d
-        self.featurizer = featurizer_for(cfg)
-        self.E = normal_table(cfg.vocab + 1, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (V + 1, d)
+        super().__init__(cfg, cfg.vocab + 1)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
         index = valid_index(mask)  # (M,)
         e = F.embedding(gather_valid(feats["ids"], index), self.E, sparse=True)  # (M, d)
         return scatter_valid(e, index, mask)  # (N, T, d)
-
-    def row_tables(self) -> dict[str, nn.Parameter]:
-        return {"E": self.E}
 
     def get_extra_state(self) -> torch.Tensor:
         """The dictionary's fingerprints in row order, as int64 (the uint64 bits reinterpreted)."""

@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..featurize import E_STD, TFreeEmbeddingConfig, featurizer_for
-from .base import TensorFeats, TokenEmbedding, gather_valid, normal_table, scatter_valid, valid_index
+from ..featurize import TFreeEmbeddingConfig
+from .base import OneTableEmbedding, TensorFeats, gather_valid, scatter_valid, valid_index
 
 __all__ = ["TFreeEmbedding", "TFreeEmbeddingConfig"]
 
 
-class TFreeEmbedding(TokenEmbedding):
+class TFreeEmbedding(OneTableEmbedding):
     """Features: ``ids`` int64 (L,) in [0, v) and ``counts`` int64 (N, T)."""
 
     def __init__(self, cfg: TFreeEmbeddingConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.out_dim = cfg.d
-        self.featurizer = featurizer_for(cfg)
-        self.E = normal_table(cfg.v, cfg.d, 0.0, E_STD, cfg.seed, "E")  # (v, d)
+        super().__init__(cfg, cfg.v)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
         mask = feats["mask"]  # (N, T)
@@ -45,6 +40,3 @@ class TFreeEmbedding(TokenEmbedding):
         offsets = torch.cumsum(counts, 0) - counts  # (M,) start of each word's bag
         e = F.embedding_bag(feats["ids"], self.E, offsets, mode="sum", sparse=True)  # (M, d)
         return scatter_valid(e, index, mask)  # (N, T, d)
-
-    def row_tables(self) -> dict[str, nn.Parameter]:
-        return {"E": self.E}
