@@ -267,10 +267,24 @@ class Schedule:
             yield start, stop
             start, step = stop, step + 1
 
-    def batches(self, items: Sequence, step: int = 0) -> Iterator[Sequence]:
-        """``items`` cut into the mini-batches of :meth:`spans`."""
-        for start, stop in self.spans(len(items), step):
-            yield items[start:stop]
+    def batches(self, items: Iterable, step: int = 0) -> Iterator[list]:
+        """``items`` (any iterable: a list, or records as they arrive) cut into the
+        mini-batches of a model that has taken ``step`` steps, in order; the last one may
+        be short.
+
+        >>> [len(b) for b in Schedule(8).batches(range(20))]
+        [1, 2, 4, 8, 5]
+        """
+        chunk: list = []
+        size = self.size(step)
+        for item in items:
+            chunk.append(item)
+            if len(chunk) == size:
+                yield chunk
+                chunk, step = [], step + 1
+                size = self.size(step)
+        if chunk:
+            yield chunk
 
 
 def seed_of(seed: int, purpose: str) -> int:

@@ -22,10 +22,11 @@ seeded, baselines are deterministic, sources replay in a fixed order).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..batching import Schedule
 from ..exceptions import RecordError, StreamlearnError
@@ -156,7 +157,7 @@ class _Loop:
         self._since_sample = 0
 
     def run(self, items: Iterable[Item]) -> None:
-        for chunk in _chunks(items, self.schedule, self.steps, self.r.options.limit):
+        for chunk in self.schedule.batches(itertools.islice(items, self.r.options.limit), self.steps):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
@@ -277,19 +278,3 @@ class _Loop:
         value = model.metrics.rolling()[name]
         self.progress.set_postfix({name: "n/a" if value is None else f"{value:.3f}", "bad": sum(self.r.bad.values())},
                                   refresh=False)
-
-
-def _chunks(items: Iterable[Item], schedule: Schedule, step: int, limit: int | None) -> Iterator[list[Item]]:
-    """The arriving records in the mini-batches of a model at ``step``."""
-    chunk: list[Item] = []
-    size = schedule.size(step)
-    for n, item in enumerate(items):
-        if limit is not None and n >= limit:
-            break
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk, step = [], step + 1
-            size = schedule.size(step)
-    if chunk:
-        yield chunk
