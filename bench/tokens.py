@@ -345,7 +345,7 @@ def memory(task: str, records: list[dict], total: int, extra: tuple[str, ...]) -
     samples, seen = [(0, rss_mb())], 0
     while seen < total:
         at = seen % len(records)
-        batch = _batches(learner, records[at:at + 2 * cfg.learner.batch_size])[0]
+        batch = records[at:at + learner.schedule.size(learner.steps)]
         learner.learn_many(batch)
         before, seen = seen, seen + len(batch)
         if seen // every > before // every:
