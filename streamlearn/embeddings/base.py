@@ -91,6 +91,14 @@ class OneTableEmbedding(TokenEmbedding):
     def row_tables(self) -> dict[str, nn.Parameter]:
         return {"E": self.E}
 
+    def lookup(self, feats: TensorFeats, ids: str) -> torch.Tensor:
+        """(N, T, d): each valid token's row of ``E`` by its one id in ``feats[ids]`` (N, T),
+        zero at padding (the hashing trick's bucket, the plain dictionary's row)."""
+        mask = feats["mask"]  # (N, T)
+        index = valid_index(mask)  # (M,)
+        e = F.embedding(gather_valid(feats[ids], index), self.E, sparse=True)  # (M, d)
+        return scatter_valid(e, index, mask)  # (N, T, d)
+
 
 class Bag:
     """A batch's summed token vectors ``x`` (N, out_dim) and the gradient they pass on.

@@ -165,7 +165,4 @@ class HashingTrickEmbedding(OneTableEmbedding):
         super().__init__(cfg, cfg.B)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
-        mask = feats["mask"]  # (N, T)
-        index = valid_index(mask)  # (M,)
-        e = F.embedding(gather_valid(feats["buckets"], index), self.E, sparse=True)  # (M, d)
-        return scatter_valid(e, index, mask)  # (N, T, d)
+        return self.lookup(feats, "buckets")

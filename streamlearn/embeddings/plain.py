@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..featurize import PlainEmbeddingConfig
-from .base import OneTableEmbedding, TensorFeats, gather_valid, scatter_valid, valid_index
+from .base import OneTableEmbedding, TensorFeats
 
 __all__ = ["PlainEmbedding", "PlainEmbeddingConfig"]
 
@@ -32,10 +31,7 @@ class PlainEmbedding(OneTableEmbedding):
         super().__init__(cfg, cfg.vocab + 1)
 
     def forward(self, feats: TensorFeats) -> torch.Tensor:
-        mask = feats["mask"]  # (N, T)
-        index = valid_index(mask)  # (M,)
-        e = F.embedding(gather_valid(feats["ids"], index), self.E, sparse=True)  # (M, d)
-        return scatter_valid(e, index, mask)  # (N, T, d)
+        return self.lookup(feats, "ids")
 
     def get_extra_state(self) -> torch.Tensor:
         """The dictionary's fingerprints in row order, as int64 (the uint64 bits reinterpreted)."""
