@@ -235,18 +235,20 @@ def measure(records: list[dict], passes: int, vw: bool) -> dict[str, Rate]:
     return rates
 
 
-def warm_up(records: list[dict]) -> None:
+def warm_up(records: list[dict], first: bool) -> None:
     """Load what the first learner, step and replay import lazily, outside any timing,
-    and the kernels a transformer layer first calls. On a GPU, a layer's first pass over
-    a stream: torch's attention there (cuDNN's, on Hopper) builds a plan the first time it
-    meets each (batch, length) shape, so whichever model met a stream's shapes first paid
-    for them all (on an H200, SMS's 2,000 records: the first depth-1 learner 170 records/s,
+    and the kernels a transformer layer first calls (``first``: the run's first stream;
+    that is once per process). On a GPU, also a layer's first pass over each stream:
+    torch's attention there (cuDNN's, on Hopper) builds a plan the first time it meets
+    each (batch, length) shape, so whichever model met a stream's shapes first paid for
+    them all (on an H200, SMS's 2,000 records: the first depth-1 learner 170 records/s,
     the next ones 1,138), a cost paid once per shape, not per step of a long run."""
-    head = records if DEVICE.cuda else records[:64]
-    learn_many_loop(Learner(Config()), records[:64])
-    learn_many_loop(learner("model.layers=1")(), head)
-    bare_loop(Bare(1, sorted({r["label"] for r in records[:64]}, key=str)), records[:64])
-    prequential(records[:64], Rate())
+    if first:
+        learn_many_loop(Learner(Config()), records[:64])
+        bare_loop(Bare(1, sorted({r["label"] for r in records[:64]}, key=str)), records[:64])
+        prequential(records[:64], Rate())
+    if first or DEVICE.cuda:
+        learn_many_loop(learner("model.layers=1")(), records if DEVICE.cuda else records[:64])
 
 
 # ---------------------------------------------------------------------------- report
@@ -314,9 +316,9 @@ def main() -> int:
         print("vowpalwabbit is not installed (pip install vowpalwabbit): VW rows are skipped", file=sys.stderr)
     results = {}
     streams = load_streams(data_dir(args.data))
-    for name, records in streams.items():
+    for i, (name, records) in enumerate(streams.items()):
         records = records[:args.records] if args.records else records
-        warm_up(records)
+        warm_up(records, first=i == 0)
         print(f"{name}: {len(records):,} records", file=sys.stderr, flush=True)
         results[name] = (len(records), measure(records, max(1, args.passes), vw))
     text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes))
