@@ -15,6 +15,7 @@ A preparer reads the model never: it hashes with the embedding's featurizer
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Iterable
 
@@ -252,6 +253,10 @@ class Schedule:
             return self.batch_size
         return min(self.batch_size, 1 << step)
 
+    def sizes(self, step: int = 0) -> Iterator[int]:
+        """The sizes of mini-batch ``step`` and every one after it (endless)."""
+        return map(self.size, itertools.count(step))
+
     def spans(self, n: int, step: int = 0) -> Iterator[tuple[int, int]]:
         """(start, stop) of each mini-batch of ``n`` records for a model that has taken
         ``step`` steps, in order.
@@ -262,10 +267,11 @@ class Schedule:
         [8, 8, 16, 8]
         """
         start = 0
-        while start < n:
-            stop = min(n, start + self.size(step))
-            yield start, stop
-            start, step = stop, step + 1
+        for size in self.sizes(step):
+            if start >= n:
+                return
+            yield start, min(n, start + size)
+            start += size
 
     def batches(self, items: Iterable, step: int = 0) -> Iterator[list]:
         """``items`` (any iterable: a list, or records as they arrive) cut into the
@@ -274,17 +280,16 @@ class Schedule:
 
         >>> [len(b) for b in Schedule(8).batches(range(20))]
         [1, 2, 4, 8, 5]
+        >>> list(Schedule(2, ramp=False).batches(range(4)))
+        [[0, 1], [2, 3]]
         """
-        chunk: list = []
-        size = self.size(step)
-        for item in items:
-            chunk.append(item)
-            if len(chunk) == size:
+        arriving = iter(items)
+        for size in self.sizes(step):
+            chunk = list(itertools.islice(arriving, size))
+            if chunk:
                 yield chunk
-                chunk, step = [], step + 1
-                size = self.size(step)
-        if chunk:
-            yield chunk
+            if len(chunk) < size:
+                return
 
 
 def seed_of(seed: int, purpose: str) -> int:
