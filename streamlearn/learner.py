@@ -179,9 +179,9 @@ class Learner(river_base.Classifier):
             model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
         self.model = model.to(self.dev.torch)
         head_rows = frozenset(self.model.head.row_tables()) if self.model.head is not None else frozenset()
-        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows)
-        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim,
-                                           fused=self.task.has_closed_form(self.model, self.dev))
+        closed_form = self.task.has_closed_form(self.model, self.dev)  # both optimizers fuse their kernels there
+        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows, fused=closed_form)
+        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim, fused=closed_form)
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned

@@ -30,6 +30,7 @@ from .config import OptimConfig
 from .exceptions import ConfigError
 
 SPARSE_RULES = {"adagrad": ("sum",), "lazy-adam": ("exp_avg", "exp_avg_sq")}
+_NO_STEP = torch.zeros(())  # the fused Adagrad kernel's step count (unused at lr_decay 0; it does not advance it)
 
 
 class RowOptimizer:
@@ -45,10 +46,14 @@ class RowOptimizer:
     """
 
     def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None,
-                 outputs: frozenset[str] = frozenset()):
+                 outputs: frozenset[str] = frozenset(), fused: bool = False):
         """``outputs``: the tables stepped at ``cfg.output_lr`` (when > 0) instead of
-        ``cfg.sparse_lr`` (a sampled head's output rows)."""
+        ``cfg.sparse_lr`` (a sampled head's output rows). ``fused``: Adagrad's update of
+        the gathered rows in torch's fused CPU kernel (one call instead of six; it rounds
+        differently from the separate ops, in the last bits), as :class:`DenseAdamW`'s
+        ``fused``: the learner asks for it where its steps are closed-form."""
         self.rule = cfg.sparse
+        self.fused = fused and self.rule == "adagrad" and hasattr(torch, "_fused_adagrad_")
         self.lr = cfg.sparse_lr
         self.lrs = {name: cfg.output_lr if name in outputs and cfg.output_lr > 0 else cfg.sparse_lr for name in tables}
         self.eps = eps if eps is not None else (1e-10 if self.rule == "adagrad" else 1e-8)
@@ -95,7 +100,19 @@ class RowOptimizer:
                 lr: float) -> None:
         """The rule on rows ``idx`` (unique): gather each table's rows, compute, write
         them back (:func:`_put_rows`). index_add_ here cost twice as much on rows spread
-        over a large table: it sorts its index again inside torch."""
+        over a large table: it sorts its index again inside torch.
+
+        Fused (CPU tables): the rows and their sums updated in place by one kernel, 140
+        against 220-300 us for 1,200 rows of 64 and 80 against 110 us for 800 rows of 2
+        (one thread): the row rule was a fifth of a depth-0 classify step (py-spy, AG News).
+        """
+        if self.rule == "adagrad" and self.fused and p.device.type == "cpu":
+            rows, G_rows = p.index_select(0, idx), state["sum"].index_select(0, idx)
+            torch._fused_adagrad_([rows], [g], [G_rows], [_NO_STEP], lr=lr, lr_decay=0.0, weight_decay=0.0,
+                                  eps=self.eps, maximize=False)  # lr_decay 0: the step count is never read
+            _put_rows(state["sum"], idx, G_rows)
+            _put_rows(p, idx, rows)
+            return
         if self.rule == "adagrad":
             G = state["sum"]
             G_rows = G.index_select(0, idx).add_(g * g)  # (n, w)

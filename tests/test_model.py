@@ -452,12 +452,12 @@ def _sparse_grad(rows, values, shape):
     return torch.sparse_coo_tensor([rows], values, shape, check_invariants=True)
 
 
-@pytest.mark.parametrize("rule", ["adagrad", "lazy-adam"])
-def test_row_optimizer_touches_exactly_the_rows_in_the_batch(rule):
+@pytest.mark.parametrize("rule, fused", [("adagrad", False), ("adagrad", True), ("lazy-adam", False)])
+def test_row_optimizer_touches_exactly_the_rows_in_the_batch(rule, fused):
     torch.manual_seed(0)
     W = nn.Parameter(torch.randn(50, 4))
     before = W.detach().clone()
-    opt = RowOptimizer({"E": W}, OptimConfig(sparse=rule, sparse_lr=0.1))
+    opt = RowOptimizer({"E": W}, OptimConfig(sparse=rule, sparse_lr=0.1), fused=fused)
     for step_rows in ([3, 7, 3], [7, 20]):
         W.grad = _sparse_grad(step_rows, torch.randn(len(step_rows), 4), (50, 4))
         changed = opt.step()["E"]
@@ -471,15 +471,17 @@ def test_row_optimizer_touches_exactly_the_rows_in_the_batch(rule):
 
 
 @pytest.mark.filterwarnings("ignore:Sparse invariant checks")  # raised inside torch's Adagrad
-@pytest.mark.parametrize("rule, reference", [
-    ("adagrad", lambda p: torch.optim.Adagrad([p], lr=0.1)),
-    ("lazy-adam", lambda p: torch.optim.SparseAdam([p], lr=0.1)),
+@pytest.mark.parametrize("rule, fused, reference", [
+    ("adagrad", False, lambda p: torch.optim.Adagrad([p], lr=0.1)),
+    ("adagrad", True, lambda p: torch.optim.Adagrad([p], lr=0.1)),  # the closed-form steps' fused kernel
+    ("lazy-adam", False, lambda p: torch.optim.SparseAdam([p], lr=0.1)),
 ])
-def test_row_optimizer_matches_torch_reference(rule, reference):
+def test_row_optimizer_matches_torch_reference(rule, fused, reference):
     torch.manual_seed(0)
     init = torch.randn(30, 3)
     ours, theirs = nn.Parameter(init.clone()), nn.Parameter(init.clone())
-    opt, ref = RowOptimizer({"E": ours}, OptimConfig(sparse=rule, sparse_lr=0.1)), reference(theirs)
+    opt, ref = RowOptimizer({"E": ours}, OptimConfig(sparse=rule, sparse_lr=0.1), fused=fused), reference(theirs)
+    assert opt.fused == fused
     for _ in range(4):
         rows = torch.randint(0, 30, (6,)).tolist()
         g = torch.randn(6, 3)
