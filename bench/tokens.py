@@ -8,6 +8,9 @@ Stream (from --data, default ../shared/data next to the repository): War and Pea
 whitespace into records of 32 words ``{"text": ...}`` in book order (17,578 records; the
 product's tokenizer makes punctuation marks tokens, so a record holds about 39 tokens); a
 synthetic Zipf text of the same record count stands in, labelled SYNTHETIC, without it.
+``--stream war-and-peace-sentences`` cuts the same book into its sentences instead (a word
+ending in ``.``, ``!`` or ``?``, closing quotes after it allowed, ends a record; 64 words at
+most: 33,778 records of about 17 words), the other cut the issue names.
 ``--stream sms``, ``ag-news`` or ``yelp`` reads instead the texts of a classification set,
 one record per message, article or review sentence in file order, labels dropped
 (bench/data.py's readers and synthetic stand-ins): English token streams, shorter and of
@@ -56,6 +59,7 @@ import argparse
 import datetime
 import itertools
 import os
+import re
 import resource
 import statistics
 import sys
@@ -87,6 +91,7 @@ K = 10
 # ---------------------------------------------------------------------------- stream
 
 STREAMS = {"war-and-peace": f"of {WORDS} words in book order",
+           "war-and-peace-sentences": f"(one per sentence, at most {2 * WORDS} words, in book order)",
            "sms": "(one per message, in file order)",
            "ag-news": "(one per article, in file order)",
            "yelp": "(one per review sentence, in file order)"}
@@ -95,7 +100,7 @@ STREAMS = {"war-and-peace": f"of {WORDS} words in book order",
 def stream(data: Path, n: int, name: str = "war-and-peace") -> tuple[list[dict], str]:
     """The records of stream ``name`` (:data:`STREAMS`) and where they came from (``n``:
     the first n; 0: all)."""
-    if name != "war-and-peace":
+    if not name.startswith("war-and-peace"):
         got = ag_news(data) if name == "ag-news" else text_stream(name, data)
         records = [{"text": r["text"]} for r in got.records]
         source = got.source if got.synthetic else " + ".join(os.path.relpath(f, ROOT) for f in got.source.split(" + "))
@@ -107,8 +112,29 @@ def stream(data: Path, n: int, name: str = "war-and-peace") -> tuple[list[dict],
     else:
         words = synthetic_words(17_578 * WORDS)
         source = f"SYNTHETIC Zipf text standing in for War and Peace ({file} not found)"
-    records = [{"text": " ".join(words[i:i + WORDS])} for i in range(0, len(words), WORDS)]
+    if name == "war-and-peace-sentences":
+        records = [{"text": " ".join(s)} for s in sentences(words, 2 * WORDS)]
+    else:
+        records = [{"text": " ".join(words[i:i + WORDS])} for i in range(0, len(words), WORDS)]
     return (records[:n] if n else records), source
+
+
+_SENTENCE_END = re.compile(r"[.!?][\"'\u2019\u201d)\]]*$")  # the last word of a sentence, closing quotes after it
+
+
+def sentences(words: list[str], most: int) -> list[list[str]]:
+    """``words`` cut after each word that ends a sentence, and after ``most`` words.
+
+    >>> sentences("He said: “No.” Then he left! And".split(), 64)
+    [['He', 'said:', '“No.”'], ['Then', 'he', 'left!'], ['And']]
+    """
+    out, current = [], []
+    for word in words:
+        current.append(word)
+        if len(current) == most or _SENTENCE_END.search(word):
+            out.append(current)
+            current = []
+    return out + [current] if current else out
 
 
 def synthetic_words(n: int, seed: int = 0) -> list[str]:
