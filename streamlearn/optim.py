@@ -106,7 +106,7 @@ class RowOptimizer:
         against 220-300 us for 1,200 rows of 64 and 80 against 110 us for 800 rows of 2
         (one thread): the row rule was a fifth of a depth-0 classify step (py-spy, AG News).
         """
-        if self.rule == "adagrad" and self.fused and p.device.type == "cpu":
+        if self.fused and p.device.type == "cpu":  # fused is only ever set for adagrad
             rows, G_rows = p.index_select(0, idx), state["sum"].index_select(0, idx)
             torch._fused_adagrad_([rows], [g], [G_rows], [_NO_STEP], lr=lr, lr_decay=0.0, weight_decay=0.0,
                                   eps=self.eps, maximize=False)  # lr_decay 0: the step count is never read
