@@ -95,12 +95,13 @@ STREAMS = {"war-and-peace": f"of {WORDS} words in book order",
            "sms": "(one per message, in file order)",
            "ag-news": "(one per article, in file order)",
            "yelp": "(one per review sentence, in file order)"}
+BOOK = ("war-and-peace", "war-and-peace-sentences")  # the streams cut from War and Peace
 
 
 def stream(data: Path, n: int, name: str = "war-and-peace") -> tuple[list[dict], str]:
     """The records of stream ``name`` (:data:`STREAMS`) and where they came from (``n``:
     the first n; 0: all)."""
-    if not name.startswith("war-and-peace"):
+    if name not in BOOK:
         got = ag_news(data) if name == "ag-news" else text_stream(name, data)
         records = [{"text": r["text"]} for r in got.records]
         source = got.source if got.synthetic else " + ".join(os.path.relpath(f, ROOT) for f in got.source.split(" + "))
