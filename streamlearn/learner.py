@@ -182,6 +182,10 @@ class Learner(river_base.Classifier):
         closed_form = self.task.has_closed_form(self.model, self.dev)  # both optimizers fuse their kernels there
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows, fused=closed_form)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim, fused=closed_form)
+        self._compiled = None  # the step as one compiled call, where it applies (streamlearn.compiled)
+        if c.learner.compiled and closed_form:
+            from .compiled import CompiledClassifyStep  # imports numba: only for a learner that runs it
+            self._compiled = CompiledClassifyStep.bind(self, MAX_GRADIENT)
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
@@ -451,6 +455,8 @@ class Learner(river_base.Classifier):
         are dropped and nothing is updated (a NaN or inf once written into the tables or
         the Adagrad sums poisons every later prediction that reads them). Skipped steps
         are counted (``skipped_steps``) and logged."""
+        if self._compiled is not None and batch.sr_feats is None and self.gradient_hook is None:
+            return self._compiled_step(batch, predict)
         closed = None
         if batch.sr_feats is None:
             with torch.no_grad():
@@ -475,6 +481,17 @@ class Learner(river_base.Classifier):
             self.gradient_hook(self)  # every rank enters the exchange, even with a bad loss
         changed = self.apply_gradients(what)
         return value, changed or {}, changed is None, outputs
+
+    def _compiled_step(self, batch: Batch, predict: bool) -> tuple[float, dict[str, np.ndarray], bool, torch.Tensor | None]:
+        """:meth:`_step` as one compiled call (:class:`~streamlearn.compiled.CompiledClassifyStep`):
+        the same closed form, safety check and updates as torch's ops, in place."""
+        loss, logits, changed, bad = self._compiled(batch)
+        outputs = self.task.with_counts(torch.from_numpy(logits), batch, self.dev) if predict else None
+        if changed is None:
+            self._skip(f"training batch {batch.seq}: {bad}")
+            return loss, {}, True, outputs
+        self.steps += 1
+        return loss, self._record_dirty(changed), False, outputs
 
     def _apply_closed(self, closed: ClosedForm, what: str) -> dict[str, np.ndarray] | None:
         """:meth:`apply_gradients` of a closed-form step's gradients as they come
@@ -569,10 +586,10 @@ class Learner(river_base.Classifier):
 
     # ------------------------------------------------------------------ dirty rows
 
-    def _record_dirty(self, changed: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def _record_dirty(self, changed: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
         for name, idx in changed.items():
-            out[name] = ids = idx.cpu().numpy()
+            out[name] = ids = idx.cpu().numpy() if isinstance(idx, torch.Tensor) else idx
             self._dirty.mark(name, ids)  # its optimizer state tables follow (DirtyRows)
         return out
 

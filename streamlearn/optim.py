@@ -232,7 +232,7 @@ class DenseAdamW:
         for group, decay in self.groups:
             live = [p for p in group if p.grad is not None]
             if live:
-                self._update(live, [p.grad for p in live], [self._state(p) for p in live], decay)
+                self._update(live, [p.grad for p in live], [self.state_of(p) for p in live], decay)
 
     @torch.no_grad()
     def step_rows(self, grads: Sequence[tuple[nn.Parameter, torch.Tensor]]) -> None:
@@ -252,7 +252,7 @@ class DenseAdamW:
             if live:
                 params, views = [], []
                 for p, g in live:
-                    n, s = g.shape[0], self._state(p)
+                    n, s = g.shape[0], self.state_of(p)
                     params.append(p.detach()[:n])
                     views.append({"step": s["step"], "exp_avg": s["exp_avg"][:n], "exp_avg_sq": s["exp_avg_sq"][:n]})
                 self._update(params, [g for _, g in live], views, decay)
@@ -282,7 +282,8 @@ class DenseAdamW:
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, m, denom, [-self.lr / (1 - b1 ** t) for t in steps])
 
-    def _state(self, p: nn.Parameter) -> dict[str, torch.Tensor]:
+    def state_of(self, p: nn.Parameter) -> dict[str, torch.Tensor]:
+        """``p``'s moments and step count (made, zero, on first use)."""
         state = self.state.get(p)
         if state is None:
             state = self.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),

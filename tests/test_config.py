@@ -140,6 +140,7 @@ KEYS: dict[str, Case] = {
     "learner.batch_size": Case(32, 0),
     "learner.double_batch_after": Case(250, -1),
     "learner.device": Case("cuda:1", "GPU 0"),
+    "learner.compiled": Case(False, "fast"),
     "learner.mask_prob": Case(0.3, 1.0),
     "learner.history": Case(5, 0),
     "learner.recency": Case(0, -1),

@@ -380,7 +380,7 @@ def test_a_closed_form_step_applied_as_it_comes_equals_one_through_grad(override
     go through .grad as autograd's would. Both leave every table, optimizer state and
     count bit for bit alike, and report the same rows (K = 4: a batch touches every P row,
     the row rule's whole-table case)."""
-    direct, through = learner(*overrides), learner(*overrides)
+    direct, through = learner(*overrides, "learner.compiled=false"), learner(*overrides)
     through.gradient_hook = lambda _learner: None  # reads nothing: the .grad path
     for records in batches(topic_stream(96, seed=3) + [{"text": "team", "label": "sport", "weight": 2.5}], 8):
         a, b = direct.learn_many(records), through.learn_many(records)

@@ -1,0 +1,332 @@
+"""The default classify step compiled into one call (numba).
+
+At depth 0 on the CPU a classify step is the closed form of
+:meth:`Classify.gradients <streamlearn.tasks.classify.Classify.gradients>`: the hash
+embedding's bag, the label head, the softmax, the gradients of E, P and the head, a
+safety check, Adagrad on E's and P's rows and AdamW on the head's rows in use. In torch
+and numpy that is about 200 calls of a few microseconds each around almost no
+arithmetic (a batch of 8 records), and the calls, not the arithmetic, were the step's
+cost (py-spy and torch's profiler, docs/benchmarks.md). :func:`classify_step` does the
+same arithmetic in one compiled function over the tables' own memory, in float32 as
+torch does; it rounds differently in the last bits (sums in another order), as torch's
+fused kernels do against its separate ops. :class:`CompiledClassifyStep` binds it to a
+learner; the learner runs it where it applies (:meth:`CompiledClassifyStep.applies`)
+and ``learner.compiled`` is on, and torch's step otherwise: the reference the tests
+hold it to (tests/test_compiled.py).
+
+A gradient row group is found through a small open-addressing table instead of a sort
+(12 against 51 us for 1,400 rows, a stable argsort in numba); the groups are then put in
+ascending row order, as the torch step reports them.
+
+The kernel is compiled once per machine and cached beside this file (numba's
+``cache=True``; where that folder is read-only, in the user's cache folder); a process
+pays numba's import and the cache's load (about half a second) at its first step.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import torch
+from numba import njit
+
+from .embeddings.hash import HashEmbedding
+from .heads import LabelHead
+
+# Reassociation (sums vectorised), contraction (fused multiply-add) and reciprocals; not
+# the flags that assume no NaN or infinity: the safety check must see them.
+_FAST = {"reassoc", "contract", "arcp", "nsz"}
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def row_groups(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``ids`` (n,) ascending, and each element's place among them:
+    ``rows[group] == ids``.
+
+    >>> rows, group = row_groups(np.array([7, 3, 7, 9], dtype=np.int64))
+    >>> rows.tolist(), group.tolist()
+    ([3, 7, 9], [1, 0, 1, 2])
+    """
+    n = len(ids)
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    keys = np.full(size, -1, np.int64)
+    slot_group = np.empty(size, np.int64)
+    first = np.empty(n, np.int64)
+    group = np.empty(n, np.int64)
+    u = 0
+    for j in range(n):
+        key = ids[j]
+        h = ((key * 0x9E3779B97F4A7C15) >> 40) & mask  # Fibonacci hashing: high bits of the product
+        while True:
+            if keys[h] == key:
+                group[j] = slot_group[h]
+                break
+            if keys[h] == -1:
+                keys[h] = key
+                slot_group[h] = u
+                first[u] = key
+                group[j] = u
+                u += 1
+                break
+            h = (h + 1) & mask
+    order = np.argsort(first[:u])
+    rank = np.empty(u, np.int64)
+    for i in range(u):
+        rank[order[i]] = i
+    for j in range(n):
+        group[j] = rank[group[j]]
+    return first[:u][order], group
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _count_bad(a: np.ndarray, limit: float) -> int:
+    """Values of ``a`` that are not finite or not within ``limit`` in magnitude."""
+    bad = 0
+    for v in a.ravel():
+        bad += not (abs(v) < limit)
+    return bad
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
+                  d1, buckets, mask, labels, weight, n_labels,
+                  lr_E, lr_P, eps_rows, lr, weight_decay, beta1, beta2, eps, step, limit, logits):
+    """One closed-form step of the depth-0 classifier, in place.
+
+    Tables (float32, C order): ``E`` (B, d) and ``P`` (K, k) with their Adagrad sums;
+    the label head ``W`` (max_labels, d), ``bias`` and their AdamW moments. The batch:
+    ``d1`` (N, T), ``buckets`` (N, T, k), ``mask`` (N, T), ``labels`` (N,) label ids,
+    ``weight`` (N,) example weights, ``n_labels`` head rows in use. ``step``: AdamW's
+    step count for this step (already advanced). ``logits`` (N, n_labels) receives the
+    network's logits before the step.
+
+    Returns ``(loss, status, E rows, P rows)``: status 0 applied; 1 the loss is not
+    finite; 2, 3, 4, 5 the gradient of E, P, the head's weight or its bias is not finite
+    or beyond ``limit`` (nothing is updated unless 0). The rows are E's and P's distinct
+    rows the batch touched, ascending.
+    """
+    f32 = np.float32
+    N, T = mask.shape
+    k = P.shape[1]
+    d = E.shape[1]
+    L = n_labels
+    lr_E, lr_P, eps_rows = f32(lr_E), f32(lr_P), f32(eps_rows)
+
+    # the valid tokens, row-major: importance row, k component rows, owning record
+    M = 0
+    for n in range(N):
+        for t in range(T):
+            M += mask[n, t]
+    tok = np.empty(M, np.int64)
+    slot = np.empty(M * k, np.int64)
+    owner = np.empty(M, np.int64)
+    a = np.empty(N, np.float32)  # the pooling's 1/sqrt(tokens) per record
+    m = 0
+    for n in range(N):
+        c = 0
+        for t in range(T):
+            if mask[n, t]:
+                tok[m] = d1[n, t]
+                for i in range(k):
+                    slot[m * k + i] = buckets[n, t, i]
+                owner[m] = n
+                m += 1
+                c += 1
+        a[n] = f32(1.0 / math.sqrt(max(c, 1)))
+
+    # Read a word of every 64 bytes the step will touch in E, P and their sums first: the
+    # loads are independent, so the CPU has many misses in flight at once.
+    warm = f32(0.0)
+    for j in range(M):
+        warm += P[tok[j], 0] + P_sum[tok[j], 0]
+        for i in range(k):
+            row, acc = E[slot[j * k + i]], E_sum[slot[j * k + i]]
+            for c in range(0, d, 16):
+                warm += row[c] + acc[c]
+    if warm == f32(1e-30):  # keeps the reads; never true for weights that moved
+        logits[0, 0] = warm
+
+    # forward: x_n = a_n sum_t sum_i P[d1_t, i] E[h_i(t)]; logits; log-softmax
+    x = np.zeros((N, d), np.float32)
+    for j in range(M):
+        n = owner[j]
+        for i in range(k):
+            s = P[tok[j], i] * a[n]
+            row = E[slot[j * k + i]]
+            for c in range(d):
+                x[n, c] += s * row[c]
+    loss = 0.0
+    g = np.empty((N, L), np.float32)  # dL/dlogits = (softmax - onehot) w_n / N
+    for n in range(N):
+        top = -np.inf
+        for lab in range(L):
+            z = bias[lab]
+            for c in range(d):
+                z += W[lab, c] * x[n, c]
+            logits[n, lab] = z
+            top = max(top, z)
+        total = f32(0.0)
+        for lab in range(L):
+            total += math.exp(logits[n, lab] - top)
+        lse = top + math.log(total)
+        wn = weight[n] / f32(N)
+        for lab in range(L):
+            logp = logits[n, lab] - lse
+            g[n, lab] = math.exp(logp) * wn
+            if lab == labels[n]:
+                loss -= wn * logp
+                g[n, lab] -= wn
+    empty = np.empty(0, np.int64)
+    if not math.isfinite(loss):
+        return loss, 1, empty, empty
+
+    # the head's gradients and dL/dx
+    gW = np.zeros((L, d), np.float32)
+    gb = np.zeros(L, np.float32)
+    gx = np.zeros((N, d), np.float32)
+    for n in range(N):
+        for lab in range(L):
+            q = g[n, lab]
+            gb[lab] += q
+            for c in range(d):
+                gW[lab, c] += q * x[n, c]
+                gx[n, c] += q * W[lab, c]
+
+    # the tables' gradients, summed per distinct row
+    rows_E, group_E = row_groups(slot)
+    rows_P, group_P = row_groups(tok)
+    gE = np.zeros((len(rows_E), d), np.float32)
+    gP = np.zeros((len(rows_P), k), np.float32)
+    for j in range(M):
+        n = owner[j]
+        for i in range(k):
+            s = a[n] * P[tok[j], i]
+            row = E[slot[j * k + i]]
+            out = gE[group_E[j * k + i]]
+            dot = f32(0.0)
+            for c in range(d):
+                out[c] += s * gx[n, c]
+                dot += row[c] * gx[n, c]
+            gP[group_P[j], i] += a[n] * dot
+
+    for status, grad in ((2, gE), (3, gP), (4, gW)):
+        if _count_bad(grad, limit):
+            return loss, status, empty, empty
+    if _count_bad(gb, limit):
+        return loss, 5, empty, empty
+
+    # Adagrad on the rows: G += g^2; W -= lr g / (sqrt(G) + eps)
+    for u in range(len(rows_E)):
+        row, acc, grad = E[rows_E[u]], E_sum[rows_E[u]], gE[u]
+        for c in range(d):
+            s = acc[c] + grad[c] * grad[c]
+            acc[c] = s
+            row[c] -= lr_E * grad[c] / (np.sqrt(s) + eps_rows)
+    for u in range(len(rows_P)):
+        row, acc, grad = P[rows_P[u]], P_sum[rows_P[u]], gP[u]
+        for c in range(k):
+            s = acc[c] + grad[c] * grad[c]
+            acc[c] = s
+            row[c] -= lr_P * grad[c] / (np.sqrt(s) + eps_rows)
+
+    # AdamW on the head's rows in use (decoupled decay on the weight, none on the bias)
+    b1, b2, eps32 = f32(beta1), f32(beta2), f32(eps)
+    size = f32(lr / (1.0 - beta1 ** step))
+    root = f32(math.sqrt(1.0 - beta2 ** step))
+    keep = f32(1.0 - lr * weight_decay)
+    for lab in range(L):
+        for c in range(d):
+            q = gW[lab, c]
+            W[lab, c] *= keep
+            W_m[lab, c] += (f32(1.0) - b1) * (q - W_m[lab, c])
+            W_v[lab, c] = W_v[lab, c] * b2 + (f32(1.0) - b2) * q * q
+            W[lab, c] -= size * W_m[lab, c] / (np.sqrt(W_v[lab, c]) / root + eps32)
+        q = gb[lab]
+        b_m[lab] += (f32(1.0) - b1) * (q - b_m[lab])
+        b_v[lab] = b_v[lab] * b2 + (f32(1.0) - b2) * q * q
+        bias[lab] -= size * b_m[lab] / (np.sqrt(b_v[lab]) / root + eps32)
+    return loss, 0, rows_E, rows_P
+
+
+def _load() -> None:
+    """Compile :func:`classify_step`, or load it from numba's cache, for the argument
+    types a learner passes, by stepping a one-token batch on tables of one row."""
+    f32, i64 = np.float32, np.int64
+    tables = [np.zeros(shape, f32) for shape in ((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1,), (1, 1), (1, 1),
+                                                  (1,), (1,))]
+    classify_step(*tables, np.zeros((1, 1), i64), np.zeros((1, 1, 1), i64), np.ones((1, 1), bool),
+                  np.zeros(1, i64), np.ones(1, f32), 1, 0.1, 0.1, 1e-10, 0.001, 0.0, 0.9, 0.999, 1e-8, 1.0, 1e15,
+                  np.zeros((1, 1), f32))
+
+
+class CompiledClassifyStep:
+    """:func:`classify_step` bound to a learner's tables and optimizers. Built by
+    :meth:`bind`, which answers None where the kernel does not apply; called with a
+    prepared training batch, it steps the learner's parameters and optimizer state in
+    place, exactly where torch's closed-form step would."""
+
+    def __init__(self, learner, limit: float):
+        self.limit = limit  # the learner's MAX_GRADIENT
+        model = learner.model
+        self.emb, self.head = model.embedding, model.head
+        self.row_optim, self.dense_optim = learner.row_optim, learner.dense_optim
+        named = {id(p): name for name, p in learner.model.named_parameters()}
+        self.names = ("E", "P", named[id(self.head.weight)], named[id(self.head.bias)])
+        # Loading the compiled kernel from numba's cache takes about 0.3 s (0.3 s more
+        # at a process's first step, against a start-up target of 2 s to the first
+        # record learned); a thread loads it while the program goes on starting (the
+        # worker opens its state and connects to the broker), and the first step waits
+        # for it. LLVM's part runs without the GIL.
+        self._loading: threading.Thread | None = threading.Thread(target=_load, name="streamlearn-compile",
+                                                                 daemon=True)
+        self._loading.start()
+
+    @classmethod
+    def bind(cls, learner, limit: float) -> "CompiledClassifyStep | None":
+        """The step for ``learner``, or None where the kernel does not compute its step:
+        anything but classify's closed form (depth 0 on the CPU) over the default hash
+        embedding (``combine="sum"``), Adagrad on the rows and the label head, in float32.
+        ``limit``: a gradient at or beyond it in magnitude skips the step."""
+        model = learner.model
+        if not (learner.task.name == "classify" and learner.task.has_closed_form(model, learner.dev)
+                and type(model.embedding) is HashEmbedding and isinstance(model.head, LabelHead)
+                and learner.row_optim.rule == "adagrad"):
+            return None
+        tensors = [model.embedding.E, model.embedding.P, model.head.weight, model.head.bias]
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            return None
+        return cls(learner, limit)
+
+    def __call__(self, batch) -> tuple[float, np.ndarray, dict[str, np.ndarray] | None, str | None]:
+        """Step on ``batch``: ``(loss, logits before the step (N, n_labels), the rows
+        changed per table, None)``, or ``(loss, logits, None, what)`` where nothing was
+        updated: ``what`` names the loss or the parameter whose gradient was not finite
+        or too large."""
+        if self._loading is not None:
+            self._loading.join()
+            self._loading = None
+        emb, head, rows, dense = self.emb, self.head, self.row_optim, self.dense_optim
+        w_state, b_state = dense.state_of(head.weight), dense.state_of(head.bias)
+        step = float(w_state["step"]) + 1
+        feats, n_labels = batch.feats, batch.n_labels
+        labels = batch.targets["labels"]
+        logits = np.empty((len(labels), n_labels), np.float32)
+        tables = (emb.E, rows.state["E"]["sum"], emb.P, rows.state["P"]["sum"], head.weight, head.bias,
+                  w_state["exp_avg"], w_state["exp_avg_sq"], b_state["exp_avg"], b_state["exp_avg_sq"])
+        loss, status, rows_E, rows_P = classify_step(
+            *(t.detach().numpy() for t in tables),
+            feats["d1"], feats["buckets"], feats["mask"], labels, np.asarray(batch.weight, np.float32), int(n_labels),
+            *map(float, (rows.lrs["E"], rows.lrs["P"], rows.eps, dense.lr, dense.groups[0][1], *dense.betas,
+                         dense.eps, step, self.limit)), logits)  # floats: one compiled signature (_load's)
+        if status == 1:
+            return loss, logits, None, f"its loss ({loss})"
+        if status:
+            return loss, logits, None, f"the gradient of {self.names[status - 2]}"
+        w_state["step"] += 1
+        b_state["step"] += 1
+        rows.steps += 1
+        return loss, logits, {"E": rows_E, "P": rows_P}, None

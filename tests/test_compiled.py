@@ -1,0 +1,120 @@
+"""The compiled classify step (streamlearn.compiled) against torch's closed-form step:
+the same updates to float rounding, the same rows reported, the same skips."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamlearn.compiled import CompiledClassifyStep, classify_step, row_groups
+from streamlearn.config import Config
+from streamlearn.learner import Learner
+from tests.test_learner import SMALL, assert_same, batches, params, topic_stream
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def pair(*overrides: str) -> tuple[Learner, Learner]:
+    """(compiled, torch) learners of one config."""
+    fast = Learner(Config().override(*SMALL, *overrides))
+    slow = Learner(Config().override(*SMALL, *overrides, "learner.compiled=false"))
+    assert fast._compiled is not None and slow._compiled is None
+    return fast, slow
+
+
+def assert_nearly(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    """Equal to float rounding, but for a few cells of the row tables where Adagrad
+    magnified it: a cell whose gradients so far summed to almost nothing (cancelling
+    contributions, an Adagrad sum of 1e-15 to 1e-18) moves by about lr g / |g|, so the
+    last bits of g show in the update (at most 3e-4 here, against moves of up to 0.2)."""
+    close = torch.isclose(a, b, rtol=1e-4, atol=1e-6)
+    assert float(close.float().mean()) > 0.999 and float((a - b).abs().max()) < 1e-3, name
+
+
+def stream() -> list[dict]:
+    """Three topics, a weighted record, a fourth label arriving late, an empty text."""
+    records = topic_stream(64, seed=3) + [{"text": "team goal", "label": "sport", "weight": 2.5}]
+    records += [{"text": "sofa lamp chair", "label": "home"}, {"text": "", "label": "food"}]
+    return records + topic_stream(24, seed=4) + [{"text": "chair lamp", "label": "home"}]
+
+
+@pytest.mark.parametrize("overrides", [(), ("embedding.k=3",), ("learner.nb_weight=0",), ("embedding.init=paper",)])
+def test_the_compiled_step_equals_torchs(overrides):
+    """Stepped on the same batches, prequentially, the two give the same predictions
+    and losses and change the same rows, and leave every table, optimizer state and
+    count equal to float rounding (the compiled step sums in another order)."""
+    fast, slow = pair(*overrides)
+    for records in batches(stream(), 8):
+        bf, bs = fast.prepare(records), slow.prepare(records)
+        (pf, rf), (ps, rs) = fast.predict_learn_batch(bf), slow.predict_learn_batch(bs)
+        np.testing.assert_allclose(pf, ps, rtol=1e-5, atol=1e-6)
+        assert rf.loss == pytest.approx(rs.loss, rel=1e-5)
+        assert not rf.skipped and rf.step == rs.step
+        assert rf.rows.keys() == rs.rows.keys() and all(np.array_equal(rf.rows[k], rs.rows[k]) for k in rf.rows)
+    a, b = params(fast), params(slow)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert_nearly(a[name], b[name], name)
+    assert fast.task.count_tables().keys() == slow.task.count_tables().keys()
+    for name, counts in fast.task.count_tables().items():
+        assert torch.equal(counts, slow.task.count_tables()[name]), name
+    assert fast.steps == slow.steps and fast.row_optim.steps == slow.row_optim.steps
+    dense_a, dense_b = fast.optimizer_state()[0]["state"], slow.optimizer_state()[0]["state"]
+    for i in dense_b:
+        assert torch.equal(dense_a[i]["step"], dense_b[i]["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(dense_a[i][key], dense_b[i][key], rtol=1e-4, atol=1e-7, msg=key)
+    assert fast.take_dirty().keys() == slow.take_dirty().keys()
+    assert len(classify_step.signatures) == 1  # the types _load compiles for: no second compile at a first step
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), 1e30])
+def test_a_compiled_step_that_is_not_safe_changes_nothing(poison, caplog):
+    """A batch whose loss or gradient is not finite, or too large, leaves every table,
+    optimizer state and count as it was, counts the skip and names the cause."""
+    fast, _ = pair()
+    for records in batches(topic_stream(24), 8):
+        fast.learn_many(records)
+    batch = fast.prepare(topic_stream(8, seed=9))
+    batch.weight[:] = poison
+    before, steps = params(fast), fast.steps
+    state = {k: v.clone() for k, v in fast.optimizer_state()[0]["state"][0].items()}
+    report = fast.learn_batch(batch)
+    assert report.skipped and report.rows == {} and fast.skipped_steps == 1 and fast.steps == steps
+    assert_same(before, params(fast))
+    for key, value in fast.optimizer_state()[0]["state"][0].items():
+        assert torch.equal(value, state[key]), key
+    assert ("its loss" if poison != 1e30 else "the gradient of E") in caplog.text
+
+
+def test_a_learner_runs_it_only_where_it_computes_the_step():
+    """Bound for classify's default depth-0 step on the CPU; torch's step for the rest."""
+    assert Learner(Config().override(*SMALL))._compiled is not None
+    for overrides in (("model.layers=1",), ("optim.sparse=lazy-adam",), ("embedding.scheme=hashing-trick",),
+                      ("embedding.combine=concat",), ("learner.task=next-token",), ("learner.compiled=false",)):
+        assert Learner(Config().override(*SMALL, *overrides))._compiled is None, overrides
+
+
+def test_a_gradient_hook_takes_torchs_step():
+    """A learner whose gradients are exchanged (distributed) steps through ``.grad``."""
+    fast, slow = pair()
+    fast.gradient_hook = slow.gradient_hook = lambda _learner: None
+    for records in batches(topic_stream(32), 8):
+        fast.learn_many(records), slow.learn_many(records)
+    assert_same(params(fast), params(slow))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_row_groups_are_the_distinct_rows_and_each_ones_place(seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, [5, 1_000, 2**62][seed], size=[1, 300, 5_000][seed]).astype(np.int64)
+    rows, group = row_groups(ids)
+    expected, inverse = np.unique(ids, return_inverse=True)
+    np.testing.assert_array_equal(rows, expected)
+    np.testing.assert_array_equal(group, inverse)
+
+
+def test_binding_refuses_tables_it_cannot_step():
+    lrn = Learner(Config().override(*SMALL, "learner.compiled=false"))
+    lrn.model.embedding.E.data = lrn.model.embedding.E.data.double()
+    assert CompiledClassifyStep.bind(lrn, 1e15) is None
