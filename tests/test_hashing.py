@@ -1,6 +1,7 @@
 """Hashing: stable across processes, faithful to the birthday bound, tokenizers by hand."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -10,8 +11,8 @@ from hypothesis import given, strategies as st
 
 from streamlearn.exceptions import ConfigError
 from streamlearn.hashing import (
-    TokenHasher, canonical_id, derive_seed, multi_hash, tfree_hashes, tfree_trigrams,
-    token_bits, tokenize, word_ngrams, words,
+    SHAPE_MARK, TokenHasher, canonical_id, derive_seed, digit_shapes, multi_hash, tfree_hashes, tfree_trigrams,
+    token_bits, tokenize, with_ngrams, word_ngrams, words,
 )
 
 _DUMP = """
@@ -141,6 +142,17 @@ def test_word_tokenizer_and_ngrams():
     assert tokenize("A b c", max_n=3) == ["a", "b", "c", "a b", "b c", "a b c"]
     with pytest.raises(ConfigError):
         word_ngrams(["a"], 0)
+
+
+@given(st.text(alphabet=st.sampled_from("ab_Z 0912\u0663\u00b2\u00e9-.'\n\x05"), max_size=40), st.booleans())
+def test_tokenize_is_words_then_ngrams_then_digit_shapes(text, lowercase):
+    """A text's tokens: its words, their n-grams, then the shape of each word holding a
+    digit (Unicode digits, and word characters that are not digits, included)."""
+    ws = words(text, lowercase)
+    shapes = [SHAPE_MARK + re.sub(r"\d", "0", w) for w in ws if re.search(r"\d", w)]
+    assert digit_shapes(ws) == shapes
+    assert tokenize(text, 2, lowercase, shapes=True) == with_ngrams(ws, 2) + shapes
+    assert tokenize(text, 1, lowercase) == ws
 
 
 def test_derive_seed_separates_purposes():
