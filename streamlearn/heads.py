@@ -22,7 +22,7 @@ from torch's global RNG; the model is built under a seeded ``fork_rng``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -469,8 +469,11 @@ class NaiveBayesHead:
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
         self.flat = self.counts.numpy().reshape(-1)  # (cells,): a view, so in-place changes of counts show
         self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
-        self._shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
+        self.shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
         self._added = np.zeros(self.span, dtype=bool)  # scratch of _scores_in_order, all False between calls
+        # learn's counting, compiled (streamlearn.compiled.naive_bayes_counter: the task sets
+        # it where learner.compiled is on); None: the numpy below
+        self.counter: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
     # where each torch op's dispatch costs more than its work. Profile at batch 16 (SMS):
@@ -486,7 +489,7 @@ class NaiveBayesHead:
 
     def _pair(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """(token, label) cells relative to ``base``: (u + c * STRIDE) % span."""
-        return (tokens + self._shift[labels]) % self.span
+        return (tokens + self.shift[labels]) % self.span
 
     def _cells(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
         return self.base + self._pair(tokens, labels)
@@ -494,7 +497,7 @@ class NaiveBayesHead:
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
         valid = tokens >= 0  # (N, T)
-        n_tc = self._pairs[(tokens[valid][:, None] + self._shift[:n_labels]) % self.span]  # (M, n_labels)
+        n_tc = self._pairs[(tokens[valid][:, None] + self.shift[:n_labels]) % self.span]  # (M, n_labels)
         n_t = n_tc.sum(-1, keepdims=True)  # (M, 1) the token's count under every label
         rest = n_t - n_tc  # the token's count under the other labels
         seen = np.zeros(valid.shape, dtype=np.float32)  # (N, T): 1 where the token was counted before
@@ -536,7 +539,7 @@ class NaiveBayesHead:
         by = keys % N  # the record of each sorted key
         cum = np.zeros(len(keys) + 1)
         np.cumsum(w[by], dtype=np.float64, out=cum[1:])
-        q = (u[:, None] + self._shift[:n_labels]) % self.span  # (M, n_labels) the cells each token reads
+        q = (u[:, None] + self.shift[:n_labels]) % self.span  # (M, n_labels) the cells each token reads
         n_tc = self._pairs[q]  # (M, n_labels) the counts before the batch
         # Only the cells the batch adds to can differ (about a quarter of those read):
         # marked in a scratch bitmap, so the sorted search runs on those alone.
@@ -605,6 +608,8 @@ class NaiveBayesHead:
 
     def learn(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Count a batch (tokens (N, T), labels (N,), weight (N,)); return the changed row ids."""
+        if self.counter is not None:
+            return self.counter(tokens, labels, weight)
         valid = tokens >= 0
         rows = valid.nonzero()[0]  # (M,) the record of each token
         cells = self._cells(tokens[valid], labels[rows])  # (M,)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from streamlearn.compiled import CompiledClassifyStep, classify_step, row_groups
+from streamlearn.compiled import CompiledClassifyStep, classify_step, naive_bayes_counter, row_groups
 from streamlearn.config import Config
+from streamlearn.heads import NaiveBayesHead
 from streamlearn.learner import Learner
 from tests.test_learner import SMALL, assert_same, batches, params, topic_stream
 
@@ -32,9 +33,10 @@ def assert_nearly(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
 
 
 def stream() -> list[dict]:
-    """Three topics, a weighted record, a fourth label arriving late, an empty text."""
+    """Three topics, weighted records (one at zero), a fourth label arriving late, an empty text."""
     records = topic_stream(64, seed=3) + [{"text": "team goal", "label": "sport", "weight": 2.5}]
-    records += [{"text": "sofa lamp chair", "label": "home"}, {"text": "", "label": "food"}]
+    records += [{"text": "sofa lamp chair", "label": "home"}, {"text": "", "label": "food"},
+                {"text": "lamp lamp goal", "label": "home", "weight": 0.0}]
     return records + topic_stream(24, seed=4) + [{"text": "chair lamp", "label": "home"}]
 
 
@@ -118,3 +120,21 @@ def test_binding_refuses_tables_it_cannot_step():
     lrn = Learner(Config().override(*SMALL, "learner.compiled=false"))
     lrn.model.embedding.E.data = lrn.model.embedding.E.data.double()
     assert CompiledClassifyStep.bind(lrn, 1e15) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_naive_bayes_count_is_numpys(seed):
+    """Batches with repeated tokens, padding, zero and fractional weights: the same count
+    cells to the bit (the adds in the same order) and the same changed rows."""
+    rng = np.random.default_rng(seed)
+    fast, slow = NaiveBayesHead(64 * 40, 4, 0.3), NaiveBayesHead(64 * 40, 4, 0.3)
+    fast.counter = naive_bayes_counter(fast)
+    for _ in range(6):
+        N, T = rng.integers(1, 9), rng.integers(1, 12)
+        tokens = rng.integers(0, 30, size=(N, T))
+        tokens[rng.random((N, T)) < 0.3] = -1
+        labels = rng.integers(0, 4, size=N)
+        weight = rng.choice(np.array([0.0, 1.0, 2.5, 0.1], np.float32), size=N)
+        np.testing.assert_array_equal(fast.learn(tokens, labels, weight), slow.learn(tokens, labels, weight))
+        np.testing.assert_array_equal(fast.flat, slow.flat)
+    assert fast.flat[2 * 4] > 0

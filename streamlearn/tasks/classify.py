@@ -158,6 +158,9 @@ class Classify(Task):
         super().__init__(cfg, featurizer)
         lc = cfg.learner
         self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
+        if self.nb is not None and lc.compiled:
+            from ..compiled import naive_bayes_counter  # imports numba: only where it runs
+            self.nb.counter = naive_bayes_counter(self.nb)
 
     @property
     def label_table(self) -> LabelTable:
