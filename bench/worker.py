@@ -101,8 +101,8 @@ def wait_records(worker: Worker, n: int) -> None:
 def run_worker(cfg: Config, bootstrap: str, topic: str, n: int, state: str) -> dict:
     cfg = cfg.override(f"worker.bootstrap={bootstrap}", f"worker.group=bench-{uuid.uuid4().hex[:8]}")
     worker = Worker(cfg, RunOptions(topic, state))
-    wait, evaluate = Timed(worker.handoff.get), Timed(worker_module.prequential_scores)
-    worker.handoff.get, worker_module.prequential_scores = wait, evaluate
+    wait, evaluate = Timed(worker.handoff.get), Timed(worker_module.prequential_step)
+    worker.handoff.get, worker_module.prequential_step = wait, evaluate
     loop = threading.Thread(target=worker.run)
     loop.start()
     wait_records(worker, 1)
@@ -116,7 +116,7 @@ def run_worker(cfg: Config, bootstrap: str, topic: str, n: int, state: str) -> d
     commit_s = next(s.value for s in worker.metrics.m_ckpt.collect()[0].samples if s.name.endswith("_sum"))
     worker.stop()
     loop.join(60)
-    worker_module.prequential_scores = evaluate.fn
+    worker_module.prequential_step = evaluate.fn
     scale = n / (n - first)  # CPU and seconds over the measured records, scaled to all n
     return {"rate": (n - first) / wall, "wall": wall, "commit_s": commit_s,
             "loop_cpu": used[0] * scale, "fetch_cpu": used[1] * scale,
@@ -140,7 +140,7 @@ def describe(row: dict) -> str:
             f"(cpu ratio {row['cpu_ratio']:.2f}), fetch thread {row['fetch_cpu']:.2f}, kafka IO {row['io_cpu']:.2f} "
             f"| checkpoint commits {row['ckpt_share']:.1%} of wall; w/o periodic checkpoints "
             f"{row['no_ckpt']:,.0f} rec/s (slowdown {row['ckpt_slowdown']:+.1%}) | training loop starved "
-            f"{row['starved']:.1%}, prequential forwards {row['eval']:.1%} of wall")
+            f"{row['starved']:.1%}, evaluated steps (their step and scores) {row['eval']:.1%} of wall")
 
 
 def main() -> None:

@@ -39,12 +39,13 @@ _SMOOTHING = 0.05  # weight of the newest batch in the moving averages (about 20
 _CHECKPOINT_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 
 
-def prequential_scores(learner: Learner, batch: Batch, check: Check) -> Scores | None:
-    """The model's and the counting baseline's scores on a training batch, made before
-    learning it (the task's ``check``: a classifier's right labels, a token task's loss);
-    None for an empty batch. Uses the prepared batch, so the records are not tokenized
-    and hashed again on the training thread."""
-    return learner.prequential(batch, check)
+def prequential_step(learner: Learner, batch: Batch, check: Check) -> tuple[Scores | None, StepReport]:
+    """Learn a training batch the worker evaluates: the model's and the counting
+    baseline's scores on it, made before learning it (the task's ``check``: a classifier's
+    right labels, a token task's loss), and the step's report. Uses the prepared batch,
+    so the records are not tokenized and hashed again on the training thread
+    (:meth:`Learner.learn_batch_scored <streamlearn.learner.Learner.learn_batch_scored>`)."""
+    return learner.learn_batch_scored(batch, check)
 
 
 class _Average:

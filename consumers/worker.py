@@ -27,7 +27,7 @@ from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
-from .metrics import WorkerMetrics, prequential_scores
+from .metrics import WorkerMetrics, prequential_step
 from .warmup import read_window
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,10 @@ class Worker:
     def _learn(self, item: Prepared) -> None:
         every = self.cfg.worker.eval_every
         evaluate = every and self._batches % every == 0
-        scores = prequential_scores(self.learner, item.batch, self.check) if evaluate else None
-        report = self.learner.learn_batch(item.batch)
+        if evaluate:
+            scores, report = prequential_step(self.learner, item.batch, self.check)
+        else:
+            scores, report = None, self.learner.learn_batch(item.batch)
         self.check.learn(item.batch)
         if report.records and not self.metrics.learned_records:  # bench/startup.py reads its time
             log.info("first records learned (%d)", report.records)

@@ -327,6 +327,20 @@ class Learner(river_base.Classifier):
         with self._inference():
             return check.score(self.model, batch, self.dev)
 
+    def learn_batch_scored(self, batch: Batch, check: Check) -> tuple[Scores | None, StepReport]:
+        """:meth:`prequential` then :meth:`learn_batch` on one training batch (the worker's
+        evaluated batches). classify scores the logits the step's own forward gave
+        (:meth:`predict_learn_batch`'s), so where the step is closed-form (depth 0 on the
+        CPU) one forward serves both: the worker's separate evaluation forward was 15% of
+        its wall time (bench/worker.py, SMS, every 10th batch). Other tasks score first,
+        in inference mode."""
+        if self.task.answers != "labels":
+            scores = self.prequential(batch, check)
+            return scores, self.learn_batch(batch)
+        baseline = check.baseline_hits(batch)  # before the step counts the batch
+        report, outputs = self._learn(batch, predict=True)
+        return check.scores_of(outputs, batch, baseline), report
+
     def explain_many(self, records: Iterable, outputs: Sequence | None = None, k: int = 5) -> list[Explanation]:
         """Per record, why the model answers as it does (:mod:`streamlearn.explain`): each
         token's contribution to ``outputs[i]`` (a label, or a token; None: the best

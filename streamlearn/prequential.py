@@ -98,10 +98,27 @@ class LabelCheck(Check):
         hits = self.task.hits(model, batch, dev)
         if hits is None:
             return None
-        return Scores(self.metric, batch.examples, float(hits), float(self._baseline_hits(batch)))
+        return Scores(self.metric, batch.examples, float(hits), float(self.baseline_hits(batch)))
 
-    def _baseline_hits(self, batch: "Batch") -> int:
-        n, targets = batch.n_labels, batch.targets["labels"]  # (N,)
+    def scores_of(self, outputs, batch: "Batch", baseline_hits: int) -> Scores | None:
+        """:meth:`score` from the logits (examples, n_labels) the step's own forward gave
+        before it (``Learner.learn_batch_scored``), and the baseline's hits counted
+        before the step (:meth:`baseline_hits`); the same figures as :meth:`score`."""
+        if outputs is None or not batch.examples or not batch.n_labels:
+            return None
+        hits = 0
+        if batch.label_start:  # the labels known before the batch, as Classify.hits
+            known = outputs[:, :batch.label_start]
+            hits = int((known.argmax(-1).cpu().numpy() == batch.targets["labels"]).sum())
+        return Scores(self.metric, batch.examples, float(hits), float(baseline_hits))
+
+    def baseline_hits(self, batch: "Batch") -> int:
+        """The baseline's right labels on a training batch, from its counts before the
+        batch, over the labels known before it (as the model's: ``Classify.hits``)."""
+        n = batch.label_start
+        if not batch.examples or not n:
+            return 0
+        targets = batch.targets["labels"]  # (N,)
         if self._nb is not None:
             predicted = self._nb.scores(batch.nb_tokens, n).argmax(-1)  # (N,): counts before this batch
         else:

@@ -131,6 +131,30 @@ def test_the_classify_check_scores_the_model_and_the_naive_bayes_part_before_lea
     assert scores.baseline == nb_right and check.baseline == "naive bayes part"
 
 
+@pytest.mark.parametrize("overrides", [(), ("learner.compiled=false",), ("model.layers=1",), ("learner.nb_weight=0",)])
+def test_a_scored_step_gives_what_scoring_then_learning_gives(overrides):
+    """The worker's evaluated batches (learn_batch_scored: classify scores the logits of
+    the step's own forward) get the figures prequential() then learn_batch() give, and
+    leave the learner as they leave it."""
+    fused, apart = Learner(Config().override(*SMALL, *overrides)), Learner(Config().override(*SMALL, *overrides))
+    checks = fused.task.prequential_check(), apart.task.prequential_check()
+    stream = [{"text": "free prize now", "label": "spam"}, {"text": "see you at noon", "label": "ham"},
+              {"text": "prize call now", "label": "spam"}, {"text": "lunch at noon", "label": "ham"}] * 6
+    stream += [{"text": "a brand new label", "label": "other"}] + stream[:8]
+    for i in range(0, len(stream), 8):
+        a, b = fused.prepare(stream[i:i + 8]), apart.prepare(stream[i:i + 8])
+        scores, report = fused.learn_batch_scored(a, checks[0])
+        expected = apart.prequential(b, checks[1])
+        other = apart.learn_batch(b)
+        assert (report.loss, report.examples, report.step, report.skipped) == \
+            (other.loss, other.examples, other.step, other.skipped)
+        assert scores == expected
+        for check, batch in zip(checks, (a, b)):
+            check.learn(batch)
+    for name, table in fused.row_tables().items():
+        assert torch.equal(table, apart.row_tables()[name]), name
+
+
 def test_without_naive_bayes_the_baseline_is_the_majority_label():
     lrn = Learner(Config().override(*SMALL, "learner.nb_weight=0"))
     check = lrn.task.prequential_check()

@@ -124,8 +124,10 @@ def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, mak
 
     def sizes_of_run() -> list[int]:
         worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-        sizes, learn = [], worker.learner.learn_batch
+        sizes, learn, scored = [], worker.learner.learn_batch, worker.learner.learn_batch_scored
         worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
+        worker.learner.learn_batch_scored = lambda batch, check: (sizes.append(batch.records),
+                                                                 scored(batch, check))[1]  # evaluated batches
         worker.run()
         return [n for n in sizes if n]  # the empty batch that carries the start positions aside
 
@@ -147,8 +149,10 @@ def test_the_batch_doubles_from_learner_double_batch_after_on_across_a_restart(b
 
     def sizes_of_run() -> list[int]:
         worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-        sizes, learn = [], worker.learner.learn_batch
+        sizes, learn, scored = [], worker.learner.learn_batch, worker.learner.learn_batch_scored
         worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
+        worker.learner.learn_batch_scored = lambda batch, check: (sizes.append(batch.records),
+                                                                 scored(batch, check))[1]  # evaluated batches
         worker.run()
         return [n for n in sizes if n]
 

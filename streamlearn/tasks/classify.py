@@ -341,11 +341,15 @@ class Classify(Task):
                 for s, ids in zip(top.values, top.indices)]
 
     def hits(self, model: HashedTransformer, batch: Batch, dev: Device) -> int | None:
-        """Correct label predictions on a training batch, made before learning it (None
-        when it holds no example or no label is known yet)."""
+        """Correct label predictions on a training batch, made before learning it, over
+        the labels known before it (:meth:`known_probabilities`: a label the batch brings
+        cannot be predicted before it is learned, as in a replay: a batch before any
+        label was known scores 0); None when it holds no example."""
         if not batch.examples or not batch.n_labels:
             return None
-        predicted = self.probabilities(model, batch, dev).argmax(-1)  # (N,)
+        if not batch.label_start:
+            return 0
+        predicted = self.probabilities(model, batch, dev)[:, :batch.label_start].argmax(-1)  # (N,)
         return int((predicted == batch.targets["labels"]).sum())
 
     def prequential_check(self) -> LabelCheck:
