@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamlearn.compiled import CompiledClassifyStep, classify_step, naive_bayes_counter, row_groups
+from streamlearn.compiled import CompiledClassifyStep, CompiledNaiveBayes, classify_step, row_groups
 from streamlearn.config import Config
 from streamlearn.heads import NaiveBayesHead
 from streamlearn.learner import Learner
@@ -123,18 +123,24 @@ def test_binding_refuses_tables_it_cannot_step():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_compiled_naive_bayes_count_is_numpys(seed):
-    """Batches with repeated tokens, padding, zero and fractional weights: the same count
-    cells to the bit (the adds in the same order) and the same changed rows."""
+def test_the_compiled_naive_bayes_part_is_numpys(seed):
+    """Batches with repeated tokens, padding, zero and fractional weights and a label not
+    counted yet: the same count cells to the bit (the adds in the same order), the same
+    changed rows, and the same scores of a query and in stream order to float rounding."""
     rng = np.random.default_rng(seed)
     fast, slow = NaiveBayesHead(64 * 40, 4, 0.3), NaiveBayesHead(64 * 40, 4, 0.3)
-    fast.counter = naive_bayes_counter(fast)
-    for _ in range(6):
+    fast.compiled = CompiledNaiveBayes(fast)
+    for _ in range(8):
         N, T = rng.integers(1, 9), rng.integers(1, 12)
         tokens = rng.integers(0, 30, size=(N, T))
         tokens[rng.random((N, T)) < 0.3] = -1
-        labels = rng.integers(0, 4, size=N)
+        labels = rng.integers(0, 3, size=N)
         weight = rng.choice(np.array([0.0, 1.0, 2.5, 0.1], np.float32), size=N)
+        for n_labels in (3, 4):
+            np.testing.assert_allclose(fast.scores(tokens, n_labels), slow.scores(tokens, n_labels), rtol=1e-5,
+                                       atol=1e-5)
+            np.testing.assert_allclose(fast.scores_in_order(tokens, labels, weight, n_labels),
+                                       slow.scores_in_order(tokens, labels, weight, n_labels), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(fast.learn(tokens, labels, weight), slow.learn(tokens, labels, weight))
         np.testing.assert_array_equal(fast.flat, slow.flat)
     assert fast.flat[2 * 4] > 0

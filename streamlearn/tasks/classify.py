@@ -159,8 +159,8 @@ class Classify(Task):
         lc = cfg.learner
         self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
         if self.nb is not None and lc.compiled:
-            from ..compiled import naive_bayes_counter  # imports numba: only where it runs
-            self.nb.counter = naive_bayes_counter(self.nb)
+            from ..compiled import CompiledNaiveBayes  # imports numba: only where it runs
+            self.nb.compiled = CompiledNaiveBayes(self.nb)
 
     @property
     def label_table(self) -> LabelTable:
