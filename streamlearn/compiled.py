@@ -91,6 +91,71 @@ def _count_bad(a: np.ndarray, limit: float) -> int:
     return bad
 
 
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _tokens(d1, buckets, mask, k):
+    """The valid tokens of a batch, row-major: each one's importance row (M,), its k
+    component rows (M * k,) and its record (M,); and each record's pooling weight
+    1/sqrt(tokens) (N,)."""
+    N, T = mask.shape
+    M = 0
+    for n in range(N):
+        for t in range(T):
+            M += mask[n, t]
+    tok = np.empty(M, np.int64)
+    slot = np.empty(M * k, np.int64)
+    owner = np.empty(M, np.int64)
+    a = np.empty(N, np.float32)
+    m = 0
+    for n in range(N):
+        c = 0
+        for t in range(T):
+            if mask[n, t]:
+                tok[m] = d1[n, t]
+                for i in range(k):
+                    slot[m * k + i] = buckets[n, t, i]
+                owner[m] = n
+                m += 1
+                c += 1
+        a[n] = np.float32(1.0 / math.sqrt(max(c, 1)))
+    return tok, slot, owner, a
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _pool(E, P, tok, slot, owner, a, N):
+    """The bag (N, d): x_n = a_n sum_t sum_i P[d1_t, i] E[h_i(t)]."""
+    k, d = P.shape[1], E.shape[1]
+    x = np.zeros((N, d), np.float32)
+    for j in range(len(tok)):
+        n = owner[j]
+        for i in range(k):
+            s = P[tok[j], i] * a[n]
+            row = E[slot[j * k + i]]
+            for c in range(d):
+                x[n, c] += s * row[c]
+    return x
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _head(x, W, bias, n_labels, logits):
+    """``logits`` (N, n_labels) = x W[:n_labels]^T + bias[:n_labels]."""
+    for n in range(x.shape[0]):
+        for lab in range(n_labels):
+            z = bias[lab]
+            for c in range(x.shape[1]):
+                z += W[lab, c] * x[n, c]
+            logits[n, lab] = z
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def classify_logits(E, P, W, bias, d1, buckets, mask, logits):
+    """The depth-0 classifier's network logits (N, n_labels) of a batch into ``logits``
+    (a query's, or a training batch's before its step): :func:`classify_step`'s forward
+    alone."""
+    tok, slot, owner, a = _tokens(d1, buckets, mask, P.shape[1])
+    _head(_pool(E, P, tok, slot, owner, a, mask.shape[0]), W, bias, logits.shape[1], logits)
+
+
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
                   d1, buckets, mask, labels, weight, n_labels,
@@ -116,27 +181,8 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
     L = n_labels
     lr_E, lr_P, eps_rows = f32(lr_E), f32(lr_P), f32(eps_rows)
 
-    # the valid tokens, row-major: importance row, k component rows, owning record
-    M = 0
-    for n in range(N):
-        for t in range(T):
-            M += mask[n, t]
-    tok = np.empty(M, np.int64)
-    slot = np.empty(M * k, np.int64)
-    owner = np.empty(M, np.int64)
-    a = np.empty(N, np.float32)  # the pooling's 1/sqrt(tokens) per record
-    m = 0
-    for n in range(N):
-        c = 0
-        for t in range(T):
-            if mask[n, t]:
-                tok[m] = d1[n, t]
-                for i in range(k):
-                    slot[m * k + i] = buckets[n, t, i]
-                owner[m] = n
-                m += 1
-                c += 1
-        a[n] = f32(1.0 / math.sqrt(max(c, 1)))
+    tok, slot, owner, a = _tokens(d1, buckets, mask, k)
+    M = len(tok)
 
     # Read a word of every 64 bytes the step will touch in E, P and their sums first: the
     # loads are independent, so the CPU has many misses in flight at once.
@@ -150,25 +196,14 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
     if warm == f32(1e-30):  # keeps the reads; never true for weights that moved
         logits[0, 0] = warm
 
-    # forward: x_n = a_n sum_t sum_i P[d1_t, i] E[h_i(t)]; logits; log-softmax
-    x = np.zeros((N, d), np.float32)
-    for j in range(M):
-        n = owner[j]
-        for i in range(k):
-            s = P[tok[j], i] * a[n]
-            row = E[slot[j * k + i]]
-            for c in range(d):
-                x[n, c] += s * row[c]
+    x = _pool(E, P, tok, slot, owner, a, N)  # forward: the bag, the head, the log-softmax
     loss = 0.0
     g = np.empty((N, L), np.float32)  # dL/dlogits = (softmax - onehot) w_n / N
+    _head(x, W, bias, L, logits)
     for n in range(N):
         top = -np.inf
         for lab in range(L):
-            z = bias[lab]
-            for c in range(d):
-                z += W[lab, c] * x[n, c]
-            logits[n, lab] = z
-            top = max(top, z)
+            top = max(top, logits[n, lab])
         total = f32(0.0)
         for lab in range(L):
             total += math.exp(logits[n, lab] - top)
@@ -386,6 +421,8 @@ def _load() -> None:
     classify_step(*tables, np.zeros((1, 1), i64), np.zeros((1, 1, 1), i64), np.ones((1, 1), bool),
                   np.zeros(1, i64), np.ones(1, f32), 1, 0.1, 0.1, 1e-10, 0.001, 0.0, 0.9, 0.999, 1e-8, 1.0, 1e15,
                   np.zeros((1, 1), f32))
+    classify_logits(tables[0], tables[2], tables[4], tables[5], np.zeros((1, 1), i64), np.zeros((1, 1, 1), i64),
+                    np.ones((1, 1), bool), np.zeros((1, 1), f32))
     count_naive_bayes(np.zeros(4, f32), np.zeros((1, 1), i64), np.zeros(1, i64), np.ones(1, f32), 3, 1,
                       np.zeros(1, i64), 1, 64)
     for in_order in (False, True):
@@ -485,6 +522,18 @@ class CompiledClassifyStep:
         if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
             return None
         return cls(learner, limit)
+
+    def logits(self, batch) -> torch.Tensor:
+        """The network's logits (N, n_labels) of a prepared batch, without a step (the
+        task's ``network_logits`` where no gradient is wanted: queries, predictions)."""
+        if not self._ready:
+            loaded()
+            self._ready = True
+        feats = batch.feats
+        out = np.empty((feats["mask"].shape[0], batch.n_labels), np.float32)
+        classify_logits(self.emb.E.detach().numpy(), self.emb.P.detach().numpy(), self.head.weight.detach().numpy(),
+                        self.head.bias.detach().numpy(), feats["d1"], feats["buckets"], feats["mask"], out)
+        return torch.from_numpy(out)
 
     def __call__(self, batch) -> tuple[float, np.ndarray, dict[str, np.ndarray] | None, str | None]:
         """Step on ``batch``: ``(loss, logits before the step (N, n_labels), the rows

@@ -186,6 +186,8 @@ class Learner(river_base.Classifier):
         if c.learner.compiled and closed_form:
             from .compiled import CompiledClassifyStep  # imports numba: only for a learner that runs it
             self._compiled = CompiledClassifyStep.bind(self, MAX_GRADIENT)
+            if self._compiled is not None:
+                self.task.compiled_logits = self._compiled.logits  # queries and predictions too
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned

@@ -29,7 +29,7 @@ label logits of every prediction. The two are experts of their own:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -158,6 +158,9 @@ class Classify(Task):
         super().__init__(cfg, featurizer)
         lc = cfg.learner
         self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
+        # the depth-0 forward compiled, where the learner runs its step compiled
+        # (streamlearn.compiled.CompiledClassifyStep.logits: the learner sets it)
+        self.compiled_logits: Callable[[Batch], torch.Tensor] | None = None
         if self.nb is not None and lc.compiled:
             from ..compiled import CompiledNaiveBayes  # imports numba: only where it runs
             self.nb.compiled = CompiledNaiveBayes(self.nb)
@@ -225,6 +228,8 @@ class Classify(Task):
 
     def network_logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """The network's label logits (N, n_labels), what its loss sees."""
+        if self.compiled_logits is not None and not torch.is_grad_enabled():
+            return self.compiled_logits(batch)
         bag = None if dev.cuda or torch.is_grad_enabled() else model.bag(batch.feats)
         if bag is not None:
             return model.head(bag.x, batch.n_labels).float()
