@@ -20,21 +20,24 @@ the median of each part on batches it had not seen, 264 us in all): the first re
 E, P and their sums two fifths (cache misses), the rows' gradients and Adagrad a
 seventh each, grouping the rows a ninth.
 
-The kernel is compiled once per machine and cached beside this file (numba's
-``cache=True``; where that folder is read-only, in the user's cache folder); a process
-pays numba's import and the cache's load (about half a second) at its first step.
+The kernels are compiled once per machine and cached beside this file (numba's
+``cache=True``; where that folder is read-only, in the user's cache folder). A process
+pays numba's import (0.16 s) and its first call (0.35 s, whichever kernel; each further
+kernel's load 5-13 ms): :func:`start_loading` does it in a thread, and this module
+imports no torch, so the worker command starts it before its own imports.
 """
 from __future__ import annotations
 
 import math
 import threading
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from numba import njit
 
-from .embeddings.hash import HashEmbedding
-from .heads import LabelHead
+if TYPE_CHECKING:
+    import torch
 
 # Reassociation (sums vectorised), contraction (fused multiply-add) and reciprocals; not
 # the flags that assume no NaN or infinity: the safety check must see them.
@@ -508,6 +511,9 @@ class CompiledClassifyStep:
     place, exactly where torch's closed-form step would."""
 
     def __init__(self, learner, limit: float):
+        import torch
+
+        self._from_numpy = torch.from_numpy
         self.limit = limit  # the learner's MAX_GRADIENT
         model = learner.model
         self.emb, self.head = model.embedding, model.head
@@ -523,6 +529,11 @@ class CompiledClassifyStep:
         anything but classify's closed form (depth 0 on the CPU) over the default hash
         embedding (``combine="sum"``), Adagrad on the rows and the label head, in float32.
         ``limit``: a gradient at or beyond it in magnitude skips the step."""
+        import torch
+
+        from .embeddings.hash import HashEmbedding
+        from .heads import LabelHead
+
         model = learner.model
         if not (learner.task.name == "classify" and learner.task.has_closed_form(model, learner.dev)
                 and type(model.embedding) is HashEmbedding and isinstance(model.head, LabelHead)
@@ -533,7 +544,7 @@ class CompiledClassifyStep:
             return None
         return cls(learner, limit)
 
-    def logits(self, batch) -> torch.Tensor:
+    def logits(self, batch) -> "torch.Tensor":
         """The network's logits (N, n_labels) of a prepared batch, without a step (the
         task's ``network_logits`` where no gradient is wanted: queries, predictions)."""
         if not self._ready:
@@ -543,7 +554,7 @@ class CompiledClassifyStep:
         out = np.empty((feats["mask"].shape[0], batch.n_labels), np.float32)
         classify_logits(self.emb.E.detach().numpy(), self.emb.P.detach().numpy(), self.head.weight.detach().numpy(),
                         self.head.bias.detach().numpy(), feats["d1"], feats["buckets"], feats["mask"], out)
-        return torch.from_numpy(out)
+        return self._from_numpy(out)
 
     def __call__(self, batch) -> tuple[float, np.ndarray, dict[str, np.ndarray] | None, str | None]:
         """Step on ``batch``: ``(loss, logits before the step (N, n_labels), the rows
