@@ -172,14 +172,15 @@ def classify_logits(E, P, W, bias, d1, buckets, mask, logits):
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
                   d1, buckets, mask, labels, weight, n_labels,
-                  lr_E, lr_P, eps_rows, lr, weight_decay, beta1, beta2, eps, step, limit, logits):
+                  lr_E, lr_P, eps_rows, lr, weight_decay, beta1, beta2, eps, W_step, b_step, limit, logits):
     """One closed-form step of the depth-0 classifier, in place.
 
     Tables (float32, C order): ``E`` (B, d) and ``P`` (K, k) with their Adagrad sums;
     the label head ``W`` (max_labels, d), ``bias`` and their AdamW moments. The batch:
     ``d1`` (N, T), ``buckets`` (N, T, k), ``mask`` (N, T), ``labels`` (N,) label ids,
-    ``weight`` (N,) example weights, ``n_labels`` head rows in use. ``step``: AdamW's
-    step count for this step (already advanced). ``logits`` (N, n_labels) receives the
+    ``weight`` (N,) example weights, ``n_labels`` head rows in use. ``W_step``, ``b_step``:
+    AdamW's step counts of the weight and the bias (1,), advanced here when the step
+    is applied (a torch scalar's in-place add cost 19 us a step). ``logits`` (N, n_labels) receives the
     network's logits before the step.
 
     Returns ``(loss, status, E rows, P rows)``: status 0 applied; 1 the loss is not
@@ -283,9 +284,15 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
 
     # AdamW on the head's rows in use (decoupled decay on the weight, none on the bias)
     b1, b2, eps32 = f32(beta1), f32(beta2), f32(eps)
+    keep = f32(1.0 - lr * weight_decay)
+    step = np.float64(W_step[0]) + 1.0
     size = f32(lr / (1.0 - beta1 ** step))
     root = f32(math.sqrt(1.0 - beta2 ** step))
-    keep = f32(1.0 - lr * weight_decay)
+    step_b = np.float64(b_step[0]) + 1.0
+    size_b = f32(lr / (1.0 - beta1 ** step_b))
+    root_b = f32(math.sqrt(1.0 - beta2 ** step_b))
+    W_step[0] = step
+    b_step[0] = step_b
     for lab in range(L):
         for c in range(d):
             q = gW[lab, c]
@@ -296,7 +303,7 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
         q = gb[lab]
         b_m[lab] += (f32(1.0) - b1) * (q - b_m[lab])
         b_v[lab] = b_v[lab] * b2 + (f32(1.0) - b2) * q * q
-        bias[lab] -= size * b_m[lab] / (np.sqrt(b_v[lab]) / root + eps32)
+        bias[lab] -= size_b * b_m[lab] / (np.sqrt(b_v[lab]) / root_b + eps32)
     return loss, 0, rows_E, rows_P
 
 
@@ -432,7 +439,8 @@ def _load() -> None:
     tables = [np.zeros(shape, f32) for shape in ((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1,), (1, 1), (1, 1),
                                                   (1,), (1,))]
     classify_step(*tables, np.zeros((1, 1), i64), np.zeros((1, 1, 1), i64), np.ones((1, 1), bool),
-                  np.zeros(1, i64), np.ones(1, f32), 1, 0.1, 0.1, 1e-10, 0.001, 0.0, 0.9, 0.999, 1e-8, 1.0, 1e15,
+                  np.zeros(1, i64), np.ones(1, f32), 1, 0.1, 0.1, 1e-10, 0.001, 0.0, 0.9, 0.999, 1e-8,
+                  np.zeros(1, f32), np.zeros(1, f32), 1e15,
                   np.zeros((1, 1), f32))
     classify_logits(tables[0], tables[2], tables[4], tables[5], np.zeros((1, 1), i64), np.zeros((1, 1, 1), i64),
                     np.ones((1, 1), bool), np.zeros((1, 1), f32))
@@ -566,22 +574,20 @@ class CompiledClassifyStep:
             self._ready = True
         emb, head, rows, dense = self.emb, self.head, self.row_optim, self.dense_optim
         w_state, b_state = dense.state_of(head.weight), dense.state_of(head.bias)
-        step = float(w_state["step"]) + 1
         feats, n_labels = batch.feats, batch.n_labels
         labels = batch.targets["labels"]
         logits = np.empty((len(labels), n_labels), np.float32)
         tables = (emb.E, rows.state["E"]["sum"], emb.P, rows.state["P"]["sum"], head.weight, head.bias,
                   w_state["exp_avg"], w_state["exp_avg_sq"], b_state["exp_avg"], b_state["exp_avg_sq"])
+        steps = (w_state["step"].view(1).numpy(), b_state["step"].view(1).numpy())  # AdamW's counts, in place
         loss, status, rows_E, rows_P = classify_step(
             *(t.detach().numpy() for t in tables),
             feats["d1"], feats["buckets"], feats["mask"], labels, np.asarray(batch.weight, np.float32), int(n_labels),
             *map(float, (rows.lrs["E"], rows.lrs["P"], rows.eps, dense.lr, dense.groups[0][1], *dense.betas,
-                         dense.eps, step, self.limit)), logits)  # floats: one compiled signature (_load's)
+                         dense.eps)), *steps, float(self.limit), logits)  # floats: one signature, _load's
         if status == 1:
             return loss, logits, None, f"its loss ({loss})"
         if status:
             return loss, logits, None, f"the gradient of {self.names[status - 2]}"
-        w_state["step"] += 1
-        b_state["step"] += 1
         rows.steps += 1
         return loss, logits, {"E": rows_E, "P": rows_P}, None
