@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
+from .exceptions import StreamlearnError
+
 if TYPE_CHECKING:
     import torch
 
@@ -191,10 +193,10 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
     Tables (float32, C order): ``E`` (B, d) and ``P`` (K, k) with their Adagrad sums;
     the label head ``W`` (max_labels, d), ``bias`` and their AdamW moments. The batch:
     ``d1`` (N, T), ``buckets`` (N, T, k), ``mask`` (N, T), ``labels`` (N,) label ids,
-    ``weight`` (N,) example weights, ``n_labels`` head rows in use. ``W_step``, ``b_step``:
-    AdamW's step counts of the weight and the bias (1,), advanced here when the step
-    is applied (a torch scalar's in-place add cost 19 us a step). ``logits`` (N, n_labels) receives the
-    network's logits before the step.
+    ``weight`` (N,) example weights, ``n_labels`` head rows in use. ``W_step``,
+    ``b_step``: AdamW's step counts of the weight and the bias (1,), advanced here when
+    the step is applied (a torch scalar's in-place add cost 19 us a step). ``logits``
+    (N, n_labels) receives the network's logits before the step.
 
     Returns ``(loss, status, E rows, P rows)``: status 0 applied; 1 the loss is not
     finite; 2, 3, 4, 5 the gradient of E, P, the head's weight or its bias is not finite
@@ -202,7 +204,7 @@ def classify_step(E, E_sum, P, P_sum, W, bias, W_m, W_v, b_m, b_v,
     rows the batch touched, ascending.
     """
     f32 = np.float32
-    N, T = mask.shape
+    N = mask.shape[0]
     k = P.shape[1]
     d = E.shape[1]
     L = n_labels
@@ -457,23 +459,38 @@ _loading: threading.Thread | None = None
 _lock = threading.Lock()
 
 
+_failure: list[BaseException] = []  # what the loading thread raised, if it did
+
+
 def start_loading() -> None:
-    """Load the kernels in a thread (once per process). Loading them from numba's cache
-    takes about 0.3 s, which a process's first step would otherwise wait for, against a
-    start-up target of 2 s to the first record learned; a thread loads them while the
-    program goes on starting (the worker opens its state and connects to the broker).
-    LLVM's part runs without the GIL."""
+    """Load the kernels in a thread (once per process). numba's first call and the
+    kernels' loads from its cache take about 0.4 s of CPU (7 s to compile them the first
+    time on a machine), which a process's first step would otherwise wait for, against
+    a start-up target of 2 s to the first record learned; a thread loads them while the
+    program goes on starting (the worker command starts it before its imports)."""
     global _loading
     with _lock:
         if _loading is None:
-            _loading = threading.Thread(target=_load, name="streamlearn-compile", daemon=True)
+            _loading = threading.Thread(target=_load_or_keep_failure, name="streamlearn-compile", daemon=True)
             _loading.start()
 
 
+def _load_or_keep_failure() -> None:
+    try:
+        _load()
+    except Exception as exc:  # reported by loaded(), in the thread that needs the kernels
+        _failure.append(exc)
+
+
 def loaded() -> None:
-    """Wait until :func:`start_loading`'s thread is done (started here if it was not)."""
+    """Wait until :func:`start_loading`'s thread is done (started here if it was not).
+    Raises :class:`~streamlearn.exceptions.StreamlearnError` naming the cause and the way
+    back to torch's step (``learner.compiled=false``) where the kernels could not be built."""
     start_loading()
     _loading.join()
+    if _failure:
+        raise StreamlearnError(f"the compiled classify step could not be built here ({_failure[0]!r}); "
+                               "set learner.compiled=false to run torch's step instead") from _failure[0]
 
 
 class CompiledNaiveBayes:

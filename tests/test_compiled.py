@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+import streamlearn.compiled as compiled
 from streamlearn.compiled import CompiledClassifyStep, CompiledNaiveBayes, classify_step, row_groups
 from streamlearn.config import Config
+from streamlearn.exceptions import StreamlearnError
 from streamlearn.heads import NaiveBayesHead
 from streamlearn.learner import Learner
 from tests.test_learner import SMALL, assert_same, batches, params, topic_stream
@@ -148,3 +150,12 @@ def test_the_compiled_naive_bayes_part_is_numpys(seed):
         np.testing.assert_array_equal(fast.learn(tokens, labels, weight), slow.learn(tokens, labels, weight))
         np.testing.assert_array_equal(fast.flat, slow.flat)
     assert fast.flat[2 * 4] > 0
+
+
+def test_kernels_that_could_not_be_built_are_a_clear_error(monkeypatch):
+    """Where numba cannot build the kernels (the loading thread raised), the step that
+    needs them says so and names the way back to torch's step."""
+    compiled.loaded()
+    monkeypatch.setattr(compiled, "_failure", [RuntimeError("no LLVM target for this CPU")])
+    with pytest.raises(StreamlearnError, match="no LLVM target.*learner.compiled=false"):
+        compiled.loaded()
