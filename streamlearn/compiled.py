@@ -457,8 +457,7 @@ def _load() -> None:
 
 _loading: threading.Thread | None = None
 _lock = threading.Lock()
-
-
+_ready = False  # the thread is done and the kernels are loaded
 _failure: list[BaseException] = []  # what the loading thread raised, if it did
 
 
@@ -486,11 +485,15 @@ def loaded() -> None:
     """Wait until :func:`start_loading`'s thread is done (started here if it was not).
     Raises :class:`~streamlearn.exceptions.StreamlearnError` naming the cause and the way
     back to torch's step (``learner.compiled=false``) where the kernels could not be built."""
+    global _ready
+    if _ready:
+        return
     start_loading()
     _loading.join()
     if _failure:
         raise StreamlearnError(f"the compiled classify step could not be built here ({_failure[0]!r}); "
                                "set learner.compiled=false to run torch's step instead") from _failure[0]
+    _ready = True
 
 
 class CompiledNaiveBayes:
@@ -502,18 +505,12 @@ class CompiledNaiveBayes:
 
     def __init__(self, nb):
         self.nb = nb
-        self._ready = False
         start_loading()
 
-    def _args(self) -> tuple:
-        if not self._ready:
-            loaded()
-            self._ready = True
-        return (self.nb.flat,)
-
     def learn(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        loaded()
         nb = self.nb
-        return count_naive_bayes(*self._args(), tokens, labels, np.asarray(weight, np.float32), int(nb.base),
+        return count_naive_bayes(nb.flat, tokens, labels, np.asarray(weight, np.float32), int(nb.base),
                                  int(nb.span), nb.shift, int(nb.max_labels), int(nb.ROW))
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
@@ -525,8 +522,9 @@ class CompiledNaiveBayes:
         return self._scores(tokens, labels, np.asarray(weight, np.float32), n_labels, True)
 
     def _scores(self, tokens, labels, weight, n_labels, in_order) -> np.ndarray:
+        loaded()
         nb = self.nb
-        return naive_bayes_scores(*self._args(), tokens, np.asarray(labels, np.int64), weight, int(n_labels),
+        return naive_bayes_scores(nb.flat, tokens, np.asarray(labels, np.int64), weight, int(n_labels),
                                   int(nb.base), int(nb.span), nb.shift, int(nb.max_labels), float(nb.alpha),
                                   in_order)
 
@@ -548,7 +546,6 @@ class CompiledClassifyStep:
         named = {id(p): name for name, p in learner.model.named_parameters()}
         self.names = ("E", "P", named[id(self.head.weight)], named[id(self.head.bias)])
         start_loading()
-        self._ready = False
 
     @classmethod
     def bind(cls, learner, limit: float) -> "CompiledClassifyStep | None":
@@ -574,9 +571,7 @@ class CompiledClassifyStep:
     def logits(self, batch) -> "torch.Tensor":
         """The network's logits (N, n_labels) of a prepared batch, without a step (the
         task's ``network_logits`` where no gradient is wanted: queries, predictions)."""
-        if not self._ready:
-            loaded()
-            self._ready = True
+        loaded()
         feats = batch.feats
         out = np.empty((feats["mask"].shape[0], batch.n_labels), np.float32)
         classify_logits(self.emb.E.detach().numpy(), self.emb.P.detach().numpy(), self.head.weight.detach().numpy(),
@@ -588,9 +583,7 @@ class CompiledClassifyStep:
         changed per table, None)``, or ``(loss, logits, None, what)`` where nothing was
         updated: ``what`` names the loss or the parameter whose gradient was not finite
         or too large."""
-        if not self._ready:
-            loaded()
-            self._ready = True
+        loaded()
         emb, head, rows, dense = self.emb, self.head, self.row_optim, self.dense_optim
         w_state, b_state = dense.state_of(head.weight), dense.state_of(head.bias)
         feats, n_labels = batch.feats, batch.n_labels

@@ -104,12 +104,9 @@ class LabelCheck(Check):
         """:meth:`score` from the logits (examples, n_labels) the step's own forward gave
         before it (``Learner.learn_batch_scored``), and the baseline's hits counted
         before the step (:meth:`baseline_hits`); the same figures as :meth:`score`."""
-        if outputs is None or not batch.examples or not batch.n_labels:
+        hits = self.task.hits_of(outputs, batch)
+        if hits is None:
             return None
-        hits = 0
-        if batch.label_start:  # the labels known before the batch, as Classify.hits
-            known = outputs[:, :batch.label_start]
-            hits = int((known.argmax(-1).cpu().numpy() == batch.targets["labels"]).sum())
         return Scores(self.metric, batch.examples, float(hits), float(baseline_hits))
 
     def baseline_hits(self, batch: "Batch") -> int:

@@ -156,6 +156,7 @@ def test_kernels_that_could_not_be_built_are_a_clear_error(monkeypatch):
     """Where numba cannot build the kernels (the loading thread raised), the step that
     needs them says so and names the way back to torch's step."""
     compiled.loaded()
+    monkeypatch.setattr(compiled, "_ready", False)  # as if this process had not loaded them yet
     monkeypatch.setattr(compiled, "_failure", [RuntimeError("no LLVM target for this CPU")])
     with pytest.raises(StreamlearnError, match="no LLVM target.*learner.compiled=false"):
         compiled.loaded()

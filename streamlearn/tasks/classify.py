@@ -352,9 +352,17 @@ class Classify(Task):
         label was known scores 0); None when it holds no example."""
         if not batch.examples or not batch.n_labels:
             return None
+        return self.hits_of(self.label_logits(model, batch, dev), batch)
+
+    def hits_of(self, outputs: torch.Tensor | None, batch: Batch) -> int | None:
+        """:meth:`hits` from the label logits (examples, n_labels) the model gave a
+        training batch before learning it (its own, or those of the step's forward:
+        ``Learner.learn_batch_scored``)."""
+        if outputs is None or not batch.examples or not batch.n_labels:
+            return None
         if not batch.label_start:
             return 0
-        predicted = self.probabilities(model, batch, dev)[:, :batch.label_start].argmax(-1)  # (N,)
+        predicted = outputs[:, :batch.label_start].argmax(-1).cpu().numpy()  # (N,)
         return int((predicted == batch.targets["labels"]).sum())
 
     def prequential_check(self) -> LabelCheck:
