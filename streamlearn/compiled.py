@@ -474,6 +474,14 @@ def start_loading() -> None:
             _loading.start()
 
 
+def start_loading_for(cfg) -> None:
+    """:func:`start_loading` where ``cfg``'s learner will run the kernels (classify with
+    ``learner.compiled``): the commands call it before importing torch, so numba's
+    start-up overlaps theirs."""
+    if cfg.learner.compiled and cfg.learner.task == "classify":
+        start_loading()
+
+
 def _load_or_keep_failure() -> None:
     try:
         _load()

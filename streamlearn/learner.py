@@ -208,6 +208,12 @@ class Learner(river_base.Classifier):
         return self.task.prep
 
     @property
+    def runs_compiled(self) -> bool:
+        """Whether its steps run as one compiled call (:mod:`streamlearn.compiled`: classify
+        at depth 0 on the CPU with ``learner.compiled``), not as torch's ops."""
+        return self._compiled is not None
+
+    @property
     def device(self) -> torch.device:
         return self.dev.torch
 

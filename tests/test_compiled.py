@@ -21,7 +21,7 @@ def pair(*overrides: str) -> tuple[Learner, Learner]:
     """(compiled, torch) learners of one config."""
     fast = Learner(Config().override(*SMALL, *overrides))
     slow = Learner(Config().override(*SMALL, *overrides, "learner.compiled=false"))
-    assert fast._compiled is not None and slow._compiled is None
+    assert fast.runs_compiled and not slow.runs_compiled
     return fast, slow
 
 
@@ -97,10 +97,10 @@ def test_a_compiled_step_that_is_not_safe_changes_nothing(poison, caplog):
 
 def test_a_learner_runs_it_only_where_it_computes_the_step():
     """Bound for classify's default depth-0 step on the CPU; torch's step for the rest."""
-    assert Learner(Config().override(*SMALL))._compiled is not None
+    assert Learner(Config().override(*SMALL)).runs_compiled
     for overrides in (("model.layers=1",), ("optim.sparse=lazy-adam",), ("embedding.scheme=hashing-trick",),
                       ("embedding.combine=concat",), ("learner.task=next-token",), ("learner.compiled=false",)):
-        assert Learner(Config().override(*SMALL, *overrides))._compiled is None, overrides
+        assert not Learner(Config().override(*SMALL, *overrides)).runs_compiled, overrides
 
 
 def test_a_gradient_hook_takes_torchs_step():

@@ -72,6 +72,11 @@ def _file_formats() -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_args(args)
+    config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    from ..compiled import start_loading_for  # numpy and numba only
+    start_loading_for(config)  # numba's start-up in a thread while torch imports
+
     import torch
     from tqdm import tqdm
 
@@ -79,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import replay
     from ..replay.baselines import parse_baselines
 
-    _check_args(args)
-    config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
     source = _source(args, config.kafka)
     if args.file is not None:
         print(source.preview(), file=sys.stderr)

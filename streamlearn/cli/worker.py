@@ -83,11 +83,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg, given = load_config_given(args.config, overrides(args))
-    if cfg.learner.compiled and cfg.learner.task == "classify":
-        # numba's start-up (0.5 s of CPU) in a thread while torch and kafka import:
-        # bench/startup.py, process start -> first record learned
-        from ..compiled import start_loading
-        start_loading()
+    from ..compiled import start_loading_for  # numpy and numba only
+    start_loading_for(cfg)  # 0.5 s of CPU in a thread while torch and kafka import (bench/startup.py)
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
     from ..consumers.distributed import dist_settings
     from ..consumers.scaleout import GroupWorker
