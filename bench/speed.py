@@ -16,6 +16,7 @@ comes and goes; every contestant meets it alike), each figure the best pass:
    ``vowpalwabbit`` package is missing) and river ``MultinomialNB`` on ``BagOfWords``
    (``predict_one`` then ``learn_one``);
 2. streamlearn at its defaults (depth 0, Naive Bayes part, batch 8): ``learn_many``
+   (on a GPU machine also at ``learner.device=cpu``, where the step runs compiled)
    over the stream; prequential replay (``run_replay``: the model predicts each batch,
    then learns it; its records/s counts its own predict + learn time, as ``replay
    --file`` reports); a ``learn_one`` + ``predict_one`` loop from Python with torch's
@@ -211,7 +212,7 @@ def _word_id(vocab: dict[str, int], token: str, cap: int) -> int:
 
 def measure(records: list[dict], passes: int, vw: bool) -> dict[str, Rate]:
     rates = {name: Rate() for name in ("vw", "river_nb", "learn_many", "prequential", "learn_one", "learn_one_default",
-                                       "layers1", "bare1", "layers2", "bare2")}
+                                       "layers1", "bare1", "layers2", "bare2", "learn_many_cpu")}
     labels = sorted({r["label"] for r in records}, key=str)
     n = len(records)
     for p in range(passes):
@@ -220,6 +221,8 @@ def measure(records: list[dict], passes: int, vw: bool) -> dict[str, Rate]:
             timed(rates["vw"], n, lambda: qs.vw_oaa(records))
         timed(rates["river_nb"], n, lambda: qs.river_nb(records))
         built(learner(), rates["learn_many"], n, lambda lrn: learn_many_loop(lrn, records))
+        if DEVICE.cuda:  # what `learner.device=cpu` gives a GPU machine's user: the compiled step
+            built(learner("learner.device=cpu"), rates["learn_many_cpu"], n, lambda lrn: learn_many_loop(lrn, records))
         prequential(records, rates["prequential"])
         built(learner(), rates["learn_one"], n, lambda lrn: one_loop(lrn, records))
         for layers in (1, 2):
@@ -247,6 +250,8 @@ def warm_up(records: list[dict], first: bool) -> None:
         learn_many_loop(Learner(Config()), records[:64])
         bare_loop(Bare(1, sorted({r["label"] for r in records[:64]}, key=str)), records[:64])
         prequential(records[:64], Rate())
+    if first and DEVICE.cuda:
+        learn_many_loop(learner("learner.device=cpu")(), records[:64])  # the compiled kernels' loading
     if first or DEVICE.cuda:
         learn_many_loop(learner("model.layers=1")(), records if DEVICE.cuda else records[:64])
 
@@ -268,6 +273,8 @@ def rows(name: str, r: dict[str, Rate], vw: bool) -> list[str]:
         f"{ratio(r['river_nb'], r['vw']) if vw else '-'} of VW | |",
         f"| {name} | streamlearn `learn_many`, defaults | {r['learn_many'].cell()} | | "
         f"{ratio(r['learn_many'], r['vw']) if vw else '-'} of VW | >= {TARGETS['learn_many']:,} rec/s |",
+        *([f"| {name} | the same at `learner.device=cpu` (the compiled step) | {r['learn_many_cpu'].cell()} | | "
+           f"{ratio(r['learn_many_cpu'], r['learn_many'])} of the GPU's | |"] if r["learn_many_cpu"].wall else []),
         f"| {name} | streamlearn prequential replay (predict + learn), defaults | {r['prequential'].cell()} | "
         f"{acc(r['prequential'])} | {ratio(r['prequential'], r['vw']) if vw else '-'} of VW | >= 0.4x VW |",
         f"| {name} | streamlearn `learn_one` + `predict_one` loop, threads left to the library | "

@@ -17,10 +17,14 @@ from tests.test_learner import SMALL, assert_same, batches, params, topic_stream
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+# The kernel runs on the CPU only: pinned there, so these tests hold on a machine with a GPU too.
+CPU = (*SMALL, "learner.device=cpu")
+
+
 def pair(*overrides: str) -> tuple[Learner, Learner]:
     """(compiled, torch) learners of one config."""
-    fast = Learner(Config().override(*SMALL, *overrides))
-    slow = Learner(Config().override(*SMALL, *overrides, "learner.compiled=false"))
+    fast = Learner(Config().override(*CPU, *overrides))
+    slow = Learner(Config().override(*CPU, *overrides, "learner.compiled=false"))
     assert fast.runs_compiled and not slow.runs_compiled
     return fast, slow
 
@@ -96,11 +100,15 @@ def test_a_compiled_step_that_is_not_safe_changes_nothing(poison, caplog):
 
 
 def test_a_learner_runs_it_only_where_it_computes_the_step():
-    """Bound for classify's default depth-0 step on the CPU; torch's step for the rest."""
-    assert Learner(Config().override(*SMALL)).runs_compiled
-    for overrides in (("model.layers=1",), ("optim.sparse=lazy-adam",), ("embedding.scheme=hashing-trick",),
-                      ("embedding.combine=concat",), ("learner.task=next-token",), ("learner.compiled=false",)):
-        assert not Learner(Config().override(*SMALL, *overrides)).runs_compiled, overrides
+    """Bound for classify's default depth-0 step on the CPU; torch's step for the rest,
+    a GPU's included."""
+    assert Learner(Config().override(*CPU)).runs_compiled
+    others = [("model.layers=1",), ("optim.sparse=lazy-adam",), ("embedding.scheme=hashing-trick",),
+              ("embedding.combine=concat",), ("learner.task=next-token",), ("learner.compiled=false",)]
+    if torch.cuda.is_available():
+        others.append(("learner.device=cuda",))
+    for overrides in others:
+        assert not Learner(Config().override(*CPU, *overrides)).runs_compiled, overrides
 
 
 def test_a_gradient_hook_takes_torchs_step():
@@ -123,7 +131,7 @@ def test_row_groups_are_the_distinct_rows_and_each_ones_place(seed):
 
 
 def test_binding_refuses_tables_it_cannot_step():
-    lrn = Learner(Config().override(*SMALL, "learner.compiled=false"))
+    lrn = Learner(Config().override(*CPU, "learner.compiled=false"))
     lrn.model.embedding.E.data = lrn.model.embedding.E.data.double()
     assert CompiledClassifyStep.bind(lrn, 1e15) is None
 

@@ -360,7 +360,8 @@ def test_a_closed_form_step_leaves_the_parameters_an_autograd_step_would():
     closed form for concat). Every table, optimizer state and count ends equal to float
     rounding, and each step reports the same rows. The closed-form learner's optimizers
     run torch's fused kernels, the other's the separate ops."""
-    fast, slow = learner("embedding.k=1"), learner("embedding.k=1", "embedding.combine=concat")
+    cpu = ("embedding.k=1", "learner.device=cpu")  # the closed form is the CPU's path
+    fast, slow = learner(*cpu), learner(*cpu, "embedding.combine=concat")
     assert fast.row_optim.fused and fast.dense_optim.fused and not (slow.row_optim.fused or slow.dense_optim.fused)
     for records in batches(topic_stream(96, seed=2), 16):
         a, b = fast.learn_many(records), slow.learn_many(records)
@@ -380,6 +381,7 @@ def test_a_closed_form_step_applied_as_it_comes_equals_one_through_grad(override
     go through .grad as autograd's would. Both leave every table, optimizer state and
     count bit for bit alike, and report the same rows (K = 4: a batch touches every P row,
     the row rule's whole-table case)."""
+    overrides = (*overrides, "learner.device=cpu")  # the closed form is the CPU's path
     direct, through = learner(*overrides, "learner.compiled=false"), learner(*overrides)
     through.gradient_hook = lambda _learner: None  # reads nothing: the .grad path
     for records in batches(topic_stream(96, seed=3) + [{"text": "team", "label": "sport", "weight": 2.5}], 8):
