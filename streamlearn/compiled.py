@@ -453,6 +453,8 @@ def _load() -> None:
     for in_order in (False, True):
         naive_bayes_scores(np.zeros(4, f32), np.zeros((1, 1), i64), np.zeros(1, i64), np.ones(1, f32), 1, 3, 1,
                            np.zeros(1, i64), 1, 0.3, in_order)
+    from .compiled_text import byte_classes, text_hashes
+    text_hashes(np.frombuffer(b"a 1", np.uint8), byte_classes(), np.uint64(0), 2, True)
 
 
 _loading: threading.Thread | None = None

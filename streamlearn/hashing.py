@@ -180,7 +180,7 @@ class TokenHasher:
         if K < 1 or B < 1 or k < 1:
             raise ConfigError(f"TokenHasher needs K, B, k >= 1, got K={K}, B={B}, k={k}")
         self.K, self.B, self.k, self.seed = K, B, k, seed
-        self._base_seed = derive_seed(seed, "H")
+        self.base_seed = derive_seed(seed, "H")  # of the one xxh3_64 per token
         self._d1_seed = derive_seed(seed, "D1")
 
     def __call__(self, tokens: Sequence[Token]) -> tuple[np.ndarray, np.ndarray]:
@@ -189,9 +189,14 @@ class TokenHasher:
         The buckets equal ``multi_hash(tokens, k, B, seed, purpose="H")``, so a k = 1
         hashing-trick table indexes exactly like a hash embedding's first bucket.
         """
-        base = hash64(tokens, self._base_seed)
+        base = hash64(tokens, self.base_seed)
         d1 = _project(base, self._d1_seed, self.K)
         return d1, _columns(base, self.k, self.B, self.seed, "H")
+
+    def multipliers(self) -> tuple[int, list[int]]:
+        """The odd constants of D1's and of each h_i's multiply-shift (:func:`_project`),
+        for code that projects the base hashes itself (:mod:`streamlearn.compiled_text`)."""
+        return self._d1_seed | 1, [derive_seed(self.seed, f"H/{j}") | 1 for j in range(self.k)]
 
     def batch(self, token_lists: Sequence[Sequence[Token]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Hash a batch of token lists at once: flat ``d1`` (M,), ``buckets`` (M, k) and
@@ -271,3 +276,30 @@ def tokenize(text: str, max_n: int = 1, lowercase: bool = True, shapes: bool = F
     ws = words(text, lowercase)
     out = with_ngrams(ws, max_n)
     return out + digit_shapes(ws) if shapes else out
+
+
+class HashedText:
+    """A text's tokens as their hashes (``base``: uint64, every token of :func:`tokenize`,
+    in its order, hashed as :func:`hash64` would) and how many of them are words (they
+    come first), where a batch needs no token as a string
+    (:class:`streamlearn.compiled_text.TextHasher` makes them). ``len`` and prefix
+    slices act as on the token list.
+
+    >>> h = HashedText(hash64(["a", "b", "a b"], 0), 2)
+    >>> len(h), h[:1].words, len(h[:9])
+    (3, 1, 3)
+    """
+
+    __slots__ = ("base", "words")
+
+    def __init__(self, base: np.ndarray, words: int):
+        self.base, self.words = base, words
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, cut: slice) -> "HashedText":
+        if not isinstance(cut, slice) or cut.start not in (None, 0) or cut.step not in (None, 1):
+            raise TypeError("HashedText takes prefix slices only ([:n])")
+        base = self.base[:cut.stop]
+        return HashedText(base, min(self.words, len(base)))

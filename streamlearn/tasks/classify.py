@@ -40,8 +40,8 @@ from ..config import Config
 from ..decoding import TopK
 from ..device import Device
 from ..exceptions import RecordError
-from ..featurize import Featurizer, flatten_batch
-from ..hashing import is_word_token, multi_hash
+from ..featurize import Featurizer, HashFeaturizer, flatten_batch
+from ..hashing import HashedText, is_word_token, multi_hash
 from ..heads import LabelHead, NaiveBayesHead
 from ..model import HashedTransformer
 from ..objectives import LabelTable
@@ -66,6 +66,14 @@ class ClassifyPreparer(Preparer):
         self.label_table = LabelTable(cfg.model.max_labels)
         lc = cfg.learner
         self.nb_span = NaiveBayesHead.span_of(lc.nb_cells, cfg.model.max_labels) if lc.nb_weight > 0 else 0
+        # a training text's tokens straight to their hashes in one compiled call, where
+        # nothing of the batch reads them as strings (streamlearn.compiled_text)
+        self.text_hasher = None
+        if (lc.compiled and cfg.hashing.tokenizer == "words" and type(featurizer) is HashFeaturizer
+                and lc.shuffle_random == 0 and (not self.nb_span or 2 * cfg.embedding.K >= self.nb_span)):
+            from ..compiled_text import TextHasher  # imports numba: only where it runs
+            h = cfg.hashing
+            self.text_hasher = TextHasher(featurizer.hasher, h.ngrams, h.lowercase, h.shapes)
 
     def train(self, records: Iterable) -> Batch:
         start = len(self.label_table)
@@ -73,19 +81,36 @@ class ClassifyPreparer(Preparer):
         batch.label_start = start
         return batch
 
-    def validate(self, rec: Record) -> list[str]:
-        tokens = self.text_tokens(rec)
+    def validate(self, rec: Record) -> list[str] | HashedText:
+        tokens = self._hashed(rec) if self.text_hasher is not None else None
+        if tokens is None:
+            tokens = self.text_tokens(rec)
         if rec.label is None:
             raise RecordError("missing-field: label (task classify)")
         self.label_table.add(rec.label)
         return tokens
 
+    def _hashed(self, rec: Record) -> HashedText | None:
+        """The text's tokens hashed by the compiled tokenizer; None where it does not
+        take the record (tokens given, no text, a text it leaves to Python)."""
+        if rec.tokens is not None or not isinstance(rec.text, str):
+            return None
+        hashed = self.text_hasher(rec.text)
+        if hashed is not None and not len(hashed):
+            raise RecordError("bad-value: the text has no tokens after tokenization")
+        return hashed
+
     def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
         if not accepted:
             return
         lists = [t for _, t in accepted]
-        batch.feats = self.featurize(lists)
-        batch.nb_tokens = self.nb_tokens(lists, batch.feats, [r.tokens is None for r, _ in accepted])
+        if self.text_hasher is not None:  # one compiled call for the features and the Naive Bayes ids
+            batch.feats, nb = self.text_hasher.batch(lists, self._word_counts(accepted), self.cfg.hashing.max_tokens,
+                                                     self.nb_span)
+            batch.nb_tokens = nb if self.nb_span else None
+        else:
+            batch.feats = self.featurize(lists)
+            batch.nb_tokens = self.nb_tokens(lists, batch.feats, [r.tokens is None for r, _ in accepted])
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
@@ -120,6 +145,16 @@ class ClassifyPreparer(Preparer):
         if h.tokenizer == "words" and (h.ngrams > 1 or h.shapes):
             out[~self._words(token_lists, from_text, out.shape[1])] = -1
         return out
+
+    def _word_counts(self, accepted: list) -> np.ndarray:
+        """(N,) how many of each record's tokens the Naive Bayes part counts, from its
+        first: a hashed text's words, a tokenized text's words
+        (:func:`text_words`), every token of a list given as ``tokens``."""
+        h = self.cfg.hashing
+        texts = h.tokenizer == "words" and (h.ngrams > 1 or h.shapes)
+        return np.fromiter((tokens.words if type(tokens) is HashedText
+                            else text_words(tokens) if texts and rec.tokens is None else len(tokens)
+                            for rec, tokens in accepted), dtype=np.int64, count=len(accepted))
 
     @staticmethod
     def _words(token_lists: Sequence[Sequence[str]], from_text: Sequence[bool], T: int) -> np.ndarray:
