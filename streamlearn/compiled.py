@@ -453,8 +453,9 @@ def _load() -> None:
     for in_order in (False, True):
         naive_bayes_scores(np.zeros(4, f32), np.zeros((1, 1), i64), np.zeros(1, i64), np.ones(1, f32), 1, 3, 1,
                            np.zeros(1, i64), 1, 0.3, in_order)
-    from .compiled_text import byte_classes, text_hashes
-    text_hashes(np.frombuffer(b"a 1", np.uint8), byte_classes(), np.uint64(0), 2, True)
+    from .compiled_text import byte_classes, hashed_batch, text_hashes
+    base, _ = text_hashes(np.frombuffer(b"a 1", np.uint8), byte_classes(), np.uint64(0), 2, True)
+    hashed_batch(base, np.array([len(base)], i64), np.ones(1, i64), 8, np.uint64(1), 1, np.ones(2, np.uint64), 1, 1)
 
 
 _loading: threading.Thread | None = None
@@ -555,6 +556,8 @@ class CompiledClassifyStep:
         self.row_optim, self.dense_optim = learner.row_optim, learner.dense_optim
         named = {id(p): name for name, p in learner.model.named_parameters()}
         self.names = ("E", "P", named[id(self.head.weight)], named[id(self.head.bias)])
+        self._key: tuple[int, ...] | None = None  # the tensors' memory the views below read
+        self._views: list[np.ndarray] = []
         start_loading()
 
     @classmethod
@@ -588,25 +591,37 @@ class CompiledClassifyStep:
                         self.head.bias.detach().numpy(), feats["d1"], feats["buckets"], feats["mask"], out)
         return self._from_numpy(out)
 
+    def _arrays(self) -> list[np.ndarray]:
+        """numpy views of the tables and optimizer state the kernel steps in place, and of
+        AdamW's step counts (1,): kept while the tensors keep their memory (a restore or an
+        optimizer's reload gives new tensors); 12 views cost about 12 us a step to make."""
+        head, rows, dense = self.head, self.row_optim, self.dense_optim
+        w_state, b_state = dense.state_of(head.weight), dense.state_of(head.bias)
+        tensors = (self.emb.E, rows.state["E"]["sum"], self.emb.P, rows.state["P"]["sum"], head.weight, head.bias,
+                   w_state["exp_avg"], w_state["exp_avg_sq"], b_state["exp_avg"], b_state["exp_avg_sq"],
+                   w_state["step"], b_state["step"])
+        key = tuple(t.data_ptr() for t in tensors)
+        if key != self._key:
+            self._views = [t.detach().numpy() for t in tensors[:10]] + [t.view(1).numpy() for t in tensors[10:]]
+            self._key = key
+        return self._views
+
     def __call__(self, batch) -> tuple[float, np.ndarray, dict[str, np.ndarray] | None, str | None]:
         """Step on ``batch``: ``(loss, logits before the step (N, n_labels), the rows
         changed per table, None)``, or ``(loss, logits, None, what)`` where nothing was
         updated: ``what`` names the loss or the parameter whose gradient was not finite
         or too large."""
         loaded()
-        emb, head, rows, dense = self.emb, self.head, self.row_optim, self.dense_optim
-        w_state, b_state = dense.state_of(head.weight), dense.state_of(head.bias)
+        rows, dense = self.row_optim, self.dense_optim
         feats, n_labels = batch.feats, batch.n_labels
         labels = batch.targets["labels"]
         logits = np.empty((len(labels), n_labels), np.float32)
-        tables = (emb.E, rows.state["E"]["sum"], emb.P, rows.state["P"]["sum"], head.weight, head.bias,
-                  w_state["exp_avg"], w_state["exp_avg_sq"], b_state["exp_avg"], b_state["exp_avg_sq"])
-        steps = (w_state["step"].view(1).numpy(), b_state["step"].view(1).numpy())  # AdamW's counts, in place
+        views = self._arrays()
         loss, status, rows_E, rows_P = classify_step(
-            *(t.detach().numpy() for t in tables),
+            *views[:10],
             feats["d1"], feats["buckets"], feats["mask"], labels, np.asarray(batch.weight, np.float32), int(n_labels),
             *map(float, (rows.lrs["E"], rows.lrs["P"], rows.eps, dense.lr, dense.groups[0][1], *dense.betas,
-                         dense.eps)), *steps, float(self.limit), logits)  # floats: one signature, _load's
+                         dense.eps)), *views[10:], float(self.limit), logits)  # floats: one signature, _load's
         if status == 1:
             return loss, logits, None, f"its loss ({loss})"
         if status:

@@ -205,7 +205,9 @@ class LearnerConfig:
     # "auto" picks CUDA when available, else CPU
     device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
     # classify at depth 0 on the CPU: the step runs as one compiled function (streamlearn.compiled),
-    # 2.0-2.3x learn_many's records/s against torch's ops; false: torch's ops, the reference it is tested against
+    # 2.0-2.3x learn_many's records/s against torch's ops, and a training text's tokens go straight
+    # to their hashes (streamlearn.compiled_text); false: torch's ops and Python's tokenizer, the
+    # reference they are tested against
     compiled: bool = key(True, flag())
     mask_prob: float = key(0.15, between(0, 1, low_open=True, high_open=True))  # mlm
     # next-item: a key's last n items. 20 with recency 3, the key token and the place weights

@@ -508,7 +508,7 @@ class Learner(river_base.Classifier):
         """:meth:`_step` as one compiled call (:class:`~streamlearn.compiled.CompiledClassifyStep`):
         the same closed form, safety check and updates as torch's ops, in place."""
         loss, logits, changed, bad = self._compiled(batch)
-        outputs = self.task.with_counts(torch.from_numpy(logits), batch, self.dev) if predict else None
+        outputs = torch.from_numpy(self.task.add_counts(logits, batch)) if predict else None
         if changed is None:
             self._skip(f"training batch {batch.seq}: {bad}")
             return loss, {}, True, outputs

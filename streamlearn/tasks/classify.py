@@ -277,6 +277,13 @@ class Classify(Task):
             return logits
         return logits + self.cfg.learner.nb_weight * dev.tensor(self.nb_scores(batch))
 
+    def add_counts(self, logits: np.ndarray, batch: Batch) -> np.ndarray:
+        """:meth:`with_counts` of the CPU's network logits as a numpy array, in place:
+        the compiled step's (three torch calls on 8 x 4 floats cost about 30 us a batch)."""
+        if self.nb is not None:
+            logits += np.float32(self.cfg.learner.nb_weight) * self.nb_scores(batch)
+        return logits
+
     def nb_scores(self, batch: Batch) -> np.ndarray:
         """The Naive Bayes scores (N, n_labels) of a prepared batch: a query's from the
         counts as they are; a training batch's (not learned yet) in stream order, each
