@@ -462,6 +462,43 @@ def test_classify_baselines_see_a_texts_words_not_the_networks_ngrams_and_shapes
     assert listed.tokens == ("call now", "x")
 
 
+def test_classify_events_without_a_bag_reader_reject_and_answer_as_with_one():
+    """Without a baseline that reads the words (``bags=False``) a text is not tokenized,
+    only checked to hold a token: the same events, but for the words, and the same
+    errors, for blank texts (Unicode whitespace included), missing labels and token lists."""
+    task = Learner(cfg("hashing.ngrams=2", "hashing.shapes=true")).task
+    records = [Record(text="Call 0800 now", label="spam"), Record(text=" \t\n\u2003\x1c", label="ham"),
+               Record(text="", label="ham"), Record(text="no label"), Record(tokens=("a b",), label="x"),
+               Record(text="\u00e9t\u00e9 !", label="y"), Record(text="-", label="z")]
+    outcomes = []
+    for bags in (True, False):
+        build, seen = task.events(0, bags), []
+        for i, rec in enumerate(records):
+            try:
+                e = build(i, rec)[0]
+                seen.append((e.position, e.target, e.evaluate, e.query, e.tokens if rec.tokens else None))
+            except Exception as exc:  # noqa: BLE001 - compared below, type and message
+                seen.append((type(exc).__name__, str(exc)))
+        outcomes.append(seen)
+    assert outcomes[0] == outcomes[1]
+    assert [o[0] for o in outcomes[1]].count("RecordError") == 3
+    assert task.events(0, bags=False)(0, records[0])[0].tokens == ()
+
+
+def test_a_replay_tokenizes_classify_events_only_for_a_baseline_that_reads_them(tmp_path):
+    """The model's figures are the same with and without a bag-of-words baseline beside it."""
+    rows = [{"text": f"w{i % 5} t{i % 2} x", "label": f"l{i % 2}"} for i in range(40)] + [{"text": "  ", "label": "l0"}]
+    path = write_jsonl(tmp_path / "c.jsonl", rows)
+    alone = replay(FileSource(path), ReplayOptions(), config=cfg())
+    beside = replay(FileSource(path), ReplayOptions(baselines=("river-nb",)), config=cfg())
+    assert alone["bad_records"] == beside["bad_records"] and alone["bad_records"]["total"] == 1
+    assert alone["evaluated"] == beside["evaluated"] == 40
+
+    def figures(report: dict) -> dict:
+        return {k: v for k, v in report["models"]["model"].items() if k not in ("seconds", "records_per_s")}
+    assert figures(alone) == figures(beside) and figures(alone)["accuracy"] > 0.5
+
+
 @pytest.mark.parametrize("counts", ["none", "kn3"])
 def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, counts):
     """A next-token record brings an event per position; its mini-batches still hold

@@ -53,6 +53,7 @@ class Baseline:
     a reader of the report must know (e.g. labels a baseline could not learn)."""
 
     name = ""
+    reads_tokens = False  # reads Event.tokens (a classify record's bag of words)
 
     def __init__(self) -> None:
         self.notes: list[str] = []
@@ -123,6 +124,8 @@ def _make(name: str, task: str, k: int, seed: int) -> Baseline:
 class _River(Baseline):
     """A river classifier fed one event at a time (river has no batch verbs without pandas)."""
 
+    reads_tokens = True
+
     def __init__(self, model: Any):
         super().__init__()
         self.model = model
@@ -173,6 +176,7 @@ class VowpalWabbit(Baseline):
     the labels seen so far. Later labels are predicted never and counted in ``notes``."""
 
     name = "vw"
+    reads_tokens = True
 
     def __init__(self, seed: int = 0):
         super().__init__()

@@ -134,7 +134,8 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     result = ReplayResult(task.name, options, contestants, skipped)
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
-    loop = _Loop(result, task.events(options.seed), first.schedule, progress, first.steps)
+    bags = any(b.reads_tokens for b in baselines)  # else classify's events need no tokens
+    loop = _Loop(result, task.events(options.seed, bags), first.schedule, progress, first.steps)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started

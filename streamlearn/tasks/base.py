@@ -265,11 +265,12 @@ class Task:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ evaluation
-    def events(self, seed: int) -> Callable[[int, Record], list[Event]]:
+    def events(self, seed: int, bags: bool = True) -> Callable[[int, Record], list[Event]]:
         """A replay's event builder: ``build(position, record) -> [Event, ...]`` in stream
         order (one event per answer the record asks for: one for most tasks, one per
         position for next-token; they share the record's position); RecordError for a
-        record this task cannot use."""
+        record this task cannot use. ``bags``: a baseline reads ``Event.tokens`` as a
+        bag of words (classify's; without one they are left empty)."""
         raise NotImplementedError
 
 

@@ -107,7 +107,7 @@ class MaskedToken(TokenTask):
             return model.pool(h, feats["mask"] & ~slots)[rows]  # (n, d)
         return h[rows, dev.tensor(batch.cols)]  # (n, d)
 
-    def events(self, seed: int):
+    def events(self, seed: int, bags: bool = True):
         """One token per record, chosen by a seeded hash of the record's position, is
         replaced by ``[MASK]``; the answer is that token, the Markov input the token
         before it, the n-gram context the tokens on both sides."""

@@ -246,7 +246,7 @@ class NextItem(TokenTask):
         codes = batch.targets["hashes"] if len(examples) else np.empty((0, self.code.m), dtype=np.int64)
         return self.counter.learn(examples, codes, batch.counts["every"])
 
-    def events(self, seed: int):
+    def events(self, seed: int, bags: bool = True):
         """The key's items before the event (its history, the model's input; the previous
         item, Markov's; the two before, the n-gram's); the answer is the event's item, and every item the key already
         had is excluded. A key's first event is learned but not evaluated. A key met for

@@ -123,7 +123,7 @@ class NextToken(TokenTask):
         h = model.encode(feats, causal=True)  # (N, T, d)
         return h[dev.tensor(batch.rows), dev.tensor(batch.cols)]  # (n, d)
 
-    def events(self, seed: int):
+    def events(self, seed: int, bags: bool = True):
         """One event per position (module docstring)."""
         max_tokens = self.cfg.hashing.max_tokens
 
