@@ -29,6 +29,7 @@ imports no torch, so the worker command starts it before its own imports.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 from typing import TYPE_CHECKING
@@ -464,29 +465,58 @@ _ready = False  # the thread is done and the kernels are loaded
 _failure: list[BaseException] = []  # what the loading thread raised, if it did
 
 
-def start_loading() -> None:
+def start_loading(skip_blas_probe: bool = False) -> None:
     """Load the kernels in a thread (once per process). numba's first call and the
     kernels' loads from its cache take about 0.4 s of CPU (7 s to compile them the first
     time on a machine), which a process's first step would otherwise wait for, against
     a start-up target of 2 s to the first record learned; a thread loads them while the
-    program goes on starting (the worker command starts it before its imports)."""
+    program goes on starting (the worker command starts it before its imports).
+    ``skip_blas_probe``: see :class:`_SkipBlasProbe` (for a process that runs no numba
+    code of its own: the commands)."""
     global _loading
     with _lock:
         if _loading is None:
-            _loading = threading.Thread(target=_load_or_keep_failure, name="streamlearn-compile", daemon=True)
+            _loading = threading.Thread(target=_load_or_keep_failure, args=(skip_blas_probe,),
+                                        name="streamlearn-compile", daemon=True)
             _loading.start()
 
 
 def start_loading_for(cfg) -> None:
     """:func:`start_loading` where ``cfg``'s learner will run the kernels (classify with
     ``learner.compiled``): the commands call it before importing torch, so numba's
-    start-up overlaps theirs."""
+    start-up overlaps theirs. The process is a command's, so numba's BLAS probe is skipped."""
     if cfg.learner.compiled and cfg.learner.task == "classify":
-        start_loading()
+        start_loading(skip_blas_probe=True)
 
 
-def _load_or_keep_failure() -> None:
+class _SkipBlasProbe:
+    """An import finder that refuses ``scipy.linalg`` to the loading thread alone.
+
+    numba's first compile or cache load imports ``numba.np.arraymath``, which imports
+    ``scipy.linalg`` (when scipy is installed, as river installs it) only to learn whether
+    ``np.dot`` and ``np.linalg`` can be compiled: about 0.25 s of the thread's 0.65 s
+    under cProfile, on two cores the command's own imports keep busy. The kernels use
+    neither; refused, numba records that it has no BLAS for this process. Other threads
+    import scipy.linalg as ever, and so does this one once the probe is done."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "scipy.linalg" and threading.get_ident() == self.thread:
+            raise ImportError("scipy.linalg: not needed by streamlearn's kernels (streamlearn.compiled)")
+        return None
+
+
+def _load_or_keep_failure(skip_blas_probe: bool = False) -> None:
     try:
+        if skip_blas_probe and "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
+            probe = _SkipBlasProbe()
+            sys.meta_path.insert(0, probe)
+            try:
+                import numba.np.arraymath  # noqa: F401 - its BLAS probe, refused
+            finally:
+                sys.meta_path.remove(probe)
         _load()
     except Exception as exc:  # reported by loaded(), in the thread that needs the kernels
         _failure.append(exc)

@@ -2,6 +2,9 @@
 the same updates to float rounding, the same rows reported, the same skips."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -168,3 +171,28 @@ def test_kernels_that_could_not_be_built_are_a_clear_error(monkeypatch):
     monkeypatch.setattr(compiled, "_failure", [RuntimeError("no LLVM target for this CPU")])
     with pytest.raises(StreamlearnError, match="no LLVM target.*learner.compiled=false"):
         compiled.loaded()
+
+
+def test_a_commands_loading_thread_skips_numbas_blas_probe_and_no_other_import():
+    """The commands' loading thread refuses numba's probe of scipy.linalg (0.6 s of a
+    worker's CPU at start, bench/startup.py) to itself alone: the kernels load and run,
+    and scipy.linalg imports afterwards as ever. A fresh process: this one has numba's
+    registries loaded already."""
+    code = """
+import sys
+import numpy as np
+import streamlearn.compiled as c
+from streamlearn.config import Config
+c.start_loading_for(Config())
+c.loaded()
+import numba.np.arraymath as am
+assert am._HAVE_BLAS is False and "scipy.linalg" not in sys.modules
+assert not any(type(f).__name__ == "_SkipBlasProbe" for f in sys.meta_path)
+rows, group = c.row_groups(np.array([5, 2, 5], dtype=np.int64))
+assert rows.tolist() == [2, 5] and group.tolist() == [1, 0, 1]
+import scipy.linalg
+print("ok")
+"""
+    pytest.importorskip("scipy.linalg")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
