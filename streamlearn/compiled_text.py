@@ -25,7 +25,7 @@ import re
 import numpy as np
 from numba import njit
 
-from .hashing import SHAPE_MARK, _WORD_RE, HashedText, TokenHasher, hash64
+from .hashing import SHAPE_MARK, HashedText, TokenHasher, hash64, words
 
 __all__ = ["MAX_TOKEN_BYTES", "TextHasher", "byte_classes", "hashed_batch", "text_hashes", "xxh3_64"]
 
@@ -274,10 +274,11 @@ def hashed_batch(base: np.ndarray, lengths: np.ndarray, words: np.ndarray, max_t
 def byte_classes() -> np.ndarray:
     """SPACE, WORD or MARK for each ASCII byte, as the tokenizer's regex reads it: WORD
     where ``\\w`` matches, SPACE where ``\\s`` does, MARK (a token of its own) elsewhere.
-    Read off :data:`streamlearn.hashing._WORD_RE` itself, so the two cannot disagree."""
+    Read off the tokenizer itself (:func:`streamlearn.hashing.words`), so the two cannot
+    disagree."""
     classes = np.full(256, MARK, np.uint8)
     for c in range(128):
-        found = _WORD_RE.findall(chr(c))
+        found = words(chr(c), lowercase=False)
         if not found:
             classes[c] = SPACE
         elif re.fullmatch(r"\w", chr(c)):

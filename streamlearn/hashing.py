@@ -282,12 +282,12 @@ class HashedText:
     """A text's tokens as their hashes (``base``: uint64, every token of :func:`tokenize`,
     in its order, hashed as :func:`hash64` would) and how many of them are words (they
     come first), where a batch needs no token as a string
-    (:class:`streamlearn.compiled_text.TextHasher` makes them). ``len`` and prefix
-    slices act as on the token list.
+    (:class:`streamlearn.compiled_text.TextHasher` makes them). ``len`` is the token
+    list's.
 
     >>> h = HashedText(hash64(["a", "b", "a b"], 0), 2)
-    >>> len(h), h[:1].words, len(h[:9])
-    (3, 1, 3)
+    >>> len(h), h.words
+    (3, 2)
     """
 
     __slots__ = ("base", "words")
@@ -297,9 +297,3 @@ class HashedText:
 
     def __len__(self) -> int:
         return len(self.base)
-
-    def __getitem__(self, cut: slice) -> "HashedText":
-        if not isinstance(cut, slice) or cut.start not in (None, 0) or cut.step not in (None, 1):
-            raise TypeError("HashedText takes prefix slices only ([:n])")
-        base = self.base[:cut.stop]
-        return HashedText(base, min(self.words, len(base)))

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from streamlearn.compiled_text import MAX_TOKEN_BYTES, TextHasher, byte_classes, text_hashes, xxh3_64
 from streamlearn.config import Config
-from streamlearn.hashing import SHAPE_MARK, HashedText, TokenHasher, hash64, tokenize, words
+from streamlearn.hashing import SHAPE_MARK, TokenHasher, hash64, tokenize, words
 from streamlearn.learner import Learner
 from tests.test_learner import params, topic_stream
 
@@ -83,13 +83,6 @@ def test_the_byte_classes_are_the_regexs():
     assert classes[ord("a")] == classes[ord("_")] == classes[ord("7")] == 1
     assert classes[ord(" ")] == classes[ord("\x1c")] == classes[ord("\n")] == 0
     assert classes[ord("!")] == classes[ord(SHAPE_MARK)] == 2
-
-
-def test_a_hashed_text_cuts_like_its_token_list():
-    h = HashedText(hash64(["a", "b", "c", "a b", "b c"], 0), 3)
-    assert len(h[:2]) == 2 and h[:2].words == 2 and h[:4].words == 3 and len(h[:99]) == 5
-    with pytest.raises(TypeError):
-        h[1:3]
 
 
 # ---------------------------------------------------------------------------- through a learner
