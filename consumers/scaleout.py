@@ -47,6 +47,7 @@ import time
 
 import torch.distributed as dist
 
+from ..compiled_loading import learning_meanwhile
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..state import open_store
@@ -158,7 +159,8 @@ class GroupWorker(Worker):
         self.group = Group(self.settings)
         try:
             self.store, self.writer = self._open_store()
-            self.learner = open_learner(self.store, cfg, given=self.options.given)
+            with learning_meanwhile():  # as a lone worker's (Worker._open_state)
+                self.learner = open_learner(self.store, cfg, given=self.options.given)
             self.generation = self._agree_generation()
         except BaseException:
             self.group.close()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..compiled_loading import learning_meanwhile
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
@@ -119,7 +120,8 @@ class Worker:
         self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
             window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
-            self.learner = open_learner(self.store, cfg, window, self.options.given)
+            with learning_meanwhile():  # its first records before numba's start-up (streamlearn.compiled_loading)
+                self.learner = open_learner(self.store, cfg, window, self.options.given)
         except BaseException:
             self.store.close()
             raise

@@ -21,23 +21,18 @@ E, P and their sums two fifths (cache misses), the rows' gradients and Adagrad a
 seventh each, grouping the rows a ninth.
 
 The kernels are compiled once per machine and cached beside this file (numba's
-``cache=True``; where that folder is read-only, in the user's cache folder). A process
-pays numba's import (0.16 s) and its first call (0.35 s, whichever kernel; each further
-kernel's load 5-13 ms): :func:`start_loading` does it in a thread, and this module
-imports no torch, so the worker command starts it before its own imports.
+``cache=True``; where that folder is read-only, in the user's cache folder). A thread
+loads them (:mod:`streamlearn.compiled_loading`, :func:`load_kernels`).
 """
 from __future__ import annotations
 
 import math
-import sys
-import threading
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from .exceptions import StreamlearnError
+from .compiled_loading import loaded, start_loading
 
 if TYPE_CHECKING:
     import torch
@@ -437,9 +432,11 @@ def naive_bayes_scores(flat, tokens, labels, weight, n_labels, base, span, shift
         totals_add[labels[n]] += np.float64(w) * length
     return out
 
-def _load() -> None:
+
+def load_kernels() -> None:
     """Compile every kernel here, or load it from numba's cache, for the argument types
-    the library passes, by running each on a one-token batch over tables of one row."""
+    the library passes, by running each on a one-token batch over tables of one row
+    (:mod:`streamlearn.compiled_loading`'s thread calls it)."""
     f32, i64 = np.float32, np.int64
     tables = [np.zeros(shape, f32) for shape in ((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1,), (1, 1), (1, 1),
                                                   (1,), (1,))]
@@ -457,84 +454,6 @@ def _load() -> None:
     from .compiled_text import byte_classes, hashed_batch, text_hashes
     base, _ = text_hashes(np.frombuffer(b"a 1", np.uint8), byte_classes(), np.uint64(0), 2, True)
     hashed_batch(base, np.array([len(base)], i64), np.ones(1, i64), 8, np.uint64(1), 1, np.ones(2, np.uint64), 1, 1)
-
-
-_loading: threading.Thread | None = None
-_lock = threading.Lock()
-_ready = False  # the thread is done and the kernels are loaded
-_failure: list[BaseException] = []  # what the loading thread raised, if it did
-
-
-def start_loading(skip_blas_probe: bool = False) -> None:
-    """Load the kernels in a thread (once per process). numba's first call and the
-    kernels' loads from its cache take about 0.4 s of CPU (7 s to compile them the first
-    time on a machine), which a process's first step would otherwise wait for, against
-    a start-up target of 2 s to the first record learned; a thread loads them while the
-    program goes on starting (the worker command starts it before its imports).
-    ``skip_blas_probe``: see :class:`_SkipBlasProbe` (for a process that runs no numba
-    code of its own: the commands)."""
-    global _loading
-    with _lock:
-        if _loading is None:
-            _loading = threading.Thread(target=_load_or_keep_failure, args=(skip_blas_probe,),
-                                        name="streamlearn-compile", daemon=True)
-            _loading.start()
-
-
-def start_loading_for(cfg) -> None:
-    """:func:`start_loading` where ``cfg``'s learner will run the kernels (classify with
-    ``learner.compiled``): the commands call it before importing torch, so numba's
-    start-up overlaps theirs. The process is a command's, so numba's BLAS probe is skipped."""
-    if cfg.learner.compiled and cfg.learner.task == "classify":
-        start_loading(skip_blas_probe=True)
-
-
-class _SkipBlasProbe:
-    """An import finder that refuses ``scipy.linalg`` to the loading thread alone.
-
-    numba's first compile or cache load imports ``numba.np.arraymath``, which imports
-    ``scipy.linalg`` (when scipy is installed, as river installs it) only to learn whether
-    ``np.dot`` and ``np.linalg`` can be compiled: about 0.25 s of the thread's 0.65 s
-    under cProfile, on two cores the command's own imports keep busy. The kernels use
-    neither; refused, numba records that it has no BLAS for this process. Other threads
-    import scipy.linalg as ever, and so does this one once the probe is done."""
-
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "scipy.linalg" and threading.get_ident() == self.thread:
-            raise ImportError("scipy.linalg: not needed by streamlearn's kernels (streamlearn.compiled)")
-        return None
-
-
-def _load_or_keep_failure(skip_blas_probe: bool = False) -> None:
-    try:
-        if skip_blas_probe and "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
-            probe = _SkipBlasProbe()
-            sys.meta_path.insert(0, probe)
-            try:
-                import numba.np.arraymath  # noqa: F401 - its BLAS probe, refused
-            finally:
-                sys.meta_path.remove(probe)
-        _load()
-    except Exception as exc:  # reported by loaded(), in the thread that needs the kernels
-        _failure.append(exc)
-
-
-def loaded() -> None:
-    """Wait until :func:`start_loading`'s thread is done (started here if it was not).
-    Raises :class:`~streamlearn.exceptions.StreamlearnError` naming the cause and the way
-    back to torch's step (``learner.compiled=false``) where the kernels could not be built."""
-    global _ready
-    if _ready:
-        return
-    start_loading()
-    _loading.join()
-    if _failure:
-        raise StreamlearnError(f"the compiled classify step could not be built here ({_failure[0]!r}); "
-                               "set learner.compiled=false to run torch's step instead") from _failure[0]
-    _ready = True
 
 
 class CompiledNaiveBayes:

@@ -317,8 +317,8 @@ class TextHasher:
         over :data:`MAX_TOKEN_BYTES` (the caller tokenizes it in Python)."""
         if not text.isascii():
             return None
-        if not self._loaded:  # the kernels load in a thread (streamlearn.compiled.start_loading)
-            from .compiled import loaded
+        if not self._loaded:  # the kernels load in a thread (streamlearn.compiled_loading)
+            from .compiled_loading import loaded
             loaded()
             self._loaded = True
         data = np.frombuffer((text.lower() if self.lowercase else text).encode("ascii"), np.uint8)

@@ -471,8 +471,8 @@ class NaiveBayesHead:
         self._pairs = self.flat[self.base:]  # (span,): the (token, label) cells, a view
         self.shift = (np.arange(max_labels, dtype=np.int64) * self.STRIDE) % self.span  # label c's shift, mod span
         self._added = np.zeros(self.span, dtype=bool)  # scratch of _scores_in_order, all False between calls
-        # learn and the scores compiled (streamlearn.compiled.CompiledNaiveBayes: the task sets
-        # it where learner.compiled is on); None: the numpy below
+        # learn and the scores compiled (a WhenLoaded streamlearn.compiled.CompiledNaiveBayes:
+        # the task sets it where learner.compiled is on); None, or until loaded: the numpy below
         self.compiled = None
 
     # The arithmetic is numpy on the CPU: a batch reads and adds a few hundred cells,
@@ -496,8 +496,8 @@ class NaiveBayesHead:
 
     def scores(self, tokens: np.ndarray, n_labels: int) -> np.ndarray:
         """tokens (N, T) in [0, span) (-1: padding) -> s_c(x) of the class docstring, (N, n_labels) float32."""
-        if self.compiled is not None:
-            return self.compiled.scores(tokens, n_labels)
+        if self.compiled is not None and (fast := self.compiled()) is not None:
+            return fast.scores(tokens, n_labels)
         valid = tokens >= 0  # (N, T)
         n_tc = self._pairs[(tokens[valid][:, None] + self.shift[:n_labels]) % self.span]  # (M, n_labels)
         n_t = n_tc.sum(-1, keepdims=True)  # (M, 1) the token's count under every label
@@ -525,8 +525,8 @@ class NaiveBayesHead:
         earlier records add to its cell (a sorted search by (cell, record)). Weights that
         are not finite (a batch tampered with after validation) give scores that are not
         either, without a warning: the step that reads them is skipped for its loss."""
-        if self.compiled is not None:
-            return self.compiled.scores_in_order(tokens, labels, weight, n_labels)
+        if self.compiled is not None and (fast := self.compiled()) is not None:
+            return fast.scores_in_order(tokens, labels, weight, n_labels)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             return self._scores_in_order(tokens, labels, weight, n_labels)
 
@@ -612,8 +612,8 @@ class NaiveBayesHead:
 
     def learn(self, tokens: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Count a batch (tokens (N, T), labels (N,), weight (N,)); return the changed row ids."""
-        if self.compiled is not None:
-            return self.compiled.learn(tokens, labels, weight)
+        if self.compiled is not None and (fast := self.compiled()) is not None:
+            return fast.learn(tokens, labels, weight)
         valid = tokens >= 0
         rows = valid.nonzero()[0]  # (M,) the record of each token
         cells = self._cells(tokens[valid], labels[rows])  # (M,)

@@ -39,7 +39,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from river import base as river_base
 
 from .batching import QUERY_MASK, Batch, Schedule, seed_of
+from .compiled_loading import WhenLoaded
 from .config import Config
 from .decoding import TopK
 from .device import Device, adopt_threads
@@ -62,6 +63,9 @@ from .sizing import OUT_B_MIN, Sizing, derived_keys
 from .sync import Replica
 from .tasks import build_task
 from .tasks.base import ClosedForm
+
+if TYPE_CHECKING:
+    from .compiled import CompiledClassifyStep
 
 __all__ = ["Batch", "LabelCapacityError", "Learner", "QUERY_MASK", "StepReport"]
 
@@ -182,12 +186,10 @@ class Learner(river_base.Classifier):
         closed_form = self.task.has_closed_form(self.model, self.dev)  # both optimizers fuse their kernels there
         self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows, fused=closed_form)
         self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim, fused=closed_form)
-        self._compiled = None  # the step as one compiled call, where it applies (streamlearn.compiled)
+        # the step as one compiled call, where it applies (streamlearn.compiled)
+        self._compiled: WhenLoaded[CompiledClassifyStep] | None = None
         if c.learner.compiled and closed_form:
-            from .compiled import CompiledClassifyStep  # imports numba: only for a learner that runs it
-            self._compiled = CompiledClassifyStep.bind(self, MAX_GRADIENT)
-            if self._compiled is not None:
-                self.task.compiled_logits = self._compiled.logits  # queries and predictions too
+            self._compiled = WhenLoaded(self._bind_compiled)
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
@@ -207,11 +209,20 @@ class Learner(river_base.Classifier):
         """The task's ingest half (:class:`~streamlearn.batching.Preparer`): numpy only."""
         return self.task.prep
 
+    def _bind_compiled(self) -> CompiledClassifyStep | None:
+        from .compiled import CompiledClassifyStep  # imports numba: only for a learner that runs it
+
+        step = CompiledClassifyStep.bind(self, MAX_GRADIENT)
+        if step is not None:
+            self.task.compiled_logits = step.logits  # queries and predictions too
+        return step
+
     @property
     def runs_compiled(self) -> bool:
         """Whether its steps run as one compiled call (:mod:`streamlearn.compiled`: classify
-        at depth 0 on the CPU with ``learner.compiled``), not as torch's ops."""
-        return self._compiled is not None
+        at depth 0 on the CPU with ``learner.compiled``), not as torch's ops; a worker's
+        learner runs torch's until the kernels are loaded (:mod:`streamlearn.compiled_loading`)."""
+        return self._compiled is not None and self._compiled() is not None
 
     @property
     def device(self) -> torch.device:
@@ -477,8 +488,9 @@ class Learner(river_base.Classifier):
         are dropped and nothing is updated (a NaN or inf once written into the tables or
         the Adagrad sums poisons every later prediction that reads them). Skipped steps
         are counted (``skipped_steps``) and logged."""
-        if self._compiled is not None and batch.sr_feats is None and self.gradient_hook is None:
-            return self._compiled_step(batch, predict)
+        compiled = self._compiled() if self._compiled is not None else None
+        if compiled is not None and batch.sr_feats is None and self.gradient_hook is None:
+            return self._compiled_step(compiled, batch, predict)
         closed = None
         if batch.sr_feats is None:
             with torch.no_grad():
@@ -504,10 +516,11 @@ class Learner(river_base.Classifier):
         changed = self.apply_gradients(what)
         return value, changed or {}, changed is None, outputs
 
-    def _compiled_step(self, batch: Batch, predict: bool) -> tuple[float, dict[str, np.ndarray], bool, torch.Tensor | None]:
+    def _compiled_step(self, compiled: CompiledClassifyStep, batch: Batch,
+                       predict: bool) -> tuple[float, dict[str, np.ndarray], bool, torch.Tensor | None]:
         """:meth:`_step` as one compiled call (:class:`~streamlearn.compiled.CompiledClassifyStep`):
         the same closed form, safety check and updates as torch's ops, in place."""
-        loss, logits, changed, bad = self._compiled(batch)
+        loss, logits, changed, bad = compiled(batch)
         outputs = torch.from_numpy(self.task.add_counts(logits, batch)) if predict else None
         if changed is None:
             self._skip(f"training batch {batch.seq}: {bad}")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import streamlearn.compiled as compiled
+import streamlearn.compiled_loading as compiled_loading
+from streamlearn.compiled_loading import WhenLoaded
 from streamlearn.compiled import CompiledClassifyStep, CompiledNaiveBayes, classify_step, row_groups
 from streamlearn.config import Config
 from streamlearn.exceptions import StreamlearnError
@@ -146,7 +148,7 @@ def test_the_compiled_naive_bayes_part_is_numpys(seed):
     changed rows, and the same scores of a query and in stream order to float rounding."""
     rng = np.random.default_rng(seed)
     fast, slow = NaiveBayesHead(64 * 40, 4, 0.3), NaiveBayesHead(64 * 40, 4, 0.3)
-    fast.compiled = CompiledNaiveBayes(fast)
+    fast.compiled = WhenLoaded(lambda: CompiledNaiveBayes(fast))
     for _ in range(8):
         N, T = rng.integers(1, 9), rng.integers(1, 12)
         tokens = rng.integers(0, 30, size=(N, T))
@@ -166,11 +168,11 @@ def test_the_compiled_naive_bayes_part_is_numpys(seed):
 def test_kernels_that_could_not_be_built_are_a_clear_error(monkeypatch):
     """Where numba cannot build the kernels (the loading thread raised), the step that
     needs them says so and names the way back to torch's step."""
-    compiled.loaded()
-    monkeypatch.setattr(compiled, "_ready", False)  # as if this process had not loaded them yet
-    monkeypatch.setattr(compiled, "_failure", [RuntimeError("no LLVM target for this CPU")])
+    compiled_loading.loaded()
+    monkeypatch.setattr(compiled_loading, "_ready", False)  # as if this process had not loaded them yet
+    monkeypatch.setattr(compiled_loading, "_failure", [RuntimeError("no LLVM target for this CPU")])
     with pytest.raises(StreamlearnError, match="no LLVM target.*learner.compiled=false"):
-        compiled.loaded()
+        compiled_loading.loaded()
 
 
 def test_a_commands_loading_thread_skips_numbas_blas_probe_and_no_other_import():
@@ -180,18 +182,66 @@ def test_a_commands_loading_thread_skips_numbas_blas_probe_and_no_other_import()
     registries loaded already."""
     code = """
 import sys
+from pathlib import Path
 import numpy as np
-import streamlearn.compiled as c
+import streamlearn.compiled_loading as c
 from streamlearn.config import Config
+c.in_a_command()
 c.start_loading_for(Config())
 c.loaded()
 assert "scipy.linalg" not in sys.modules
 assert not any(type(f).__name__ == "_SkipBlasProbe" for f in sys.meta_path)
-rows, group = c.row_groups(np.array([5, 2, 5], dtype=np.int64))
+from streamlearn.compiled import row_groups
+rows, group = row_groups(np.array([5, 2, 5], dtype=np.int64))
 assert rows.tolist() == [2, 5] and group.tolist() == [1, 0, 1]
 import scipy.linalg
 print("ok")
 """
     pytest.importorskip("scipy.linalg")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_worker_learner_runs_torchs_step_until_the_kernels_are_loaded():
+    """Built inside ``learning_meanwhile`` (the worker's learner), a learner neither imports
+    numba nor waits for the loading thread: its first batches take torch's step, numpy's
+    Naive Bayes and Python's tokenizer, as a ``learner.compiled=false`` learner does, to
+    the bit; once the thread is done, its next batch runs the kernels. A fresh process,
+    whose loading thread is held at its start until the first batches are learned."""
+    code = """
+import sys, threading
+import numpy as np
+import torch
+import streamlearn.compiled_loading as c
+from streamlearn.config import Config
+from streamlearn.learner import Learner
+from tests.test_learner import SMALL, assert_same, params, topic_stream
+
+torch.set_num_threads(1)
+gate, load = threading.Event(), c._load_or_keep_failure
+c._load_or_keep_failure = lambda skip: (gate.wait(60), load(skip))
+CPU = (*SMALL, "learner.device=cpu", "embedding.K=262144", "learner.nb_cells=262144")  # the text hasher's rule
+with c.learning_meanwhile():
+    fast = Learner(Config().override(*CPU))
+slow = Learner(Config().override(*CPU, "learner.compiled=false"))
+records = topic_stream(96, seed=3)
+for learner in (fast, slow):
+    learner.learn_many(records[:40])
+assert not fast.runs_compiled and "numba" not in sys.modules
+assert_same(params(fast), params(slow))
+gate.set()
+c.loaded()
+for learner in (fast, slow):
+    learner.learn_many(records[40:])
+assert fast.runs_compiled and fast.task.prep.text_hasher() is not None and fast.task.nb.compiled() is not None
+from tests.test_compiled import assert_nearly
+a, b = params(fast), params(slow)
+for name in a:
+    assert_nearly(a[name], b[name], name)
+for name, counts in fast.task.count_tables().items():
+    assert torch.equal(counts, slow.task.count_tables()[name]), name
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

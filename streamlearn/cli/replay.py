@@ -74,7 +74,8 @@ def _file_formats() -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
-    from ..compiled import start_loading_for  # numpy and numba only
+    from ..compiled_loading import in_a_command, start_loading_for
+    in_a_command()
     start_loading_for(config)  # numba's start-up in a thread while torch imports
 
     import torch

@@ -83,8 +83,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg, given = load_config_given(args.config, overrides(args))
-    from ..compiled import start_loading_for  # numpy and numba only
-    start_loading_for(cfg)  # 0.5 s of CPU in a thread while torch and kafka import (bench/startup.py)
+    from ..compiled_loading import in_a_command
+    in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
     from ..consumers.distributed import dist_settings
     from ..consumers.scaleout import GroupWorker

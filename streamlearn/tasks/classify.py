@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..batching import Batch, Preparer, fields_of, seed_of
+from ..compiled_loading import WhenLoaded
 from ..config import Config
 from ..decoding import TopK
 from ..device import Device
@@ -48,6 +50,10 @@ from ..objectives import LabelTable
 from ..prequential import LabelCheck
 from ..records import Record
 from .base import ClosedForm, Event, Task
+
+if TYPE_CHECKING:
+    from ..compiled import CompiledNaiveBayes
+    from ..compiled_text import TextHasher
 
 __all__ = ["Classify", "ClassifyPreparer", "MODEL_PART", "NB_COUNTS", "NB_PART"]
 
@@ -68,12 +74,16 @@ class ClassifyPreparer(Preparer):
         self.nb_span = NaiveBayesHead.span_of(lc.nb_cells, cfg.model.max_labels) if lc.nb_weight > 0 else 0
         # a training text's tokens straight to their hashes in one compiled call, where
         # nothing of the batch reads them as strings (streamlearn.compiled_text)
-        self.text_hasher = None
+        self.text_hasher: WhenLoaded[TextHasher] | None = None
         if (lc.compiled and cfg.hashing.tokenizer == "words" and type(featurizer) is HashFeaturizer
                 and lc.shuffle_random == 0 and (not self.nb_span or 2 * cfg.embedding.K >= self.nb_span)):
-            from ..compiled_text import TextHasher  # imports numba: only where it runs
-            h = cfg.hashing
-            self.text_hasher = TextHasher(featurizer.hasher, h.ngrams, h.lowercase, h.shapes)
+            self.text_hasher = WhenLoaded(lambda: self._new_text_hasher(featurizer))
+
+    def _new_text_hasher(self, featurizer: HashFeaturizer) -> TextHasher:
+        from ..compiled_text import TextHasher  # imports numba: only where it runs
+
+        h = self.cfg.hashing
+        return TextHasher(featurizer.hasher, h.ngrams, h.lowercase, h.shapes)
 
     def train(self, records: Iterable) -> Batch:
         start = len(self.label_table)
@@ -82,7 +92,8 @@ class ClassifyPreparer(Preparer):
         return batch
 
     def validate(self, rec: Record) -> list[str] | HashedText:
-        tokens = self._hashed(rec) if self.text_hasher is not None else None
+        hasher = self.text_hasher() if self.text_hasher is not None else None
+        tokens = self._hashed(hasher, rec) if hasher is not None else None
         if tokens is None:
             tokens = self.text_tokens(rec)
         if rec.label is None:
@@ -90,12 +101,13 @@ class ClassifyPreparer(Preparer):
         self.label_table.add(rec.label)
         return tokens
 
-    def _hashed(self, rec: Record) -> HashedText | None:
+    @staticmethod
+    def _hashed(hasher: TextHasher, rec: Record) -> HashedText | None:
         """The text's tokens hashed by the compiled tokenizer; None where it does not
         take the record (tokens given, no text, a text it leaves to Python)."""
         if rec.tokens is not None or not isinstance(rec.text, str):
             return None
-        hashed = self.text_hasher(rec.text)
+        hashed = hasher(rec.text)
         if hashed is not None and not len(hashed):
             raise RecordError("bad-value: the text has no tokens after tokenization")
         return hashed
@@ -104,9 +116,10 @@ class ClassifyPreparer(Preparer):
         if not accepted:
             return
         lists = [t for _, t in accepted]
-        if self.text_hasher is not None:  # one compiled call for the features and the Naive Bayes ids
-            batch.feats, nb = self.text_hasher.batch(lists, self._word_counts(accepted), self.cfg.hashing.max_tokens,
-                                                     self.nb_span)
+        hasher = self.text_hasher() if self.text_hasher is not None else None
+        if hasher is not None:  # one compiled call for the features and the Naive Bayes ids
+            batch.feats, nb = hasher.batch(lists, self._word_counts(accepted), self.cfg.hashing.max_tokens,
+                                           self.nb_span)
             batch.nb_tokens = nb if self.nb_span else None
         else:
             batch.feats = self.featurize(lists)
@@ -197,8 +210,12 @@ class Classify(Task):
         # (streamlearn.compiled.CompiledClassifyStep.logits: the learner sets it)
         self.compiled_logits: Callable[[Batch], torch.Tensor] | None = None
         if self.nb is not None and lc.compiled:
-            from ..compiled import CompiledNaiveBayes  # imports numba: only where it runs
-            self.nb.compiled = CompiledNaiveBayes(self.nb)
+            self.nb.compiled = WhenLoaded(self._compiled_naive_bayes)
+
+    def _compiled_naive_bayes(self) -> CompiledNaiveBayes:
+        from ..compiled import CompiledNaiveBayes  # imports numba: only where it runs
+
+        return CompiledNaiveBayes(self.nb)
 
     @property
     def label_table(self) -> LabelTable:
