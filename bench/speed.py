@@ -29,6 +29,10 @@ comes and goes; every contestant meets it alike), each figure the best pass:
    the learners' device (on CUDA with pinned copies and bf16 autocast, timed to a
    synchronize).
 
+4. start-up: a fresh ``streamlearn worker`` process at the defaults against the embedded
+   broker, from its launch to its log line "first records learned" (bench/startup.py's
+   ``manual`` path: --startup-runs runs after a warm-up, their median; 0 skips it).
+
 Records/s are wall clock (per CPU-second in brackets: the process's thread CPU time,
 which a loaded machine disturbs less). The table replaces the part of docs/benchmarks.md
 between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
@@ -36,6 +40,7 @@ between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import textwrap
 import time
@@ -52,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, ag_news, data_dir, text_stream, write_between_markers
 import quality_streams as qs
+import startup
 
 from streamlearn.config import Config
 from streamlearn.device import Device, set_threads, torch_default_threads
@@ -63,7 +69,9 @@ from streamlearn.replay.sources import Item
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/speed.py:begin -->", "<!-- bench/speed.py:end -->"
-TARGETS = {"learn_many": 10_000, "prequential / VW": 0.4, "learn_one loop": 2_000, "depth / bare torch": 0.7}
+TARGETS = {"learn_many": 10_000, "prequential / VW": 0.4, "learn_one loop": 2_000, "depth / bare torch": 0.7,
+           "first learned s": 2.0}
+STARTUP_RECORDS = 2000  # in the start-up runs' topic
 ONE_LIMIT = 300  # records of the learn_one loop at torch's default threads
 DEVICE = Device.pick(Config().learner.device)  # where the learners at their defaults run, and so the bare models
 
@@ -292,7 +300,22 @@ def rows(name: str, r: dict[str, Rate], vw: bool) -> list[str]:
     return out
 
 
-def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: str, passes: int) -> str:
+def startup_rows(runs: list[dict[str, float]]) -> list[str]:
+    """The start-up table: median and every run of bench/startup.py's manual path."""
+    def cell(mark: str) -> str:
+        values = [r[mark] for r in runs]
+        return f"{statistics.median(values):.2f} s ({', '.join(f'{v:.2f}' for v in values)})"
+
+    return ["", f"Start-up: a fresh `streamlearn worker` process at the defaults, {STARTUP_RECORDS:,} SMS records on "
+            f"3 partitions of the embedded broker, from its launch (median of {len(runs)}, each run in brackets):", "",
+            "| mark | seconds from process start | target |", "|---|---:|---|",
+            f"| worker ready (imports, config, state, model) | {cell('worker ready')} | |",
+            f"| first record learned | {cell('first learned')} | <= {TARGETS['first learned s']:g} s |",
+            f"| exit (all records learned, final checkpoint) | {cell('exit')} | |"]
+
+
+def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: str, passes: int,
+            starts: list[dict[str, float]]) -> str:
     intro = (f"Produced by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} (torch {torch.__version__}, "
              f"{DEVICE.describe()}; the bare-torch models run there too: compare figures "
              f"within this table only). Best of {passes} passes, each running every contestant once in turn; "
@@ -305,6 +328,8 @@ def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: 
              "|---|---|---:|---:|---:|---|"]
     for name, (_, r) in results.items():
         table += rows(name, r, vw)
+    if starts:
+        table += startup_rows(starts)
     return "\n".join([textwrap.fill(intro, width=100, break_long_words=False, break_on_hyphens=False), "",
                       *table])
 
@@ -316,6 +341,8 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=0, help="first N records of each stream (0: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
                         help="markdown file whose marked section receives the table")
+    parser.add_argument("--startup-runs", type=int, default=3,
+                        help="worker start-ups to time after a warm-up (0: none)")
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
     vw = qs.vw_oaa([{"text": "a b", "label": "x"}]) is not None
@@ -328,7 +355,11 @@ def main() -> int:
         warm_up(records, first=i == 0)
         print(f"{name}: {len(records):,} records", file=sys.stderr, flush=True)
         results[name] = (len(records), measure(records, max(1, args.passes), vw))
-    text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes))
+    starts = []
+    if args.startup_runs > 0:
+        print("worker start-up", file=sys.stderr, flush=True)
+        starts = startup.measure(STARTUP_RECORDS, 3, args.startup_runs, {"manual": []})["manual"]
+    text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes), starts)
     if not args.dry_run:
         write_between_markers(args.out, BEGIN, END, text)
     print(text)

@@ -79,6 +79,28 @@ def one_run(bootstrap: str, topic: str, records: int, extra: list[str], workdir:
     return out
 
 
+def measure(records: int, partitions: int, repeats: int, paths: dict[str, list[str]],
+            extra: list[str] = ()) -> dict[str, list[dict[str, float]]]:
+    """:func:`one_run`'s figures per path, ``repeats`` times each, the paths interleaved
+    after one warm-up run, against one embedded broker and one topic of ``records`` SMS
+    records on ``partitions`` partitions."""
+    base = [row.record for row in DatasetReader(bundled_path())]
+    rows = [(None, base[i % len(base)], None) for i in range(records)]
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        topic = "startup"
+        create_topic(broker.bootstrap, topic, partitions)
+        produce_rows(broker.bootstrap, topic, rows)
+        one_run(broker.bootstrap, topic, records, list(extra), Path(tmp))  # warm-up
+        runs: dict[str, list[dict[str, float]]] = {path: [] for path in paths}
+        for repeat in range(repeats):
+            for path, flags in paths.items():
+                result = one_run(broker.bootstrap, topic, records, [*flags, *extra], Path(tmp))
+                runs[path].append(result)
+                print(f"  {path:6s} run {repeat + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.items()),
+                      flush=True)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=2000)
@@ -87,22 +109,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     extra = [item for kv in args.set for item in ("--set", kv)]
-    base = [row.record for row in DatasetReader(bundled_path())]
-    rows = [(None, base[i % len(base)], None) for i in range(args.records)]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; {args.records} SMS records on "
           f"{args.partitions} partitions; default config {' '.join(args.set) or ''}".rstrip())
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        topic = "startup"
-        create_topic(broker.bootstrap, topic, args.partitions)
-        produce_rows(broker.bootstrap, topic, rows)
-        one_run(broker.bootstrap, topic, args.records, extra, Path(tmp))  # warm-up
-        runs: dict[str, list[dict[str, float]]] = {path: [] for path in PATHS}
-        for repeat in range(args.repeats):
-            for path, flags in PATHS.items():
-                result = one_run(broker.bootstrap, topic, args.records, flags + extra, Path(tmp))
-                runs[path].append(result)
-                print(f"  {path:6s} run {repeat + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.items()),
-                      flush=True)
+    runs = measure(args.records, args.partitions, args.repeats, PATHS, extra)
     columns = [*MARKS, "exit", "cpu to exit"]
     print(f"\nseconds from process start (median of {args.repeats})")
     print("| path | " + " | ".join(columns) + " |")
