@@ -125,6 +125,15 @@ def loaded_now() -> bool:
     return True
 
 
+def settle() -> None:
+    """Wait for the loading thread where one runs, its failure ignored (for a process about
+    to exit: the thread is a daemon, and one still in numba's compiler when the interpreter
+    shuts down would leave numba's cache unwritten, so every short run on a new machine
+    would compile again)."""
+    if _loading is not None:
+        _loading.join()
+
+
 @contextlib.contextmanager
 def learning_meanwhile() -> Iterator[None]:
     """The :class:`WhenLoaded` parts built inside run their uncompiled code until the kernels

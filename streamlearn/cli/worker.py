@@ -83,7 +83,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg, given = load_config_given(args.config, overrides(args))
-    from ..compiled_loading import in_a_command
+    from ..compiled_loading import in_a_command, settle
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
     from ..consumers.distributed import dist_settings
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     with _stop_on_signals(worker):
         summary = worker.run()
     print(f"streamlearn worker: {summary}", flush=True)
+    settle()  # a short run's kernels still loading: numba's cache filled before the process exits
     return 0 if summary.saved else 1
 
 
