@@ -29,6 +29,7 @@ label logits of every prediction. The two are experts of their own:
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -77,7 +78,7 @@ class ClassifyPreparer(Preparer):
         self.text_hasher: WhenLoaded[TextHasher] | None = None
         if (lc.compiled and cfg.hashing.tokenizer == "words" and type(featurizer) is HashFeaturizer
                 and lc.shuffle_random == 0 and (not self.nb_span or 2 * cfg.embedding.K >= self.nb_span)):
-            self.text_hasher = WhenLoaded(lambda: self._new_text_hasher(featurizer))
+            self.text_hasher = WhenLoaded(functools.partial(self._new_text_hasher, featurizer))
 
     def _new_text_hasher(self, featurizer: HashFeaturizer) -> TextHasher:
         from ..compiled_text import TextHasher  # imports numba: only where it runs
