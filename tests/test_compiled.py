@@ -2,6 +2,7 @@
 the same updates to float rounding, the same rows reported, the same skips."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import streamlearn.compiled_loading as compiled_loading
 from streamlearn.compiled_loading import WhenLoaded
 from streamlearn.compiled import CompiledClassifyStep, CompiledNaiveBayes, classify_step, row_groups
 from streamlearn.config import Config
-from streamlearn.exceptions import StreamlearnError
 from streamlearn.heads import NaiveBayesHead
 from streamlearn.learner import Learner
 from tests.test_learner import SMALL, assert_same, batches, params, topic_stream
@@ -165,14 +164,30 @@ def test_the_compiled_naive_bayes_part_is_numpys(seed):
     assert fast.flat[2 * 4] > 0
 
 
-def test_kernels_that_could_not_be_built_are_a_clear_error(monkeypatch):
-    """Where numba cannot build the kernels (the loading thread raised), the step that
-    needs them says so and names the way back to torch's step."""
-    compiled_loading.loaded()
-    monkeypatch.setattr(compiled_loading, "_ready", False)  # as if this process had not loaded them yet
-    monkeypatch.setattr(compiled_loading, "_failure", [RuntimeError("no LLVM target for this CPU")])
-    with pytest.raises(StreamlearnError, match="no LLVM target.*learner.compiled=false"):
-        compiled_loading.loaded()
+def test_kernels_that_could_not_be_built_are_a_clear_error():
+    """Where the kernels cannot be built (the loading thread raised), the step that needs
+    them says so and names the way back to torch's step. A fresh process whose import
+    system refuses the kernels' module, as a machine without a working numba would."""
+    code = """
+import sys
+import streamlearn.compiled_loading as c
+from streamlearn.exceptions import StreamlearnError
+
+class NoKernels:
+    def find_spec(self, name, path=None, target=None):
+        if name == "streamlearn.compiled":
+            raise ImportError("no LLVM target for this CPU")
+        return None
+
+sys.meta_path.insert(0, NoKernels())
+try:
+    c.loaded()
+except StreamlearnError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert re.search("no LLVM target.*learner.compiled=false", out.stdout), out.stdout
 
 
 def test_a_commands_loading_thread_skips_numbas_blas_probe_and_no_other_import():
@@ -218,8 +233,15 @@ from streamlearn.learner import Learner
 from tests.test_learner import SMALL, assert_same, params, topic_stream
 
 torch.set_num_threads(1)
-gate, load = threading.Event(), c._load_or_keep_failure
-c._load_or_keep_failure = lambda skip: (gate.wait(60), load(skip))
+gate, main = threading.Event(), threading.get_ident()
+
+class HeldLoading:  # the loading thread waits at its import of the kernels until the gate opens
+    def find_spec(self, name, path=None, target=None):
+        if name == "streamlearn.compiled" and threading.get_ident() != main:
+            gate.wait(60)
+        return None
+
+sys.meta_path.insert(0, HeldLoading())
 CPU = (*SMALL, "learner.device=cpu", "embedding.K=262144", "learner.nb_cells=262144")  # the text hasher's rule
 with c.learning_meanwhile():
     fast = Learner(Config().override(*CPU))
