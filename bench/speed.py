@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/speed.py:begin -->", "<!-- bench/speed.py:end -->"
 TARGETS = {"learn_many": 10_000, "prequential / VW": 0.4, "learn_one loop": 2_000, "depth / bare torch": 0.7,
            "first learned s": 2.0}
-STARTUP_RECORDS = 2000  # in the start-up runs' topic
+STARTUP_RECORDS, STARTUP_PARTITIONS = 2000, 3  # the start-up runs' topic
 ONE_LIMIT = 300  # records of the learn_one loop at torch's default threads
 DEVICE = Device.pick(Config().learner.device)  # where the learners at their defaults run, and so the bare models
 
@@ -307,7 +307,7 @@ def startup_rows(runs: list[dict[str, float]]) -> list[str]:
         return f"{statistics.median(values):.2f} s ({', '.join(f'{v:.2f}' for v in values)})"
 
     return ["", f"Start-up: a fresh `streamlearn worker` process at the defaults, {STARTUP_RECORDS:,} SMS records on "
-            f"3 partitions of the embedded broker, from its launch (median of {len(runs)}, each run in brackets):", "",
+            f"{STARTUP_PARTITIONS} partitions of the embedded broker, from its launch (median of {len(runs)}, each run in brackets):", "",
             "| mark | seconds from process start | target |", "|---|---:|---|",
             f"| worker ready (imports, config, state, model) | {cell('worker ready')} | |",
             f"| first record learned | {cell('first learned')} | <= {TARGETS['first learned s']:g} s |",
@@ -358,7 +358,7 @@ def main() -> int:
     starts = []
     if args.startup_runs > 0:
         print("worker start-up", file=sys.stderr, flush=True)
-        starts = startup.measure(STARTUP_RECORDS, 3, args.startup_runs, {"manual": []})["manual"]
+        starts = startup.measure(STARTUP_RECORDS, STARTUP_PARTITIONS, args.startup_runs, {"manual": []})["manual"]
     text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes), starts)
     if not args.dry_run:
         write_between_markers(args.out, BEGIN, END, text)
