@@ -32,6 +32,9 @@ the same run, the two taking turns of ``TURN`` batches: ``nn.Embedding`` over to
 the hash embedding, torch's own ``TransformerEncoderLayer`` stack as the model's (pre-LN,
 GELU, a final LayerNorm) at the same width, heads, ffn and mask (next-token's causal mask
 without a padding mask: the right padding is never attended, as in the model's encoder),
+mlm at depth 0 reading each masked slot's record pooled over its other tokens (the model's
+depth-0 readout, word2vec's CBOW; until 2026-11-27 the reference read the slot's own [MASK]
+input there, a lookup that learns no context and passes no gradient to the context's rows),
 the same sampled softmax (the batch's answers plus the same number of uniform negatives,
 ``nn.Embedding`` output rows), SparseAdam on the embeddings and Adam on the rest. The reference has no
 count part and no hashing: it is the floor the hashed model's bookkeeping is measured
@@ -317,6 +320,7 @@ class BareTorch:
         self.opts = [torch.optim.SparseAdam(sparse, lr=cfg.optim.sparse_lr),
                      torch.optim.Adam(dense, lr=cfg.optim.dense_lr)]
         self.causal = cfg.learner.task == "next-token"
+        self.pools = not self.causal and m.layers == 0  # mlm's depth-0 readout (module docstring)
         self.gen = torch.Generator().manual_seed(0)
 
     def step(self, i: int) -> None:
@@ -341,7 +345,12 @@ class BareTorch:
                 states = lm(inputs, pad[:, :-1], mask)
             else:
                 states = lm(inputs, pad, None)
-            h, y = states[where], answers[where]  # (n, d), (n,)
+            y = answers[where]  # (n,)
+            if self.pools:  # each slot reads its record's other tokens pooled, as the model at depth 0
+                w = (~(pad | where)).unsqueeze(-1).to(states.dtype)  # (b, t, 1)
+                h = ((states * w).sum(1) / w.sum(1).clamp_min(1.0).sqrt())[where.nonzero()[:, 0]]  # (n, d)
+            else:
+                h = states[where]  # (n, d)
             choices = torch.unique(torch.cat([y, negatives]))
             logits = h @ lm.out(choices).t() + lm.out_b(choices)[:, 0]  # (n, c)
         target = torch.searchsorted(choices, y)
