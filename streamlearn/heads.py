@@ -31,6 +31,7 @@ from torch import nn
 
 from .config import NB_ROW
 from .counts.table import distinct
+from .embeddings.base import RowGroups
 from .hashing import derive_seed
 from .outputs import HashedCode, OutputCode, PatternCode, SampledCode
 
@@ -373,6 +374,45 @@ class SampledHead(nn.Module):
             logits = logits - targets["logq"][None]
         ce = F.cross_entropy(logits, targets["answer"], reduction="none")
         return (ce * weight).sum() / len(ce)
+
+    def gradients(self, x: torch.Tensor, targets: dict[str, torch.Tensor], weight: torch.Tensor,
+                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[tuple[nn.Parameter, torch.Tensor], ...],
+                             dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`fit_loss` over the network's own softmax (step targets of ``choices``
+        and ``answer`` only: no count scores, no logQ) with its gradients in closed
+        form: ``(loss, dL/dx (n, d), ((parameter, gradient), ...) of the transform,
+        {"O": (rows, gradient rows), "Ob": ...})``, the row gradients summed per distinct
+        row, ascending. With dl = (softmax - onehot(answer)) w / n over the choices:
+        dz = dl o, do = dl^T z, db = sum dl; then LayerNorm's, GELU's and the dense
+        layer's backward. Equal to autograd's to float rounding (tests/test_learner.py)."""
+        t = self.transform
+        W, b, gamma, beta = t.dense.weight, t.dense.bias, t.norm.weight, t.norm.bias
+        u = torch.addmm(b, x, W.t())  # (n, d)
+        g = F.gelu(u)
+        centred = g - g.mean(1, keepdim=True)
+        r = torch.rsqrt(centred.square().mean(1, keepdim=True) + t.norm.eps)  # (n, 1)
+        gh = centred * r
+        z = torch.addcmul(beta, gh, gamma)  # (n, d): transform(x)
+        hashes, answer = targets["choices"], targets["answer"]  # (c, m), (n,)
+        o = F.embedding_bag(hashes, self.O, mode="sum")  # (c, d)
+        bias = F.embedding_bag(hashes, self.Ob, mode="sum")[:, 0]  # (c,)
+        logp = torch.log_softmax(torch.addmm(bias, z, o.t()), 1)  # (n, c)
+        rows = torch.arange(len(answer))
+        w = weight / len(answer)  # (n,)
+        loss = -torch.dot(logp[rows, answer], w)
+        dl = logp.exp()
+        dl[rows, answer] -= 1.0
+        dl.mul_(w[:, None])
+        dz = dl @ o  # (n, d)
+        do, dbias = dl.t() @ z, dl.sum(0)  # (c, d), (c,)
+        dgh = dz * gamma
+        dg = r * (dgh - dgh.mean(1, keepdim=True) - gh * (dgh * gh).mean(1, keepdim=True))
+        du = dg * (0.5 * (1.0 + torch.erf(u * 0.7071067811865476)) + u * torch.exp(-0.5 * u * u) * 0.3989422804014327)
+        dense = ((W, du.t() @ x), (b, du.sum(0)), (gamma, (dz * gh).sum(0)), (beta, dz.sum(0)))
+        groups = RowGroups(hashes.reshape(-1).numpy())
+        owner = torch.arange(len(hashes)).repeat_interleave(hashes.shape[1])  # (c * m,): each hash's choice
+        out = {"O": (groups.rows, groups.sums(do, owner)), "Ob": (groups.rows, groups.sums(dbias[:, None], owner))}
+        return loss, du @ W, dense, out
 
     def _own_and_negatives(self, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (n, 1 + k), logQ-corrected: each example's own answer, then the k drawn

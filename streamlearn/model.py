@@ -33,7 +33,7 @@ from .embeddings import TokenEmbedding, to_tensors
 from .embeddings.base import Bag
 from .heads import ShuffleRandomHead
 
-__all__ = ["Encoder", "HashedTransformer", "to_tensors"]
+__all__ = ["Encoder", "HashedTransformer", "PooledStates", "to_tensors"]
 
 
 class Encoder(nn.Module):
@@ -134,9 +134,20 @@ class HashedTransformer(nn.Module):
     @property
     def has_bag(self) -> bool:
         """Whether :meth:`bag` gives a closed form (False: it returns None)."""
+        return self.encoder.pos is None and self.pools_in_closed_form
+
+    @property
+    def pools_in_closed_form(self) -> bool:
+        """Whether :meth:`pooled` gives a closed form: depth 0, no projection, a scheme
+        that offers a bag (positions allowed)."""
         enc = self.encoder
-        return (enc.layers is None and enc.pos is None and isinstance(enc.proj, nn.Identity)
-                and self.embedding.has_bag)
+        return enc.layers is None and isinstance(enc.proj, nn.Identity) and self.embedding.has_bag
+
+    def pooled(self, feats: dict[str, np.ndarray]) -> "PooledStates":
+        """``pool(encode(feats, slots), feats["mask"])`` at depth 0 in closed form, for
+        any slots outside the mask (they are pooled over by no one), positions included
+        (:class:`PooledStates`). Needs :attr:`pools_in_closed_form`."""
+        return PooledStates(self, feats)
 
     def row_tables(self) -> dict[str, nn.Parameter]:
         """The tables updated row-wise (sparse gradients), by name: the embedding's and the
@@ -148,3 +159,47 @@ class HashedTransformer(nn.Module):
         """Every parameter that is not a row table, by its state_dict name."""
         rows = {id(p) for p in self.row_tables().values()}
         return {n: p for n, p in self.named_parameters() if id(p) not in rows}
+
+
+class PooledStates:
+    """A depth-0 model's pooled states ``x`` (N, d) of a featurized batch and their
+    gradients given dL/dx, without autograd: the tokens' bag (the embedding's
+    :class:`~streamlearn.embeddings.base.Bag`, weighted 1/sqrt(n) as :meth:`HashedTransformer.pool`)
+    plus, with positions, ``c @ pos[:T]``, c (N, T) the same weights at the valid cells.
+
+    The [MASK] vector replaces inputs at slots, which the mask leaves out of the pool,
+    so its gradient is zero: it is handed on as zero, as autograd leaves it (AdamW's
+    step count for it advances alike)."""
+
+    def __init__(self, model: HashedTransformer, feats: dict[str, np.ndarray]):
+        mask = feats["mask"]
+        a = (1.0 / np.sqrt(np.maximum(mask.sum(1), 1))).astype(np.float32)  # (N,)
+        self.bag = model.embedding.bag(feats, a)
+        self.tokens = int(mask.sum())  # valid cells pooled
+        self.encoder = enc = model.encoder
+        self.x = self.bag.x
+        self.coef = None
+        if enc.pos is not None:
+            self.coef = torch.from_numpy(mask * a[:, None])  # (N, T) float32
+            self.x = self.x + self.coef @ enc.pos.weight.detach()[:mask.shape[1]]
+
+    def tables(self) -> dict[str, nn.Parameter]:
+        return self.bag.tables()
+
+    def row_gradients(self, grad: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """dL/d(table) per row table, coalesced (:meth:`Bag.row_gradients <streamlearn.embeddings.base.Bag.row_gradients>`)."""
+        if not self.tokens:  # no token outside the slots (the bag's backward needs one)
+            return {name: (torch.empty(0, dtype=torch.int64), t.detach().new_zeros(0, t.shape[1]))
+                    for name, t in self.bag.tables().items()}
+        return self.bag.row_gradients(grad)
+
+    def dense_gradients(self, grad: torch.Tensor) -> tuple[tuple[nn.Parameter, torch.Tensor], ...]:
+        """(parameter, full-size gradient) of the positions (with them) and the [MASK]
+        vector, from dL/dx (N, d)."""
+        enc = self.encoder
+        out = [(enc.mask_vec, torch.zeros_like(enc.mask_vec))]
+        if self.coef is not None:
+            g = torch.zeros_like(enc.pos.weight)
+            g[:self.coef.shape[1]] = self.coef.t() @ grad  # (T, d)
+            out.insert(0, (enc.pos.weight, g))
+        return tuple(out)

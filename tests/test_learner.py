@@ -399,6 +399,71 @@ def test_a_closed_form_step_applied_as_it_comes_equals_one_through_grad(override
             assert torch.equal(dense_a[i][key], dense_b[i][key]), (i, key)
 
 
+def text_stream(n: int, seed: int = 0) -> list[dict]:
+    """Texts of 4-12 words from the topic vocabularies, some weighted."""
+    rng = random.Random(seed)
+    words = sorted(w for ws in VOCAB.values() for w in ws)
+    return [{"text": " ".join(rng.choice(words) for _ in range(rng.randint(4, 12))),
+             "weight": rng.choice([1.0, 1.0, 2.5])} for _ in range(n)]
+
+
+@pytest.mark.parametrize("overrides", [(), ("model.positions=false",), ("model.counts=none", "embedding.k=3")])
+def test_the_mlm_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
+    """At depth 0 on the CPU an mlm step pools its context as a bag and takes the
+    embedding's gradients in closed form (MaskedToken.gradients). On every batch, from
+    the same parameters, every gradient, the loss and the outputs equal autograd's
+    through the whole model (MaskedToken.loss); the row gradients come coalesced."""
+    lrn = learner("learner.task=mlm", *overrides, "hashing.max_tokens=10", "learner.device=cpu")  # some cut
+    assert lrn.model.depth == 0 and lrn.task.has_closed_form(lrn.model, lrn.dev)
+    for records in [*batches(text_stream(96, seed=5), 8), [{"tokens": ["solo"]}]]:  # last: no context at all
+        batch = lrn.prepare(records)
+        lrn.task.before_step(lrn.model, batch)
+        with torch.no_grad():
+            closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
+        closed.to_grad()
+        for name, table in lrn.model.row_tables().items():
+            grad = table.grad
+            assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices())), name
+        fast = dense_grads(lrn)
+        loss = lrn.task.loss(lrn.model, batch, lrn.dev)
+        loss.backward()
+        slow = dense_grads(lrn)
+        assert fast.keys() == slow.keys()
+        assert {"embedding.E", "embedding.P", "head.O", "head.Ob", "encoder.mask_vec"} <= slow.keys()
+        for name in slow:
+            scale = float(slow[name].abs().max())
+            torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
+        assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(closed.outputs, lrn.task.outputs(lrn.model, batch, lrn.dev))
+        lrn.learn_batch(batch)
+
+
+def test_an_mlm_closed_form_step_leaves_the_parameters_an_autograd_step_would():
+    """One text stream through two mlm learners whose models compute the same function:
+    hash embeddings with k = 1 summed (the closed-form step) and concatenated (autograd
+    through the whole model). Every table, optimizer state and count ends equal to float
+    rounding. Each step reports the rows autograd's does, less the rows only masked
+    slots read: autograd hands those a zero gradient, which Adagrad turns into no change
+    (the equal tables below show they did not change)."""
+    cpu = ("learner.task=mlm", "embedding.k=1", "learner.device=cpu")
+    fast, slow = learner(*cpu), learner(*cpu, "embedding.combine=concat")
+    assert fast.task.has_closed_form(fast.model, fast.dev) and not slow.task.has_closed_form(slow.model, slow.dev)
+    fewer = 0
+    for records in batches(text_stream(120, seed=6), 8):
+        a, b = fast.learn_many(records), slow.learn_many(records)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert a.rows.keys() == b.rows.keys() and all(np.isin(a.rows[k], b.rows[k]).all() for k in a.rows)
+        fewer += sum(len(b.rows[k]) - len(a.rows[k]) for k in a.rows)
+    assert fewer > 0  # the [MASK] token's rows, at least
+    pa, pb = params(fast), params(slow)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name, table in fast.task.count_tables().items():  # as bytes: a table's key words can read as NaN
+        assert torch.equal(table.view(torch.int32), slow.task.count_tables()[name].view(torch.int32)), name
+
+
 @pytest.mark.parametrize("layers", [0, 1])
 def test_predict_learn_batch_scores_each_example_before_learning_it(layers):
     """Prequential evaluation in one call: the probabilities equal a prediction made
