@@ -451,6 +451,8 @@ def load_kernels() -> None:
     for in_order in (False, True):
         naive_bayes_scores(np.zeros(4, f32), np.zeros((1, 1), i64), np.zeros(1, i64), np.ones(1, f32), 1, 3, 1,
                            np.zeros(1, i64), 1, 0.3, in_order)
+    from .compiled_counts import load_count_kernels
+    load_count_kernels()
     from .compiled_text import byte_classes, hashed_batch, text_hashes
     base, _ = text_hashes(np.frombuffer(b"a 1", np.uint8), byte_classes(), np.uint64(0), 2, True)
     hashed_batch(base, np.array([len(base)], i64), np.ones(1, i64), 8, np.uint64(1), 1, np.ones(2, np.uint64), 1, 1)

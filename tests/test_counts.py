@@ -327,6 +327,35 @@ def test_restored_rows_are_the_same_count_part():
     assert ROW == 128 and kn.big.buf.shape == (2 * kn.big.slots // ROW + 1, 2 * ROW)
 
 
+# ---------------------------------------------------------------------------- compiled counting
+
+@pytest.mark.parametrize("order", [3, 4])
+def test_the_compiled_counting_leaves_every_byte_as_numpys(order):
+    """streamlearn.compiled_counts against the numpy passes, batch by batch over a Zipf
+    stream in small tables that halve often: the same rows reported, the same raised
+    tokens, and every table (keys in the same slots) and scalar byte for byte."""
+    from streamlearn.compiled_counts import CompiledCounts
+
+    cls = KneserNey4 if order == 4 else KneserNey3
+    numpy_kn, fast_kn = cls(1024, 512), cls(1024, 512)
+    fast_kn.compiled = CompiledCounts
+    rng = np.random.default_rng(order)
+    vocab = rng.integers(1, 2 ** 63, size=300, dtype=np.uint64)
+    bits = lambda t: t.numpy().view(np.uint32)  # noqa: E731  (key words can read as NaN)
+    for step in range(150):
+        grams = vocab[np.minimum(rng.zipf(1.3, size=(int(rng.integers(1, 50)), order)) - 1, 299)]
+        if step % 5 == 0:
+            grams[:, :order - 1] = vocab[0]  # a record's first tokens: BOS contexts, repeated
+        want, got = numpy_kn.learn(*grams.T), fast_kn.learn(*grams.T)
+        assert len(want) == len(got) == order - 1
+        for a, b in zip(want, got):
+            assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b), step
+        assert np.array_equal(numpy_kn.raised, fast_kn.raised), step
+        for name, table in numpy_kn.tables("lm").items():
+            assert np.array_equal(bits(table), bits(fast_kn.tables("lm")[name])), (step, name)
+    assert fast_kn.halvings == numpy_kn.halvings > 3
+
+
 # ---------------------------------------------------------------------------- in the learner
 
 def _learner(task: str, *extra: str):
@@ -517,6 +546,21 @@ def test_replicas_merged_by_replay_hold_one_learners_counts(task, counts):
     dirty = a.take_dirty()
     assert "lm.kn3" in dirty and "lm.kn12" in dirty and ("lm.kn4" in dirty) == (counts == "kn4")
     assert a.replica.log().grams == [] and a.replica.log().new_tokens == []  # the next merge starts here
+
+
+@pytest.mark.parametrize("task,counts", [("next-token", "kn4"), ("mlm", "kn3")])
+def test_a_learner_counts_the_same_bytes_with_the_kernels_and_without(task, counts):
+    """``learner.compiled`` (the default) counts through the kernels, ``false`` through
+    numpy: after the same stream every count table is the same bytes."""
+    fast, slow = _learner(task, f"model.counts={counts}"), _learner(task, f"model.counts={counts}",
+                                                                    "learner.compiled=false")
+    assert fast.task.counter.kn.compiled() is not None and slow.task.counter.kn.compiled is None
+    for recs in (_records(60, 3)[at:at + 4] for at in range(0, 60, 4)):
+        fast.learn_many(recs)
+        slow.learn_many(recs)
+    bits = lambda t: t.numpy().view(np.uint32)  # noqa: E731  (key words can read as NaN)
+    for name, table in slow.task.count_tables().items():
+        assert np.array_equal(bits(fast.task.count_tables()[name]), bits(table)), name
 
 
 def test_the_proposal_kept_in_step_equals_reading_every_candidate():

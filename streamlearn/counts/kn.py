@@ -31,10 +31,15 @@ fade, recent ones dominate. A halving dirties every row of that table once.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import numpy as np
 import torch
 
 from .table import CountTable, distinct
+
+if TYPE_CHECKING:
+    from ..compiled_counts import CompiledCounts
 
 __all__ = ["KneserNey3", "KneserNey4"]
 
@@ -133,6 +138,9 @@ class KneserNey3:
         self.halvings = 0
         # hashes of the tokens w whose N1+(. w) the last learn raised (a new bigram type (v, w))
         self.raised = np.empty(0, dtype=np.uint64)
+        # the counting passes compiled (streamlearn.compiled_counts: the same bytes), where the
+        # task sets it (learner.compiled): called, it answers the kernels or None (numpy's passes)
+        self.compiled: Callable[[], CompiledCounts | None] | None = None
 
     def tables(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.kn3": self.big.buf, f"{prefix}.kn12": self.small.buf, f"{prefix}.stats": self.stats}
@@ -149,12 +157,17 @@ class KneserNey3:
         halved = [self._halve_if_full(t, 3 * n) for t in (self.big, self.small)]
         if any(halved):
             self._recount()
-        rows_big, fresh = self._count_occurrences(self.big, 3, (u, v), w)
-        rows_small = [np.empty(0, np.int64)]
-        if len(fresh):
-            rows_big, rows_small = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
+        fast = self.compiled() if self.compiled is not None else None
+        if fast is not None:
+            rows_big, rows_small, self.raised = fast.trigrams(self, u, v, w)
+        else:
+            rows_big, fresh = self._count_occurrences(self.big, 3, (u, v), w)
+            rows_small = np.empty(0, np.int64)
+            if len(fresh):
+                rows_big, parts = self._learn_fresh(u[fresh], v[fresh], w[fresh], rows_big)
+                rows_small = distinct(np.concatenate(parts))
         return tuple(np.arange(t.rows) if h else r for t, h, r in
-                     zip((self.big, self.small), halved, (rows_big, distinct(np.concatenate(rows_small)))))
+                     zip((self.big, self.small), halved, (rows_big, rows_small)))
 
     def _learn_fresh(self, u, v, w, rows_big):
         """Passes 2 and 3 over the new trigram types: N1+(u v .), N1+(. v w), v's
@@ -536,6 +549,10 @@ class KneserNey4(KneserNey3):
         halved = self._halve_if_full(self.quad, 2 * len(x))
         if halved:
             self._recount_quad()
+        fast = self.compiled() if self.compiled is not None else None
+        if fast is not None:
+            rows = fast.quad(self, x, u, v, w)
+            return np.arange(self.quad.rows) if halved else rows
         rows, fresh = self._count_occurrences(self.quad, 4, (x, u, v), w)
         if len(fresh):
             rows = distinct(np.concatenate([rows, self._count_new_types(self.quad, 4, (x[fresh], u[fresh], v[fresh]))]))
