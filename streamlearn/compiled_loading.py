@@ -1,5 +1,5 @@
-"""Loading the compiled kernels (:mod:`streamlearn.compiled`, :mod:`streamlearn.compiled_text`)
-in a thread, and the parts that use them, built when they are loaded.
+"""Loading the compiled kernels (:mod:`streamlearn.compiled`, :mod:`streamlearn.compiled_text`,
+:mod:`streamlearn.compiled_counts`) in a thread, and the parts that use them, built when they are loaded.
 
 A process pays numba's import (0.15 s) and its first call (0.2-0.4 s, whichever kernel;
 each further kernel's load 5-13 ms) before a kernel runs. :func:`start_loading` does it
@@ -47,8 +47,9 @@ def in_a_command() -> None:
 
 
 def start_loading() -> None:
-    """Load the kernels in a thread (once per process; 7 s to compile them the first time
-    on a machine, then loads from numba's cache)."""
+    """Load the kernels in a thread (once per process; about 7 s to compile classify's the
+    first time on a machine and as many again for the count part's, then loads from
+    numba's cache)."""
     global _loading
     with _lock:
         if _loading is None:
@@ -109,8 +110,9 @@ def loaded() -> None:
     start_loading()
     _loading.join()
     if _failure:
-        raise StreamlearnError(f"the compiled classify step could not be built here ({_failure[0]!r}); "
-                               "set learner.compiled=false to run torch's step instead") from _failure[0]
+        raise StreamlearnError(f"the compiled kernels (classify's step, the count part's counting) could not be "
+                               f"built here ({_failure[0]!r}); set learner.compiled=false to run torch's step and "
+                               "numpy's counting instead") from _failure[0]
     _ready = True
 
 
