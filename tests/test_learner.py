@@ -321,6 +321,30 @@ def dense_grads(lrn: Learner) -> dict[str, torch.Tensor]:
     return out
 
 
+def assert_equals_autograds(lrn: Learner, batch, closed, outputs) -> set[str]:
+    """A closed-form step's gradients (``closed``, :class:`ClosedForm`) against autograd's
+    through ``lrn.task.loss`` from the same parameters: the row tables' come coalesced
+    (one value row per table row), every gradient, the loss, and ``closed.outputs``
+    against ``outputs(model, batch, dev)`` equal to float rounding. Returns the names of
+    the parameters with a gradient."""
+    closed.to_grad()
+    for name, table in lrn.model.row_tables().items():
+        grad = table.grad
+        assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices())), name
+    fast = dense_grads(lrn)
+    loss = lrn.task.loss(lrn.model, batch, lrn.dev)
+    loss.backward()
+    slow = dense_grads(lrn)
+    assert fast.keys() == slow.keys()
+    for name in slow:
+        scale = float(slow[name].abs().max())
+        torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
+    assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(closed.outputs, outputs(lrn.model, batch, lrn.dev))
+    return set(slow)
+
+
 @pytest.mark.parametrize("overrides", [(), ("learner.nb_weight=0",), ("learner.nb_weight=0.5", "learner.nb_alpha=0.5"),
                                        ("embedding.k=3",)])
 def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
@@ -336,21 +360,8 @@ def test_the_closed_form_gradients_equal_autograds_on_the_same_batch(overrides):
         with torch.no_grad():
             closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
         assert closed is not None
-        closed.to_grad()
-        for name in ("E", "P"):
-            grad = lrn.model.row_tables()[name].grad
-            assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices()))
-        fast = dense_grads(lrn)
-        loss = lrn.task.loss(lrn.model, batch, lrn.dev)
-        loss.backward()
-        slow = dense_grads(lrn)
-        assert fast.keys() == slow.keys() == {"embedding.E", "embedding.P", "head.weight", "head.bias"}
-        for name in slow:
-            scale = float(slow[name].abs().max())
-            torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
-        assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
-        with torch.no_grad():
-            torch.testing.assert_close(closed.outputs, lrn.task.label_logits(lrn.model, batch, lrn.dev))
+        slow = assert_equals_autograds(lrn, batch, closed, lrn.task.label_logits)
+        assert slow == {"embedding.E", "embedding.P", "head.weight", "head.bias"}
         lrn.learn_batch(batch)
 
 
@@ -420,22 +431,8 @@ def test_the_mlm_closed_form_gradients_equal_autograds_on_the_same_batch(overrid
         lrn.task.before_step(lrn.model, batch)
         with torch.no_grad():
             closed = lrn.task.gradients(lrn.model, batch, lrn.dev)
-        closed.to_grad()
-        for name, table in lrn.model.row_tables().items():
-            grad = table.grad
-            assert grad.is_coalesced() and grad.indices().shape[1] == len(np.unique(grad.indices())), name
-        fast = dense_grads(lrn)
-        loss = lrn.task.loss(lrn.model, batch, lrn.dev)
-        loss.backward()
-        slow = dense_grads(lrn)
-        assert fast.keys() == slow.keys()
-        assert {"embedding.E", "embedding.P", "head.O", "head.Ob", "encoder.mask_vec"} <= slow.keys()
-        for name in slow:
-            scale = float(slow[name].abs().max())
-            torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6 * scale, msg=name)
-        assert closed.loss == pytest.approx(float(loss.detach()), rel=1e-6)
-        with torch.no_grad():
-            torch.testing.assert_close(closed.outputs, lrn.task.outputs(lrn.model, batch, lrn.dev))
+        slow = assert_equals_autograds(lrn, batch, closed, lrn.task.outputs)
+        assert {"embedding.E", "embedding.P", "head.O", "head.Ob", "encoder.mask_vec"} <= slow
         lrn.learn_batch(batch)
 
 
