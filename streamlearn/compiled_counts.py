@@ -31,16 +31,16 @@ import numpy as np
 from numba import njit
 
 from .compiled_loading import loaded, start_loading
-from .counts.kn import _COUNTS_OF_COUNTS, _M, _TAG_IDS, _TAGS, _TOTAL, _TYPES
-from .counts.table import ROW, TableFullError
+from .counts.kn import COUNTS_OF_COUNTS, LOW, MIXERS, SPLITMIX, TAG_IDS, TAGS, TOTAL, TYPES
+from .counts.table import GOLDEN, ROW, CountTable, TableFullError
 
 __all__ = ["CompiledCounts", "kn_quad_learn", "kn_trigram_learn", "load_count_kernels"]
 
-_M0, _M1, _M2, _M3 = _M
-_C1, _C2, _C3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(7)
+_MIXERS = np.array(MIXERS, dtype=np.uint64)
+_C1, _C2 = SPLITMIX
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_NOT_LOW = ~np.uint64(7)
-_TAG = {name: (_TAGS[name], np.uint64(_TAG_IDS[name])) for name in _TAG_IDS}
+_NOT_LOW = ~LOW
+_TAG = {name: (TAGS[name], np.uint64(TAG_IDS[name])) for name in TAG_IDS}
 _T3, _T3_ID = _TAG["T3"]
 _C3T, _C3_ID = _TAG["C3"]
 _T2, _T2_ID = _TAG["T2"]
@@ -48,16 +48,15 @@ _C2T, _C2_ID = _TAG["C2"]
 _T1, _T1_ID = _TAG["T1"]
 _T4, _T4_ID = _TAG["T4"]
 _C4T, _C4_ID = _TAG["C4"]
-_N1_3, _N2_3 = _COUNTS_OF_COUNTS[3]
-_N1_2, _N2_2 = _COUNTS_OF_COUNTS[2]
-_N1_1, _N2_1 = _COUNTS_OF_COUNTS[1]
-_N1_4, _N2_4 = _COUNTS_OF_COUNTS[4]
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_N1_3, _N2_3 = COUNTS_OF_COUNTS[3]
+_N1_2, _N2_2 = COUNTS_OF_COUNTS[2]
+_N1_1, _N2_1 = COUNTS_OF_COUNTS[1]
+_N1_4, _N2_4 = COUNTS_OF_COUNTS[4]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _mix(x):
-    """splitmix64's finaliser (:func:`streamlearn.counts.kn._mix`)."""
+    """splitmix64's finaliser (``streamlearn.counts.kn._mix``)."""
     x = x ^ (x >> _S30)
     x = x * _C1
     x = x ^ (x >> _S27)
@@ -66,37 +65,16 @@ def _mix(x):
 
 
 @njit(cache=True, nogil=True)
-def _keys1(tag, tag_id, a):
-    """:func:`~streamlearn.counts.kn.key` of one part."""
-    out = np.empty(len(a), np.uint64)
-    for i in range(len(a)):
-        out[i] = ((tag ^ (a[i] * _M0)) & _NOT_LOW) | tag_id
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _keys2(tag, tag_id, a, b):
-    out = np.empty(len(a), np.uint64)
-    for i in range(len(a)):
-        out[i] = ((_mix(tag ^ (a[i] * _M0)) ^ (b[i] * _M1)) & _NOT_LOW) | tag_id
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _keys3(tag, tag_id, a, b, c):
-    out = np.empty(len(a), np.uint64)
-    for i in range(len(a)):
-        acc = _mix(_mix(tag ^ (a[i] * _M0)) ^ (b[i] * _M1))
-        out[i] = ((acc ^ (c[i] * _M2)) & _NOT_LOW) | tag_id
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _keys4(tag, tag_id, a, b, c, d):
-    out = np.empty(len(a), np.uint64)
-    for i in range(len(a)):
-        acc = _mix(_mix(_mix(tag ^ (a[i] * _M0)) ^ (b[i] * _M1)) ^ (c[i] * _M2))
-        out[i] = ((acc ^ (d[i] * _M3)) & _NOT_LOW) | tag_id
+def _keys(tag, tag_id, parts):
+    """:func:`~streamlearn.counts.kn.key` of the n-grams whose token hashes are the
+    columns of ``parts`` (P, n): every part but the last mixed in, the last xor-ed in."""
+    P, n = parts.shape
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        acc = tag
+        for j in range(P - 1):
+            acc = _mix(acc ^ (parts[j, i] * _MIXERS[j]))
+        out[i] = ((acc ^ (parts[P - 1, i] * _MIXERS[P - 1])) & _NOT_LOW) | tag_id
     return out
 
 
@@ -151,7 +129,7 @@ def _add(tk, tv, th, max_used, full, keys, d0, d1, old0, old1):
     new = 0
     for i in range(n):  # find
         k = keys[i]
-        home = np.int64((k * _GOLDEN) >> shift)
+        home = np.int64((k * GOLDEN) >> shift)
         idx = home
         while True:
             t = tk[idx]
@@ -259,14 +237,14 @@ def kn_trigram_learn(bk, bv, bh, big_max, sk, sv, sh, small_max, full, s, u, v, 
     rows, the raised tokens' hashes); ``full[0]`` set where a table would pass its load."""
     no_rows, no_tokens = np.empty(0, np.int64), np.empty(0, np.uint64)
     rows_big, fresh = _occurrences(bk, bv, bh, big_max, full, s, _N1_3, _N2_3,
-                                   _keys3(_T3, _T3_ID, u, v, w), _keys2(_C3T, _C3_ID, u, v))
+                                   _keys(_T3, _T3_ID, np.vstack((u, v, w))), _keys(_C3T, _C3_ID, np.vstack((u, v))))
     if full[0] or not len(fresh):
         return rows_big, no_rows, no_tokens
     u, v, w = u[fresh], v[fresh], w[fresh]
-    rows2 = _new_types(bk, bv, bh, big_max, full, _keys2(_C3T, _C3_ID, u, v))
+    rows2 = _new_types(bk, bv, bh, big_max, full, _keys(_C3T, _C3_ID, np.vstack((u, v))))
     if full[0]:
         return rows_big, no_rows, no_tokens
-    uk2, first2, cnt2, _ = _unique(_keys2(_T2, _T2_ID, v, w))
+    uk2, first2, cnt2, _ = _unique(_keys(_T2, _T2_ID, np.vstack((v, w))))
     n2 = len(uk2)
     d0 = np.empty(n2, np.float32)
     d0[:] = cnt2
@@ -275,7 +253,7 @@ def kn_trigram_learn(bk, bv, bh, big_max, sk, sv, sh, small_max, full, s, u, v, 
     if full[0]:
         return rows_big, no_rows, no_tokens
     _counts_of_counts(s, _N1_2, _N2_2, old2, cnt2)
-    ukv, _, _, inv = _unique(_keys1(_C2T, _C2_ID, v[first2]))
+    ukv, _, _, inv = _unique(_keys(_C2T, _C2_ID, v[first2].reshape(1, len(first2))))
     nv = len(ukv)
     dv0 = np.zeros(nv, np.float64)  # bincount's float64 sums, then float32 (numpy's order)
     dv1 = np.zeros(nv, np.float64)
@@ -291,7 +269,7 @@ def kn_trigram_learn(bk, bv, bh, big_max, sk, sv, sh, small_max, full, s, u, v, 
         if old2[i] == 0:
             raised[j] = w[first2[i]]
             j += 1
-    uk1, _, cnt1, _ = _unique(_keys1(_T1, _T1_ID, raised))
+    uk1, _, cnt1, _ = _unique(_keys(_T1, _T1_ID, raised.reshape(1, len(raised))))
     n1 = len(uk1)
     keys = np.concatenate((ukv, uk1))
     a = np.empty(nv + n1, np.float32)
@@ -305,11 +283,11 @@ def kn_trigram_learn(bk, bv, bh, big_max, sk, sv, sh, small_max, full, s, u, v, 
         return rows_big, no_rows, raised
     old1 = old0[nv:]
     _counts_of_counts(s, _N1_1, _N2_1, old1, cnt1)
-    s[_TOTAL] += np.float32(np.float64(cnt1.sum()))
+    s[TOTAL] += np.float32(np.float64(cnt1.sum()))
     types = 0
     for i in range(n1):
         types += int(old1[i] == 0)
-    s[_TYPES] += np.float32(types)
+    s[TYPES] += np.float32(types)
     return np.unique(np.concatenate((rows_big, rows2))), np.unique(np.concatenate((rows2s, rows3))), raised
 
 
@@ -318,41 +296,45 @@ def kn_quad_learn(qk, qv, qh, quad_max, full, s, x, u, v, w):
     """``KneserNey4._learn_quad``'s two passes after its halving check: the quad table's
     touched rows (``full[0]`` set where it would pass its load)."""
     rows, fresh = _occurrences(qk, qv, qh, quad_max, full, s, _N1_4, _N2_4,
-                               _keys4(_T4, _T4_ID, x, u, v, w), _keys3(_C4T, _C4_ID, x, u, v))
+                               _keys(_T4, _T4_ID, np.vstack((x, u, v, w))), _keys(_C4T, _C4_ID, np.vstack((x, u, v))))
     if full[0] or not len(fresh):
         return rows
-    more = _new_types(qk, qv, qh, quad_max, full, _keys3(_C4T, _C4_ID, x[fresh], u[fresh], v[fresh]))
+    more = _new_types(qk, qv, qh, quad_max, full, _keys(_C4T, _C4_ID, np.vstack((x[fresh], u[fresh], v[fresh]))))
     return np.unique(np.concatenate((rows, more)))
 
 
 class CompiledCounts:
-    """The kernels bound to a :class:`~streamlearn.counts.kn.KneserNey3` (or 4): the
-    count part calls :meth:`trigrams` and :meth:`quad` where the task set it
-    (``learner.compiled``), after its own halving check, and gets what its numpy passes
-    would give, byte for byte."""
+    """The kernels as a :class:`~streamlearn.counts.kn.KneserNey3` (or 4) calls them,
+    with its own tables and scalars: :meth:`trigrams` and :meth:`quad`, where the task
+    set it (``learner.compiled``), after its own halving check. They leave what its numpy
+    passes would, byte for byte."""
 
     def __init__(self):
         start_loading()
 
     @staticmethod
-    def trigrams(kn, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(big rows, small rows, raised) of ``kn.learn``'s passes; the tables and scalars in place."""
+    def trigrams(big: CountTable, small: CountTable, stats: np.ndarray, u: np.ndarray, v: np.ndarray,
+                 w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(big rows, small rows, raised) of ``KneserNey3.learn``'s passes over its big and
+        small tables and its scalars ``stats`` (float32, in place)."""
         loaded()
-        big, small, full = kn.big, kn.small, np.zeros(1, np.int64)
-        out = kn_trigram_learn(big.keys, big.vals.view(np.float32), big._header, big.max_load * big.slots,
-                               small.keys, small.vals.view(np.float32), small._header, small.max_load * small.slots,
-                               full, kn._s, *(np.ascontiguousarray(a, dtype=np.uint64) for a in (u, v, w)))
+        full = np.zeros(1, np.int64)
+        out = kn_trigram_learn(big.keys, big.vals.view(np.float32), big.header, big.max_load * big.slots,
+                               small.keys, small.vals.view(np.float32), small.header, small.max_load * small.slots,
+                               full, stats, *(np.ascontiguousarray(a, dtype=np.uint64) for a in (u, v, w)))
         if full[0]:
             raise TableFullError("a count table would pass its maximum load: raise model.count_slots")
         return out
 
     @staticmethod
-    def quad(kn, x: np.ndarray, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """The quad table's rows of ``kn``'s 4-gram passes; the table and scalars in place."""
+    def quad(quad: CountTable, stats: np.ndarray, x: np.ndarray, u: np.ndarray, v: np.ndarray,
+             w: np.ndarray) -> np.ndarray:
+        """The rows of ``KneserNey4``'s 4-gram passes over its quad table and scalars
+        ``stats`` (in place)."""
         loaded()
-        quad, full = kn.quad, np.zeros(1, np.int64)
-        rows = kn_quad_learn(quad.keys, quad.vals.view(np.float32), quad._header, quad.max_load * quad.slots,
-                             full, kn._s, *(np.ascontiguousarray(a, dtype=np.uint64) for a in (x, u, v, w)))
+        full = np.zeros(1, np.int64)
+        rows = kn_quad_learn(quad.keys, quad.vals.view(np.float32), quad.header, quad.max_load * quad.slots,
+                             full, stats, *(np.ascontiguousarray(a, dtype=np.uint64) for a in (x, u, v, w)))
         if full[0]:
             raise TableFullError("a count table would pass its maximum load: raise model.count_slots")
         return rows

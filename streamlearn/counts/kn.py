@@ -43,25 +43,28 @@ if TYPE_CHECKING:
 
 __all__ = ["KneserNey3", "KneserNey4"]
 
-_M = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)]
-_TAG_IDS = {"T3": 1, "C3": 2, "T2": 3, "C2": 4, "T1": 5, "T4": 6, "C4": 7}
-_TAGS = {name: np.uint64((i * 0x632BE59BD9B4E019) & ((1 << 64) - 1)) for name, i in _TAG_IDS.items()}
-_LOW = np.uint64(7)
+# The keys' layout and the stats row's, public for the compiled counting
+# (streamlearn.compiled_counts), which must build the same keys and write the same cells.
+MIXERS = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)]
+TAG_IDS = {"T3": 1, "C3": 2, "T2": 3, "C2": 4, "T1": 5, "T4": 6, "C4": 7}
+TAGS = {name: np.uint64((i * 0x632BE59BD9B4E019) & ((1 << 64) - 1)) for name, i in TAG_IDS.items()}
+LOW = np.uint64(7)  # a key's low bits: its tag's id
+SPLITMIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))  # _mix's multipliers
 _BIG_TAGS = ("T3", "C3")
 _QUAD_TAGS = ("T4", "C4")
 # stats row: n1 of orders 1..3, n2 of orders 1..3, N1 (sum N1+(. w)), |{w}|; then n1, n2 of
 # order 4 (KneserNey4; a trigram part leaves them 0)
-_N1, _N2, _TOTAL, _TYPES = 0, 3, 6, 7
-_COUNTS_OF_COUNTS = {1: (0, 3), 2: (1, 4), 3: (2, 5), 4: (8, 9)}  # order -> where its n1, n2 sit
+_N1, _N2, TOTAL, TYPES = 0, 3, 6, 7
+COUNTS_OF_COUNTS = {1: (0, 3), 2: (1, 4), 3: (2, 5), 4: (8, 9)}  # order -> where its n1, n2 sit
 _TRIGRAM_STATS = 8  # the stats a trigram part's recount rewrites: [0, 8)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijection on uint64 that spreads every input bit."""
     x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x * SPLITMIX[0]
     x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
+    x = x * SPLITMIX[1]
     return x ^ (x >> np.uint64(31))
 
 
@@ -77,8 +80,8 @@ def key(tag: str, *parts: np.ndarray) -> np.ndarray:
 def _context(tag: str, *parts: np.ndarray):
     """:func:`key`'s mix of the tag and every part but the last."""
     with np.errstate(over="ignore"):
-        acc = _TAGS[tag]
-        for m, p in zip(_M, parts):
+        acc = TAGS[tag]
+        for m, p in zip(MIXERS, parts):
             acc = _mix(acc ^ (p * m))
         return acc
 
@@ -86,7 +89,7 @@ def _context(tag: str, *parts: np.ndarray):
 def _finish(tag: str, acc, last: np.ndarray, n: int) -> np.ndarray:
     """:func:`key` from its :func:`_context` ``acc`` and the last of its ``n`` parts."""
     with np.errstate(over="ignore"):
-        return ((acc ^ (last * _M[n - 1])) & ~_LOW) | np.uint64(_TAG_IDS[tag])
+        return ((acc ^ (last * MIXERS[n - 1])) & ~LOW) | np.uint64(TAG_IDS[tag])
 
 
 def _discount(n1, n2):
@@ -159,7 +162,7 @@ class KneserNey3:
             self._recount()
         fast = self.compiled() if self.compiled is not None else None
         if fast is not None:
-            rows_big, rows_small, self.raised = fast.trigrams(self, u, v, w)
+            rows_big, rows_small, self.raised = fast.trigrams(self.big, self.small, self._s, u, v, w)
         else:
             rows_big, fresh = self._count_occurrences(self.big, 3, (u, v), w)
             rows_small = np.empty(0, np.int64)
@@ -185,8 +188,8 @@ class KneserNey3:
         old, rows3 = self._add(self.small, [ukv, uk1], [dv[:, 0], dv[:, 1]], [cnt1, 0 * cnt1])
         old1 = old[len(ukv):, 0]
         self._count_of_counts(1, old1, old1 + cnt1)
-        self._s[_TOTAL] += float(cnt1.sum())
-        self._s[_TYPES] += float(np.count_nonzero(old1 == 0))
+        self._s[TOTAL] += float(cnt1.sum())
+        self._s[TYPES] += float(np.count_nonzero(old1 == 0))
         return distinct(np.concatenate([rows_big, rows2])), [rows2s, rows3]
 
     def _count_occurrences(self, table: CountTable, order: int, ctx: tuple[np.ndarray, ...],
@@ -208,17 +211,17 @@ class KneserNey3:
         return self._add(table, [ukf], [0 * cntf, cntf])[1]
 
     def _count_of_counts(self, order: int, old: np.ndarray, new: np.ndarray) -> None:
-        n1, n2 = _COUNTS_OF_COUNTS[order]
+        n1, n2 = COUNTS_OF_COUNTS[order]
         self._s[n1] += np.count_nonzero(new == 1) - np.count_nonzero(old == 1)
         self._s[n2] += np.count_nonzero(new == 2) - np.count_nonzero(old == 2)
 
     @property
     def continuations(self) -> float:
         """sum_w N1+(. w): changes whenever any N1+(. w) does (a fingerprint for caches of them)."""
-        return float(self._s[_TOTAL])
+        return float(self._s[TOTAL])
 
     def D(self, order: int) -> float:
-        return float(_discount(*(float(self._s[i]) for i in _COUNTS_OF_COUNTS[order])))
+        return float(_discount(*(float(self._s[i]) for i in COUNTS_OF_COUNTS[order])))
 
     @staticmethod
     def _halve_if_full(table: CountTable, adding: int) -> bool:
@@ -241,10 +244,10 @@ class KneserNey3:
         self.halvings += 1
         for order, (table, tag) in {3: (self.big, "T3"), 2: (self.small, "T2"), 1: (self.small, "T1")}.items():
             keys, vals = table.entries()
-            c = vals[(keys & _LOW) == np.uint64(_TAG_IDS[tag]), 0]
+            c = vals[(keys & LOW) == np.uint64(TAG_IDS[tag]), 0]
             self._count_of_counts(order, np.zeros(0), c)
             if order == 1:
-                self._s[_TOTAL], self._s[_TYPES] = float(c.sum()), float(np.count_nonzero(c))
+                self._s[TOTAL], self._s[TYPES] = float(c.sum()), float(np.count_nonzero(c))
 
     @staticmethod
     def _add(table: CountTable, keys: list[np.ndarray], *deltas: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -297,7 +300,7 @@ class KneserNey3:
         return np.concatenate([self._get("T1", w)[..., :1], self._get("C2", w)], -1)
 
     def _p1(self, c1: np.ndarray, n: int) -> np.ndarray:
-        return _p1_of(c1, self.D(1), float(self._s[_TOTAL]), float(self._s[_TYPES]), n)
+        return _p1_of(c1, self.D(1), float(self._s[TOTAL]), float(self._s[TYPES]), n)
 
     def _p2(self, v, w, p1w: np.ndarray, ctx2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P2(w | v), N1+(. v w)); ctx2 (..., 2) = v's (S(v), L(v))."""
@@ -417,7 +420,7 @@ def _discounts_after(stats: np.ndarray, order: int, base: np.ndarray, add: np.nd
     (``stats``, float64) changed by what the batch's earlier records add to keys counted
     ``base`` (k,) in the tables (``add`` (k, R + 1)); the changes telescope per key."""
     now, was = base[:, None] + add, base[:, None]
-    i1, i2 = _COUNTS_OF_COUNTS[order]
+    i1, i2 = COUNTS_OF_COUNTS[order]
     return _discount(stats[i1] + (now == 1).sum(0) - (was == 1).sum(0),
                      stats[i2] + (now == 2).sum(0) - (was == 2).sum(0))
 
@@ -473,8 +476,8 @@ class _InOrder:
         st = kn.stats.numpy()[0].astype(np.float64)
         self.D = [_discounts_after(st, order, base, add)  # (R + 1,) each
                   for order, base, add in ((1, b1, self.c1), (2, b2, self.c2), (3, b3, self.c3))]
-        self.total = st[_TOTAL] + self.c1.sum(0)
-        self.types = st[_TYPES] + ((b1 == 0)[:, None] & (self.c1 > 0)).sum(0)
+        self.total = st[TOTAL] + self.c1.sum(0)
+        self.types = st[TYPES] + ((b1 == 0)[:, None] & (self.c1 > 0)).sum(0)
 
     def contexts(self, records: np.ndarray) -> np.ndarray:
         """(S, 1, 2): each slot's (c(u v .), N1+(u v .)) increment (the slots are the batch's)."""
@@ -551,7 +554,7 @@ class KneserNey4(KneserNey3):
             self._recount_quad()
         fast = self.compiled() if self.compiled is not None else None
         if fast is not None:
-            rows = fast.quad(self, x, u, v, w)
+            rows = fast.quad(self.quad, self._s, x, u, v, w)
             return np.arange(self.quad.rows) if halved else rows
         rows, fresh = self._count_occurrences(self.quad, 4, (x, u, v), w)
         if len(fresh):
@@ -560,10 +563,10 @@ class KneserNey4(KneserNey3):
 
     def _recount_quad(self) -> None:
         """Order 4's counts-of-counts from the quad table (after it halved)."""
-        for i in _COUNTS_OF_COUNTS[4]:
+        for i in COUNTS_OF_COUNTS[4]:
             self._s[i] = 0
         keys, vals = self.quad.entries()
-        self._count_of_counts(4, np.zeros(0), vals[(keys & _LOW) == np.uint64(_TAG_IDS["T4"]), 0])
+        self._count_of_counts(4, np.zeros(0), vals[(keys & LOW) == np.uint64(TAG_IDS["T4"]), 0])
 
     # ------------------------------------------------------------ probabilities
 

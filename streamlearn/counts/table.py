@@ -36,7 +36,7 @@ from ..exceptions import StreamlearnError
 __all__ = ["ROW", "CountTable", "TableFullError", "distinct"]
 
 ROW = 128  # slots per stored row of keys or of values (checkpoint granularity: 1 KB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # a key's home slot: the top bits of key * GOLDEN
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
@@ -71,16 +71,16 @@ class CountTable:
         words = self.buf.numpy().view(np.uint64).reshape(-1)  # a view: restored rows show here
         self.keys = words[:slots]  # (slots,) uint64, 0 = empty
         self.vals = words[slots:2 * slots]  # (slots,) two float32 packed in one uint64
-        self._header = words[2 * slots:]  # the last row: word 0 counts the occupied slots
+        self.header = words[2 * slots:]  # the last row: word 0 counts the occupied slots
 
     @property
     def used(self) -> int:
         """Occupied slots (kept in the header row: a scan of the keys cost 0.2 ms a call
         at 2^21 slots, several calls a step)."""
-        return int(self._header[0])
+        return int(self.header[0])
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
-        return ((keys * _GOLDEN) >> self._shift).astype(np.int64)
+        return ((keys * GOLDEN) >> self._shift).astype(np.int64)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key (M,), -1 where absent. (Array methods, not ``np.take``: the
@@ -119,7 +119,7 @@ class CountTable:
         if self.used + len(new) > self.max_load * self.slots:
             raise TableFullError(f"a count table of {self.slots} slots would pass {self.max_load:.0%} load: "
                                  "raise model.count_slots")
-        self._header[0] += np.uint64(len(new))
+        self.header[0] += np.uint64(len(new))
         idx = self._home(keys[new])
         mask = self.slots - 1
         while len(new):
