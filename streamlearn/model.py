@@ -126,10 +126,7 @@ class HashedTransformer(nn.Module):
         pooled states and whose backward puts the tables' gradients in place. Only where
         the pooled states are linear in the token vectors: depth 0, no projection, no
         positions, and a scheme that offers a bag; None otherwise (use autograd)."""
-        if not self.has_bag:
-            return None
-        n = feats["mask"].sum(1)  # (N,)
-        return self.embedding.bag(feats, (1.0 / np.sqrt(np.maximum(n, 1))).astype(np.float32))
+        return self.pooled(feats).bag if self.has_bag else None
 
     @property
     def has_bag(self) -> bool:
@@ -175,7 +172,6 @@ class PooledStates:
         mask = feats["mask"]
         a = (1.0 / np.sqrt(np.maximum(mask.sum(1), 1))).astype(np.float32)  # (N,)
         self.bag = model.embedding.bag(feats, a)
-        self.tokens = int(mask.sum())  # valid cells pooled
         self.encoder = enc = model.encoder
         self.x = self.bag.x
         self.coef = None
@@ -188,9 +184,6 @@ class PooledStates:
 
     def row_gradients(self, grad: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """dL/d(table) per row table, coalesced (:meth:`Bag.row_gradients <streamlearn.embeddings.base.Bag.row_gradients>`)."""
-        if not self.tokens:  # no token outside the slots (the bag's backward needs one)
-            return {name: (torch.empty(0, dtype=torch.int64), t.detach().new_zeros(0, t.shape[1]))
-                    for name, t in self.bag.tables().items()}
         return self.bag.row_gradients(grad)
 
     def dense_gradients(self, grad: torch.Tensor) -> tuple[tuple[nn.Parameter, torch.Tensor], ...]:

@@ -114,6 +114,9 @@ class HashBag(Bag):
 
     def row_gradients(self, grad: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # grad (N, d)
         M, k = self.p.shape
+        if not M:  # no valid token (an mlm batch whose every token is a masked slot): no row
+            return {name: (torch.empty(0, dtype=torch.int64), t.detach().new_zeros(0, t.shape[1]))
+                    for name, t in self.tables().items()}
         slots = RowGroups(self.buckets)
         slot_owner = torch.from_numpy(np.repeat(self.owner, k))  # (M * k,)
         grad_e = slots.sums(grad, slot_owner, self.pa)  # (U_E, d)
