@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..compiled_loading import WhenLoaded
 from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
@@ -91,14 +92,23 @@ def contexts(lists: Sequence[Sequence[str]], rows: np.ndarray, cols: np.ndarray,
                      (after >= 1).astype(np.uint64), (after >= 2).astype(np.uint64)], 1)
 
 
+def _compiled_counts():
+    from ..compiled_counts import CompiledCounts  # imports numba: only where it runs
+    return CompiledCounts()
+
+
 class CountPart:
     """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`; ``order=4``:
     with a 4-gram order on top, :class:`~.kn.KneserNey4`) and, with ``recent`` > 0, the
     cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`): score column 0
-    is the KN model's, column 1 the cache's."""
+    is the KN model's, column 1 the cache's. ``compiled``: the KN model counts through
+    the compiled kernels (:mod:`streamlearn.compiled_counts`: the same bytes as its numpy
+    passes) once they are loaded (``learner.compiled``)."""
 
-    def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3):
+    def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3, compiled: bool = False):
         self.kn = KneserNey4(slots, slots // 2) if order == 4 else KneserNey3(slots, slots // 2)
+        if compiled:
+            self.kn.compiled = WhenLoaded(_compiled_counts)
         self.recent = RecentTokens(recent) if recent else None
         self.seed = count_seed(seed)
         self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from ..batching import Batch, Preparer, seed_of
-from ..compiled_loading import WhenLoaded
 from ..config import Config
 from ..counts.part import CountPart, count_order, count_seed
 from ..counts.table import distinct
@@ -275,11 +274,6 @@ class Task:
         raise NotImplementedError
 
 
-def _compiled_counts():
-    from ..compiled_counts import CompiledCounts  # imports numba: only where it runs
-    return CompiledCounts()
-
-
 @dataclass(frozen=True)
 class CountLog:
     """What a token task's replica counted since the last merge (:meth:`TokenTask.log`):
@@ -325,13 +319,9 @@ class TokenTask(Task):
 
     def new_counter(self):
         """The task's count part (``model.counts`` is set): the Kneser-Ney trigram part here,
-        counting through the compiled kernels where ``learner.compiled`` is on
-        (:mod:`streamlearn.compiled_counts`: the same bytes as its numpy passes)."""
-        part = CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent,
-                         order=count_order(self.cfg.model.counts))
-        if self.cfg.learner.compiled:
-            part.kn.compiled = WhenLoaded(_compiled_counts)
-        return part
+        its counting compiled where ``learner.compiled`` is on."""
+        return CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent,
+                         order=count_order(self.cfg.model.counts), compiled=self.cfg.learner.compiled)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
