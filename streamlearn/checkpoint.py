@@ -84,7 +84,7 @@ CONFIG_BLOB = "learner.config"
 # naming the key), never as today's default applied silently to rows trained without it.
 ABSENT_KEYS = {("hashing", "shapes"): False, ("learner", "recency"): 0, ("learner", "key_token"): False,
                 ("learner", "place_weights"): False, ("model", "count_join"): "mixture",
-                ("model", "count_fit"): "joint"}
+                ("model", "count_fit"): "joint", ("model", "recent_pairs"): 0}
 META_BLOB = "learner.meta"
 LABELS_BLOB = "learner.labels"
 DENSE_BLOB = "model.dense"

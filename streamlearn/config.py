@@ -166,6 +166,10 @@ class ModelConfig:
     successors: int = key(32, between(1, 1024))
     # with model.counts: a cache of the stream's last n learned tokens as a second score (0 = off)
     recent: int = key(0, between(0, 1 << 20))
+    # next-token's count part (none without model.counts): a cache of the stream's last n learned
+    # (previous token, token) pairs mixed into the KN distribution, its weight learned online
+    # (0 = off; counts/recent.py)
+    recent_pairs: int = key(0, between(0, 1 << 20))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -449,6 +453,9 @@ class Config:
         if m.recent and m.counts not in ("kn3", "kn4"):
             raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
                               "(or model.recent=0)")
+        if m.recent_pairs and lc.task != "next-token":  # with model.counts=none there is no count part to mix into
+            raise ConfigError(f"model.recent_pairs={m.recent_pairs} mixes into next-token's count part (now "
+                              f"learner.task={lc.task!r}): set model.recent_pairs=0", "model.recent_pairs")
         if m.out_B == DERIVE and "model.out_B" not in task_derived(lc.task):
             raise ConfigError(f"model.out_B={DERIVE} (derived from the stream) is for the tasks that derive it "
                               f"({', '.join(t for t in TASKS if 'model.out_B' in task_derived(t))}); "
@@ -519,7 +526,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
-    "model.recent", "model.successors", "model.count_join", "model.count_fit",
+    "model.recent", "model.recent_pairs", "model.successors", "model.count_join", "model.count_fit",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
     "learner.nb_weight", "learner.nb_cells",

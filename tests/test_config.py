@@ -128,6 +128,7 @@ KEYS: dict[str, Case] = {
     "model.counts": Case("none", "trigram", ("learner.task=next-token",)),  # kn4 is next-token's default
     "model.count_slots": Case(4096, 1000),
     "model.recent": Case(100, -1, ("learner.task=next-token",)),
+    "model.recent_pairs": Case(100, -1, ("learner.task=next-token",)),
     "model.successors": Case(64, 0, ("learner.task=next-item",)),
     "model.count_join": Case("mixture", "sum", ("learner.task=next-item",)),
     "model.count_fit": Case("joint", "residual", ("learner.task=next-token",)),

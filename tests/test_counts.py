@@ -393,20 +393,22 @@ def _same_answers(a, b, task):
         np.testing.assert_allclose(x.scores, y.scores, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("task,recent,fit,counts", [
-    ("next-token", 0, "separate", "kn3"), ("next-token", 20, "separate", "kn3"), ("next-token", 0, "joint", "kn3"),
-    ("next-token", 0, "separate", "kn4"), ("next-token", 20, "joint", "kn4"),
-    ("mlm", 0, "separate", "kn3"), ("mlm", 0, "joint", "kn3")])
-def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, fit, counts, tmp_path):
+@pytest.mark.parametrize("task,recent,fit,counts,pairs", [
+    ("next-token", 0, "separate", "kn3", 0), ("next-token", 20, "separate", "kn3", 0),
+    ("next-token", 0, "joint", "kn3", 0), ("next-token", 0, "separate", "kn4", 0), ("next-token", 20, "joint", "kn4", 0),
+    ("next-token", 0, "separate", "kn4", 30), ("mlm", 0, "separate", "kn3", 0), ("mlm", 0, "joint", "kn3", 0)])
+def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent, fit, counts, pairs, tmp_path):
     """Checkpoints of dirty rows only, a restore, and training on: the restored learner
-    answers and keeps learning as the live one (counts, the recent-token cache, the
-    joint fit's gates or the separate fit's fixed weights, output rows)."""
+    answers and keeps learning as the live one (counts, the recent-token and pair caches,
+    the joint fit's gates or the separate fit's fixed weights, output rows)."""
     from streamlearn.checkpoint import read_full
     from streamlearn.heads import COUNT_WEIGHT
     from streamlearn.state import open_store
 
-    live = _learner(task, f"model.recent={recent}", f"model.count_fit={fit}", f"model.counts={counts}")
+    live = _learner(task, f"model.recent={recent}", f"model.count_fit={fit}", f"model.counts={counts}",
+                    f"model.recent_pairs={pairs}")
     assert ("lm.recent" in live.task.count_tables()) == bool(recent)
+    assert ("lm.pairs" in live.task.count_tables()) == bool(pairs)
     assert ("lm.kn4" in live.task.count_tables()) == (counts == "kn4")
     with open_store(tmp_path / "state", live.cfg.store) as store:
         for i in range(3):
@@ -423,20 +425,24 @@ def test_the_count_part_round_trips_through_incremental_checkpoints(task, recent
         live.learn_many(_records(4, 100 + s))
         back.learn_many(_records(4, 100 + s))
     _same_answers(live, back, task)
+    if pairs:  # the ring wrapped (3 x 4 records of 10 tokens and more > 30 pairs) and lam moved off its start
+        cache = back.task.counter.pairs
+        assert cache.filled == pairs and cache.lam != cache.start and cache.lam == live.task.counter.pairs.lam
     if fit == "joint":
         assert live.model.head.gates.weight.abs().sum() > 0  # the gates learn (they start at W = 0)
     else:
         assert live.model.head.gates is None and back.model.head.weights[0] == COUNT_WEIGHT
 
 
-@pytest.mark.parametrize("counts", ["kn3", "kn4"])
-def test_a_next_token_batch_is_scored_with_its_earlier_records_counted(counts):
+@pytest.mark.parametrize("counts,pairs", [("kn3", 0), ("kn4", 0), ("kn4", 25)])
+def test_a_next_token_batch_is_scored_with_its_earlier_records_counted(counts, pairs):
     """A next-token training batch's in-order count scores (what a prequential prediction
     of the batch reads) give each record the counts of the batch's records before it, as
-    a baseline learning record by record has them; the lagged scores differ."""
+    a baseline learning record by record has them; the lagged scores differ. With the
+    pair cache, each record's cache holds the pairs of the records before it too."""
     import copy
 
-    learner = _learner("next-token", f"model.counts={counts}")
+    learner = _learner("next-token", f"model.counts={counts}", f"model.recent_pairs={pairs}")
     for s in range(3):
         learner.learn_many(_records(4, s))
     records = _records(4, 50)
@@ -449,8 +455,12 @@ def test_a_next_token_batch_is_scored_with_its_earlier_records_counted(counts):
     assert ctx.shape[1] == tri.shape[1] - 1 == {"kn3": 2, "kn4": 3}[counts]
     for r in range(len(records)):
         rows = batch.rows == r
-        assert np.array_equal(got[rows], one_by_one.next_token(ctx[rows], cands, len(cands)))
+        np.testing.assert_allclose(got[rows], one_by_one.next_token(ctx[rows], cands, len(cands)), rtol=0,
+                                   atol=1e-6 if pairs else 0)  # the cache's mix: float64 of float32 scores
+        lam = None if one_by_one.pairs is None else one_by_one.pairs.lam
         one_by_one.learn(tri[rows])
+        if lam is not None:  # lam is the batch's: learning one record at a time would move it in between
+            one_by_one.pairs._lam[0] = lam
     lagged = task.counter.next_token(ctx, cands, len(cands))
     assert not np.array_equal(got, lagged)  # the batch's later records did see its earlier ones
     assert np.array_equal(got[batch.rows == 0], lagged[batch.rows == 0])
@@ -498,6 +508,9 @@ def test_a_count_part_outside_the_token_streams_sampled_head_is_refused(bad):
         Config().override("model.recent=5")
     with pytest.raises(ConfigError, match="model.counts='kn4' is a count part of task next-token "):
         Config().override("learner.task=mlm", "model.counts=kn4")  # mlm's chain reads trigrams
+    with pytest.raises(ConfigError, match="model.recent_pairs=8 mixes into next-token's count part"):
+        Config().override("learner.task=mlm", "model.recent_pairs=8")
+    assert Config().override("learner.task=next-token", "model.counts=none").model.recent_pairs == 1000
 
 
 def test_the_recent_cache_counts_the_last_tokens():
@@ -518,12 +531,63 @@ def test_the_recent_cache_counts_the_last_tokens():
         assert cache.logp(w, 40) == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize("task,counts", [("next-token", "kn3"), ("next-token", "kn4"), ("mlm", "kn3")])
-def test_replicas_merged_by_replay_hold_one_learners_counts(task, counts):
+def test_the_pair_cache_reads_each_records_window_of_the_last_pairs():
+    """cached(): P(w | v) over the ``size`` pairs before each example's record (the ring
+    and the batch's earlier records), against counting the pairs by hand."""
+    from streamlearn.counts.recent import RecentPairs
+
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        size = int(rng.integers(1, 12))
+        cache, history = RecentPairs(size), []
+        for _ in range(int(rng.integers(0, 4))):
+            v, w = rng.integers(1, 5, (2, int(rng.integers(1, 8)))).astype(np.uint64)
+            cache.learn(v, w, np.full(len(v), 0.2) if cache.due else None)
+            history += list(zip(v.tolist(), w.tolist()))
+        m = int(rng.integers(1, 10))
+        records = np.sort(rng.integers(0, 3, m))
+        v, w = rng.integers(1, 5, (2, m)).astype(np.uint64)
+        cands = rng.permutation(np.arange(1, 6, dtype=np.uint64))[:int(rng.integers(1, 6))]
+        starts = np.searchsorted(records, records, "left")
+        ids, cols, p = cache.cached(v, cands, starts, np.stack([v, w], 1))
+        got = dict(zip(zip(ids.tolist(), cols.tolist()), p.tolist()))
+        pairs, want = history + list(zip(v.tolist(), w.tolist())), {}
+        for i in range(m):
+            end = len(history) + int(starts[i])
+            row = [b for a, b in pairs[max(0, end - size):end] if a == int(v[i])]
+            want.update({(i, j): row.count(c) / len(row) for j, c in enumerate(cands.tolist()) if c in row})
+        assert got == pytest.approx(want, rel=1e-12) and got.keys() == want.keys()
+        rows = cache.cached(v, np.tile(cands, (m, 1)), starts, np.stack([v, w], 1))  # each example's own row
+        assert all(np.array_equal(a, b) for a, b in zip(rows, (ids, cols, p)))
+
+
+def test_the_pair_caches_weight_follows_how_well_the_cache_predicts():
+    """lam moves by online EM: up on a stream that repeats its pairs (the cache holds each
+    answer), down to its floor on one whose answers the cache never holds; the mix adds
+    lam / (1 - lam) P_cache to the cells the cache holds, nothing elsewhere."""
+    from streamlearn.counts.recent import RecentPairs
+
+    repeats, fresh = RecentPairs(50), RecentPairs(50)
+    v = np.arange(1, 11, dtype=np.uint64)
+    for step in range(1000):  # every 8th batch of 10 pairs moves lam 8% of the way
+        repeats.learn(v, v + np.uint64(100), np.full(10, 0.01))  # P_KN 0.01; the cache's P 1 from step 2
+        fresh.learn(v, np.arange(10, dtype=np.uint64) + np.uint64(1000 + 10 * step), np.full(10, 0.01))
+        assert repeats.due == ((step + 1) % RecentPairs.EVERY == 0)
+    assert repeats.lam == RecentPairs.HIGH and fresh.lam == RecentPairs.LOW
+    logp = np.log(np.full((2, 3), 0.1, np.float32))
+    cands = np.array([101, 102, 7], np.uint64)
+    repeats.mix(logp, np.array([1, 99], np.uint64), cands)
+    odds = RecentPairs.HIGH / (1 - RecentPairs.HIGH)
+    assert logp[0] == pytest.approx(np.log([0.1 + odds, 0.1, 0.1])) and logp[1] == pytest.approx(np.log([0.1] * 3))
+
+
+@pytest.mark.parametrize("task,counts,pairs", [("next-token", "kn3", 0), ("next-token", "kn4", 0),
+                                               ("next-token", "kn4", 30), ("mlm", "kn3", 0)])
+def test_replicas_merged_by_replay_hold_one_learners_counts(task, counts, pairs):
     """Two replicas learn different records; after merging their logs both hold the
     count tables (bit for bit) and candidates of a third learner that learned both
     records' batches in rank order, and the merged rows are dirty for the checkpoint."""
-    a, b, one = (_learner(task, f"model.counts={counts}") for _ in range(3))
+    a, b, one = (_learner(task, f"model.counts={counts}", f"model.recent_pairs={pairs}") for _ in range(3))
     a.replica.keep_log()
     b.replica.keep_log()
     mine, theirs = _records(24, 1), _records(24, 2)

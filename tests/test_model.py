@@ -301,7 +301,8 @@ def test_sampled_head_tables_are_row_tables_a_query_reads_whole():
     model, task = build("learner.task=next-token", "model.output=sampled", "model.counts=none")
     assert set(model.row_tables()) >= {"O", "Ob"} and task.whole_tables(model) == {"O", "Ob"}
     model, task = build("learner.task=next-token", "model.output=sampled", "model.counts=kn3")
-    assert task.whole_tables(model) == {"O", "Ob", "lm.kn3", "lm.kn12", "lm.stats"}  # hashed slots: read whole
+    # hashed slots: read whole; and next-token's pair cache (a query reads every cached pair)
+    assert task.whole_tables(model) == {"O", "Ob", "lm.kn3", "lm.kn12", "lm.stats", "lm.pairs"}
     assert not set(model.dense_parameters()) & {"head.O", "head.Ob"}
 
 

@@ -220,6 +220,11 @@ class KneserNey3:
         """sum_w N1+(. w): changes whenever any N1+(. w) does (a fingerprint for caches of them)."""
         return float(self._s[TOTAL])
 
+    @property
+    def types(self) -> int:
+        """|{w: N1+(. w) > 0}|: the tokens counted so far."""
+        return int(self._s[TYPES])
+
     def D(self, order: int) -> float:
         return float(_discount(*(float(self._s[i]) for i in COUNTS_OF_COUNTS[order])))
 

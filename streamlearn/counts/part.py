@@ -30,12 +30,12 @@ from ..exceptions import StreamlearnError
 from ..hashing import derive_seed, hash64
 from ..objectives import BOS_TOKEN
 from .kn import KneserNey3, KneserNey4
-from .recent import RecentTokens
+from .recent import RecentPairs, RecentTokens
 from .table import distinct
 
 __all__ = ["PREFIX", "CountPart", "contexts", "count_order", "count_seed", "ngrams", "trigrams"]
 
-PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.kn4", "lm.recent"
+PREFIX = "lm"  # store names: "lm.kn3", "lm.kn12", "lm.stats", "lm.kn4", "lm.recent", "lm.pairs"
 
 
 def count_seed(seed: int) -> int:
@@ -101,15 +101,19 @@ class CountPart:
     """The KN trigram count part of a token task (:class:`~.kn.KneserNey3`; ``order=4``:
     with a 4-gram order on top, :class:`~.kn.KneserNey4`) and, with ``recent`` > 0, the
     cache of the last ``recent`` tokens (:class:`~.recent.RecentTokens`): score column 0
-    is the KN model's, column 1 the cache's. ``compiled``: the KN model counts through
+    is the KN model's, column 1 the cache's. With ``pairs`` > 0 (next-token), the cache
+    of the last ``pairs`` (previous token, token) pairs (:class:`~.recent.RecentPairs`)
+    is mixed into column 0's distribution. ``compiled``: the KN model counts through
     the compiled kernels (:mod:`streamlearn.compiled_counts`: the same bytes as its numpy
     passes) once they are loaded (``learner.compiled``)."""
 
-    def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3, compiled: bool = False):
+    def __init__(self, slots: int, seed: int, recent: int = 0, order: int = 3, compiled: bool = False,
+                 pairs: int = 0):
         self.kn = KneserNey4(slots, slots // 2) if order == 4 else KneserNey3(slots, slots // 2)
         if compiled:
             self.kn.compiled = WhenLoaded(_compiled_counts)
         self.recent = RecentTokens(recent) if recent else None
+        self.pairs = RecentPairs(pairs) if pairs else None
         self.seed = count_seed(seed)
         self._cands = np.empty(0, dtype=np.uint64)  # hashes of the candidate index's first tokens
         self._weights = _UnigramWeights(self.kn)  # the proposal's N1+(. w)^0.75 per candidate
@@ -128,6 +132,8 @@ class CountPart:
 
     def tables(self) -> dict[str, torch.Tensor]:
         own = {} if self.recent is None else {f"{PREFIX}.recent": self.recent.buf}
+        if self.pairs is not None:
+            own[f"{PREFIX}.pairs"] = self.pairs.buf
         return {**self.kn.tables(PREFIX), **own}
 
     def learn(self, grams: np.ndarray) -> dict[str, np.ndarray]:
@@ -137,10 +143,15 @@ class CountPart:
             return {}
         if self._log is not None:
             self._log.append(grams)
+        out = {}
+        if self.pairs is not None:  # an EM step reads P_KN of the answers before they are counted
+            ctx, v, w = grams[:, :-1], grams[:, -2], grams[:, -1]
+            p_kn = self.kn.score(_columns(ctx), w[:, None], max(self.kn.types, 1))[:, 0] if self.pairs.due else None
+            out[f"{PREFIX}.pairs"] = self.pairs.learn(v, w, p_kn)
         before = (self.kn.continuations, self.kn.halvings)
         rows = self.kn.learn(*grams.T)  # the big, the small (and the quad) table's
         self._weights.learned(self.kn.raised, before)
-        out = dict(zip((name for name in self.kn.tables(PREFIX) if name != f"{PREFIX}.stats"), rows))
+        out.update(zip((name for name in self.kn.tables(PREFIX) if name != f"{PREFIX}.stats"), rows))
         out[f"{PREFIX}.stats"] = np.zeros(1, np.int64)
         if self.recent is not None:
             out[f"{PREFIX}.recent"] = self.recent.learn(grams[:, -1])
@@ -218,7 +229,10 @@ class CountPart:
         if not cands.size or not len(ctx):
             return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
         p = self.kn.score(_columns(ctx), _grid(cands), max(n, 1))
-        return self._with_recent(np.log(np.maximum(p, 1e-30)).astype(np.float32), cands, n)
+        logp = np.log(np.maximum(p, 1e-30)).astype(np.float32)
+        if self.pairs is not None:
+            self.pairs.mix(logp, ctx[:, -1], cands)
+        return self._with_recent(logp, cands, n)
 
     def chain(self, ctx: np.ndarray, cands: np.ndarray, n: int) -> np.ndarray:
         """(N, F, C) float32 mlm chain scores (and log P_recent(w)): contexts ctx (N, 6)
@@ -246,7 +260,11 @@ class CountPart:
         if not cands.size or not len(ctx):
             return np.zeros((len(ctx), self.columns, cands.shape[-1]), np.float32)
         (p,) = self.kn.score_in_order(_columns(ctx), [_grid(cands)], max(n, 1), grams, records)
-        return np.log(np.maximum(p, 1e-30)).astype(np.float32)[:, None]
+        logp = np.log(np.maximum(p, 1e-30)).astype(np.float32)
+        if self.pairs is not None:  # each record's cache holds the batch's records before it
+            starts = np.searchsorted(records, records, "left")
+            self.pairs.mix(logp, ctx[:, -1], cands, starts, grams[:, -2:])
+        return logp[:, None]
 
 
 class _UnigramWeights:

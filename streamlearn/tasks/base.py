@@ -321,7 +321,8 @@ class TokenTask(Task):
         """The task's count part (``model.counts`` is set): the Kneser-Ney trigram part here,
         its counting compiled where ``learner.compiled`` is on."""
         return CountPart(self.cfg.model.count_slots, self.cfg.hashing.seed, self.cfg.model.recent,
-                         order=count_order(self.cfg.model.counts), compiled=self.cfg.learner.compiled)
+                         order=count_order(self.cfg.model.counts), compiled=self.cfg.learner.compiled,
+                         pairs=self.cfg.model.recent_pairs)
 
     def new_preparer(self, featurizer: Featurizer) -> "TokenPreparer":
         return self.Preparer(self.cfg, featurizer, self.code)
