@@ -460,7 +460,7 @@ def test_a_next_token_batch_is_scored_with_its_earlier_records_counted(counts, p
         lam = None if one_by_one.pairs is None else one_by_one.pairs.lam
         one_by_one.learn(tri[rows])
         if lam is not None:  # lam is the batch's: learning one record at a time would move it in between
-            one_by_one.pairs._lam[0] = lam
+            one_by_one.pairs.lam = lam
     lagged = task.counter.next_token(ctx, cands, len(cands))
     assert not np.array_equal(got, lagged)  # the batch's later records did see its earlier ones
     assert np.array_equal(got[batch.rows == 0], lagged[batch.rows == 0])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .table import GOLDEN
+
 __all__ = ["RecentPairs", "RecentTokens"]
 
 _WORDS = 128  # uint64 words per stored row (256 float32)
@@ -110,8 +112,12 @@ class RecentPairs:
 
     @property
     def lam(self) -> float:
-        """The cache's mixture weight (0 before the table holds one: a fresh table)."""
+        """The cache's mixture weight (``start`` while the table holds none: a fresh table)."""
         return float(self._lam[0]) if self._lam[0] > 0 else self.start
+
+    @lam.setter
+    def lam(self, value: float) -> None:
+        self._lam[0] = value
 
     def pairs(self) -> np.ndarray:
         """The cached pairs (filled, 2), oldest first."""
@@ -150,8 +156,9 @@ class RecentPairs:
             grid, wanted, base = _pair_keys(rows, cands.reshape(-1)), _pair_keys(example.astype(np.uint64),
                                                                                   pairs[at, 1]), 0
         sorter = np.argsort(grid, kind="stable")
-        spot = np.minimum(np.searchsorted(grid[sorter], wanted), max(grid.size - 1, 0))
-        known = grid[sorter][spot] == wanted if grid.size else np.zeros(len(wanted), bool)
+        ordered = grid[sorter]
+        spot = np.minimum(np.searchsorted(ordered, wanted), max(grid.size - 1, 0))
+        known = ordered[spot] == wanted if grid.size else np.zeros(len(wanted), bool)
         cells = (base + sorter[spot])[known] if cands.ndim == 1 else sorter[spot[known]]
         cells, counts = np.unique(cells, return_counts=True)
         ids, cols = np.divmod(cells, width)
@@ -211,4 +218,4 @@ class RecentPairs:
 def _pair_keys(v: np.ndarray, w: np.ndarray) -> np.ndarray:
     """One uint64 per (v, w) pair of token hashes (uniform hashes: collisions about 2^-64)."""
     with np.errstate(over="ignore"):
-        return v * np.uint64(0x9E3779B97F4A7C15) ^ w
+        return v * GOLDEN ^ w
