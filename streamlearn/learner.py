@@ -565,12 +565,21 @@ class Learner(river_base.Classifier):
 
     def _unsafe_gradient(self) -> str | None:
         """The name of a parameter whose gradient is not finite or beyond
-        :data:`MAX_GRADIENT` in magnitude (None: every gradient is safe). One reduction
-        per gradient and one device sync for the lot."""
+        :data:`MAX_GRADIENT` in magnitude (None: every gradient is safe). One foreach
+        call and one device sync for the lot, and the exact peaks only where its test
+        cannot clear them."""
         named = [(n, _grad_values(p)) for n, p in self._named if p.grad is not None]
         if not named:
             return None
-        # abs().amax(): torch.linalg.vector_norm(g, inf) measured 13x slower on the CPU
+        # First every gradient's L2 norm in one foreach call: a norm is at least the largest
+        # magnitude, so norms all below the limit prove every gradient safe (NaN and inf
+        # fail the test). 135-155 us against 290-410 us for the peaks below (next-token,
+        # 1 layer, 23 gradients, one thread): a step's check was 4.6% of learn_many (py-spy).
+        norms = torch._foreach_norm([g.detach() for _, g in named], 2, dtype=torch.float32)
+        if bool((torch.stack(norms) < MAX_GRADIENT).all()):
+            return None
+        # the exact peaks name the offender; abs().amax(): torch.linalg.vector_norm(g, inf)
+        # measured 13x slower on the CPU
         peaks = torch.stack([g.detach().abs().amax().float() if g.numel() else g.new_zeros((), dtype=torch.float32)
                              for _, g in named])
         safe = peaks < MAX_GRADIENT  # False for NaN too

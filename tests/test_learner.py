@@ -10,7 +10,7 @@ from river import evaluate, metrics
 from streamlearn import checkpoint
 from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
 from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
-from streamlearn.learner import LabelCapacityError, Learner, StepReport
+from streamlearn.learner import MAX_GRADIENT, LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record, from_features
 from streamlearn.state import Checkpoint, open_store
 
@@ -1017,6 +1017,28 @@ def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
     assert all(torch.isfinite(t).all() for t in params(guarded).values())
     query = topic_stream(8, seed=5)
     assert clean.predict_proba_many(query) == guarded.predict_proba_many(query)
+
+
+@pytest.mark.parametrize("where, value, verdict", [
+    (None, 0.0, None),  # every gradient small: safe
+    (slice(0, 4), 0.9 * MAX_GRADIENT, None),  # the norm passes the limit, no entry does: safe
+    (slice(0, 1), 2 * MAX_GRADIENT, "bad"),
+    (slice(0, 1), float("nan"), "bad"),
+    (slice(0, 1), float("-inf"), "bad"),
+])
+def test_the_gradient_check_names_the_parameter_with_an_unsafe_entry(where, value, verdict):
+    """The check's first test (every gradient's L2 norm below the limit) only ever clears
+    gradients: where it fails, the exact peaks decide, so gradients whose entries are all
+    below :data:`MAX_GRADIENT` pass even when their norm is not, and a NaN, an infinity or
+    one entry beyond the limit names its parameter."""
+    lrn = learner("model.layers=1")
+    named = [(n, p) for n, p in lrn._named]
+    for _, p in named:
+        p.grad = torch.full_like(p, 1e-3)
+    name, target = max(named, key=lambda item: item[1].numel())
+    if where is not None:
+        target.grad.view(-1)[where] = value
+    assert lrn._unsafe_gradient() == (name if verdict else None)
 
 
 @pytest.mark.parametrize("seed", range(4))
