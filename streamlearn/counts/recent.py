@@ -42,11 +42,8 @@ class RecentTokens:
     def learn(self, hashes: np.ndarray) -> np.ndarray:
         """Append the tokens (in stream order), evicting the oldest; the changed rows."""
         hashes = hashes[-self.size:]  # earlier ones would be evicted by these at once
-        head, filled = int(self._words[0]), int(self._words[1])
-        at = (head + np.arange(len(hashes))) % self.size
+        at = _advance(self._words, self.size, len(hashes))
         self._ring[at] = hashes
-        self._words[0] = (head + len(hashes)) % self.size
-        self._words[1] = min(self.size, filled + len(hashes))
         return np.unique(np.concatenate([[0], (at + 2) // _WORDS]))
 
     def logp(self, w: np.ndarray, n: int) -> np.ndarray:
@@ -187,11 +184,8 @@ class RecentPairs:
             self._em(v, w, p_kn)
         self._words[3] += np.uint64(1)
         v, w = v[-self.size:], w[-self.size:]
-        head, filled = int(self._words[0]), self.filled
-        at = (head + np.arange(len(v))) % self.size
+        at = _advance(self._words, self.size, len(v))
         self._ring[at, 0], self._ring[at, 1] = v, w
-        self._words[0] = (head + len(v)) % self.size
-        self._words[1] = min(self.size, filled + len(v))
         return np.unique(np.concatenate([[0], (4 + 2 * at) // _WORDS, (5 + 2 * at) // _WORDS]))
 
     def _em(self, v: np.ndarray, w: np.ndarray, p_kn: np.ndarray) -> None:
@@ -213,6 +207,15 @@ class RecentPairs:
         keys = _pair_keys(v, w)
         counts = np.searchsorted(both, keys, "right") - np.searchsorted(both, keys, "left")
         return totals > 0, counts / np.maximum(totals, 1)
+
+
+def _advance(words: np.ndarray, size: int, n: int) -> np.ndarray:
+    """Move a ring's next write position (word 0) and fill count (word 1) past ``n`` new
+    entries (n <= size); returns the ring slots they take, in order."""
+    head, filled = int(words[0]), int(words[1])
+    words[0] = (head + n) % size
+    words[1] = min(size, filled + n)
+    return (head + np.arange(n)) % size
 
 
 def _pair_keys(v: np.ndarray, w: np.ndarray) -> np.ndarray:
