@@ -1026,19 +1026,25 @@ def test_a_step_whose_loss_or_gradient_is_not_finite_is_skipped(poison):
     (slice(0, 1), float("nan"), "bad"),
     (slice(0, 1), float("-inf"), "bad"),
 ])
-def test_the_gradient_check_names_the_parameter_with_an_unsafe_entry(where, value, verdict):
+def test_the_gradient_check_names_the_parameter_with_an_unsafe_entry(where, value, verdict, caplog):
     """The check's first test (every gradient's L2 norm below the limit) only ever clears
     gradients: where it fails, the exact peaks decide, so gradients whose entries are all
-    below :data:`MAX_GRADIENT` pass even when their norm is not, and a NaN, an infinity or
-    one entry beyond the limit names its parameter."""
+    below :data:`MAX_GRADIENT` are applied even when their norm is not, and a NaN, an
+    infinity or one entry beyond the limit skips the step and names its parameter."""
     lrn = learner("model.layers=1")
-    named = [(n, p) for n, p in lrn._named]
+    named = list(lrn.model.named_parameters())
     for _, p in named:
         p.grad = torch.full_like(p, 1e-3)
     name, target = max(named, key=lambda item: item[1].numel())
     if where is not None:
         target.grad.view(-1)[where] = value
-    assert lrn._unsafe_gradient() == (name if verdict else None)
+    with caplog.at_level("WARNING", logger="streamlearn.learner"):
+        changed = lrn.apply_gradients()
+    if verdict:
+        assert changed is None and lrn.skipped_steps == 1
+        assert f"the gradient of {name} is not finite or too large" in caplog.text
+    else:
+        assert changed is not None and lrn.skipped_steps == 0 and lrn.steps == 1
 
 
 @pytest.mark.parametrize("seed", range(4))
