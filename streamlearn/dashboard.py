@@ -132,7 +132,7 @@ def card_keys(task: str | None) -> tuple[str, ...]:
     its defaults set (``streamlearn.tasks.task_defaults``), :data:`TASK_CARD_KEYS`.
 
     >>> card_keys("next-token")[-3:]
-    ('model.counts', 'model.recent_pairs', 'learner.double_batch_after')
+    ('model.recent_pairs', 'model.ffn', 'learner.double_batch_after')
     >>> card_keys("next-item")[-3:]
     ('learner.history', 'learner.recency', 'learner.key_token')
     """
