@@ -227,9 +227,14 @@ class Fetcher(threading.Thread):
         if plan.max_records is not None and self.consumed >= plan.max_records:
             return f"{plan.max_records} records consumed (--max-records)"
         idle = self._idle_since is not None and not self._buffer and now - self._idle_since
-        if plan.until_idle_s is not None and idle and idle >= plan.until_idle_s:
+        if plan.until_idle_s is not None and idle and idle >= plan.until_idle_s and self._may_stop_idle():
             return f"no new record for {plan.until_idle_s:g} s (--until-idle)"
         return None
+
+    def _may_stop_idle(self) -> bool:
+        """Whether a stream idle for ``--until-idle`` has really ended (a group member asks
+        whether partitions are still on their way to it)."""
+        return True
 
     # ------------------------------------------------------------------ one cycle
     def _cycle(self) -> None:

@@ -73,6 +73,12 @@ class SyncClock:
         self.group = group
         self.done = 0
         self.alive = True
+        self.alone_since: float | None = None  # monotonic time the group broke up
+
+    def end(self) -> None:
+        """The group broke up: no more syncs; this rank goes on alone."""
+        self.alive = False
+        self.alone_since = time.monotonic()
 
     def wanted(self) -> int:
         """Syncs requested so far by any rank; raises if rank 0's store is gone."""
@@ -89,6 +95,7 @@ class SyncedFetcher(Fetcher):
     def __init__(self, *args, clock: SyncClock, **kwargs):
         super().__init__(*args, **kwargs)
         self.clock = clock
+        self._told_missing = False
 
     def _checkpoint_due(self) -> bool:
         if not self.clock.alive:
@@ -102,6 +109,37 @@ class SyncedFetcher(Fetcher):
         except (RuntimeError, ValueError) as exc:  # rank 0's store is gone: let the loop find out
             log.warning("group store unreachable (%s): checkpointing now", exc)
             return True
+        return False
+
+    def _may_stop_idle(self) -> bool:
+        """Idle in a live group: sync first (the shutdown checkpoint, early), which is also how
+        a peer's death shows when nothing else needed the group lately. Alone after the group
+        broke up: not before Kafka has handed over every partition of the topic (the others'
+        move here after ``worker.session_timeout_ms``, a hung peer's after
+        ``worker.max_poll_interval_ms``); stopping sooner would leave them unread until the
+        next start."""
+        if self.clock.alive:
+            self.checkpoint("idle")
+            if self.clock.alive:
+                return True
+        held = {tp.partition for tp in self._consumer.assignment()}
+        missing = sorted(set(range(self._partitions)) - held)
+        if not missing:
+            return True
+        waited = time.monotonic() - (self.clock.alone_since or 0.0)
+        # Kafka evicts a dead member after the session timeout (a hung one, whose heartbeats
+        # go on, after the poll interval), and the rebalance waits up to the poll interval for
+        # the members to rejoin; doubled, as brokers run late (Tansu 0.6: about 3 s late).
+        bound = 2 * (self.cfg.session_timeout_ms + 2 * self.cfg.max_poll_interval_ms) / 1000
+        if waited >= bound:
+            log.warning("partitions %s were never handed to this worker within %g s of the group breaking up; "
+                        "stopping without them (they resume from the stored offsets on the next start)",
+                        missing, bound)
+            return True
+        if not self._told_missing:
+            self._told_missing = True
+            log.info("idle, but partitions %s have not moved here from the departed worker yet; waiting for "
+                     "Kafka's rebalance (at most %g s)", missing, bound - waited)
         return False
 
     def checkpoint(self, reason: str, blocking_commit: bool = False, kafka_commit: bool = True) -> bool:
@@ -365,7 +403,7 @@ class GroupWorker(Worker):
 
     def _go_solo(self) -> None:
         """Leave the broken group; become the writer with the next generation."""
-        self.clock.alive = False
+        self.clock.end()
         self.learner.replica.keep_log(False)  # no more merges: the log would only grow
         if self.exchange is not None:
             self.exchange.go_solo()

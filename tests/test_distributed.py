@@ -368,7 +368,10 @@ class Rank:
 def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, make_topic, group, tmp_path):
     """2 workers on 4 partitions; one SIGKILLed mid-stream (the writer, which also hosts the
     group's store, or the other); the survivor finishes the stream alone. Each sync mode
-    meets one of the two victims (both of both would double the file's run time)."""
+    meets one of the two victims (both of both would double the file's run time). Kafka
+    moves the dead worker's partitions only after the session timeout and a rebalance, here
+    together longer than --until-idle: the survivor, idle by then, must wait for them rather
+    than stop (before it did not: a CI run lost two partitions' records that way)."""
     from streamlearn.consumers import read_audit
 
     topic = make_topic(4)
@@ -376,7 +379,8 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     state = tmp_path / "state"
     args = ["--topic", topic, "--state", str(state), "--bootstrap", broker, "--group", group,
             "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "5",
-            "--checkpoint-every", "400", "--until-idle", "4", "--sync", sync, *(f"--set={s}" for s in GROUP_SETTINGS)]
+            "--checkpoint-every", "400", "--until-idle", "4", "--sync", sync, *(f"--set={s}" for s in GROUP_SETTINGS),
+            "--set=worker.session_timeout_ms=5000"]
     ranks = [Rank(tmp_path, r, args) for r in range(2)]
     try:
         deadline = time.monotonic() + 90
