@@ -130,7 +130,10 @@ def test_query_readout_equals_the_training_readout_on_padded_batches(layers):
 def test_causal_states_and_gradients_are_those_with_the_padding_mask(layers):
     # Padding follows each record's tokens, so under the causal mask no token attends to it
     # and the causal encoder passes no padding mask (torch's fused causal kernel): every
-    # token's state and every gradient must be the floats the padding mask gives.
+    # token's state must be the floats torch's own layers give with the padding mask, and
+    # every gradient those floats' to rounding (the encoder's functional ops keep the batch
+    # first where torch's module goes sequence first, so the weight gradients sum the
+    # same products in another order).
     model, _ = build(f"model.layers={layers}", "model.positions=true")
     feats = feats_of(model, [list("abcdefghij"), ["k", "l", "m"], ["n"]])
     mask = feats["mask"]
@@ -152,8 +155,49 @@ def test_causal_states_and_gradients_are_those_with_the_padding_mask(layers):
     states, grads = run(lambda x: enc(x, mask, causal=True))
     want_states, want_grads = run(with_padding_mask)
     assert torch.equal(states, want_states)
-    assert len(grads) == len(want_grads) and all(torch.equal(g, w) for g, w in zip(grads, want_grads))
+    assert len(grads) == len(want_grads)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     assert not torch.equal(states, run(lambda x: enc(x, mask))[0])  # the mask is causal: the states differ
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["padding-mask", "causal"])
+def test_the_encoders_functional_layers_are_torchs_own_layers(causal):
+    """The encoder runs torch's pre-LN TransformerEncoderLayer over the layers' own weights
+    in functional ops (model._pre_ln_layer): training states bit for bit torch's module
+    path's, a record without tokens included; with dropout, eval states alike to rounding
+    (torch's module takes its fused inference kernel there), and training draws masks."""
+    for dropout in (0.0, 0.25):
+        torch.manual_seed(0)
+        model, _ = build("model.layers=2", "model.positions=true", f"model.dropout={dropout}")
+        enc = model.encoder
+        with torch.no_grad():
+            for w in enc.parameters():  # no two norms alike, as after training
+                w.add_(torch.randn_like(w) * 0.1)
+        x = torch.randn(3, 10, model.embedding.out_dim)
+        mask = torch.ones(3, 10, dtype=torch.bool)
+        mask[1, 6:], mask[2, :] = False, False
+        future = torch.triu(torch.ones(10, 10, dtype=torch.bool), diagonal=1)
+
+        def torchs(x):
+            h = enc.proj(x) + enc.pos.weight[:10]
+            if causal:
+                return enc.layers(h, mask=future, is_causal=True)
+            pad = ~mask
+            pad[:, 0] = False
+            return enc.layers(h, src_key_padding_mask=pad)
+
+        if dropout == 0:
+            states = enc.train()(x, mask, causal=causal)
+            assert torch.isfinite(states).all()  # the record without tokens too
+            assert torch.equal(states[mask], torchs(x)[mask])
+        else:
+            torch.manual_seed(1)
+            a = enc.train()(x, mask, causal=causal)
+            assert not torch.equal(a, enc(x, mask, causal=causal))  # another draw
+        with torch.no_grad():
+            torch.testing.assert_close(enc.eval()(x, mask, causal=causal)[mask], torchs(x)[mask],
+                                       rtol=1e-5, atol=1e-5)
 
 
 def test_positions_make_order_matter_and_sets_do_not():
