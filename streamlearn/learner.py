@@ -183,12 +183,11 @@ class Learner(river_base.Classifier):
             model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
         self.model = model.to(self.dev.torch)
         head_rows = frozenset(self.model.head.row_tables()) if self.model.head is not None else frozenset()
-        closed_form = self.task.has_closed_form(self.model, self.dev)  # both optimizers fuse their kernels there
-        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows, fused=closed_form)
-        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim, fused=closed_form)
+        self.row_optim = RowOptimizer(self.model.row_tables(), c.optim, outputs=head_rows)
+        self.dense_optim = dense_optimizer(list(self.model.dense_parameters().values()), c.optim)
         # the step as one compiled call, where it applies (streamlearn.compiled)
         self._compiled: WhenLoaded[CompiledClassifyStep] | None = None
-        if c.learner.compiled and closed_form:
+        if c.learner.compiled and self.task.has_closed_form(self.model, self.dev):
             self._compiled = WhenLoaded(self._bind_compiled)
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite

@@ -46,12 +46,12 @@ class RowOptimizer:
     """
 
     def __init__(self, tables: Mapping[str, nn.Parameter], cfg: OptimConfig, eps: float | None = None,
-                 outputs: frozenset[str] = frozenset(), fused: bool = False):
+                 outputs: frozenset[str] = frozenset(), fused: bool = True):
         """``outputs``: the tables stepped at ``cfg.output_lr`` (when > 0) instead of
-        ``cfg.sparse_lr`` (a sampled head's output rows). ``fused``: Adagrad's update of
-        the gathered rows in torch's fused CPU kernel (one call instead of six; it rounds
-        differently from the separate ops, in the last bits), as :class:`DenseAdamW`'s
-        ``fused``: the learner asks for it where its steps are closed-form."""
+        ``cfg.sparse_lr`` (a sampled head's output rows). ``fused`` (the default):
+        Adagrad's update of the gathered rows of a CPU table in torch's fused kernel (one
+        call instead of six; it rounds differently from the separate ops, in the last
+        bits), as :class:`DenseAdamW`'s ``fused``."""
         self.rule = cfg.sparse
         self.fused = fused and self.rule == "adagrad" and hasattr(torch, "_fused_adagrad_")
         self.lr = cfg.sparse_lr
@@ -188,16 +188,16 @@ class DenseAdamW:
     Not ``torch.optim.AdamW``: its constructor imports ``torch._dynamo``, which took 1.0 s
     of CPU (3.7 s on a loaded machine) of every worker's start-up before its first
     record. The update is torch's (``betas`` (0.9, 0.999), ``eps`` 1e-8, bias-corrected),
-    done with its foreach kernels, and :meth:`state_dict` has torch's layout, so a
-    checkpoint holds the same bytes either way.
+    and :meth:`state_dict` has torch's layout, so a checkpoint holds the same bytes either way.
 
-    ``fused``: torch's fused kernel (one call per parameter group) where torch has it
-    for the parameters' device. The learner asks for it where its steps are closed-form
-    (depth-0 classify on the CPU): there the per-tensor loop over the 1,024 x 64 label
-    head was 18% of a step (py-spy, AG News, batch 16), fused about 6%. Elsewhere it
-    keeps the foreach loop: the fused kernel rounds differently, and the last bits grow
-    into other predictions at depth 1 (bench/quality.py, AG News, 1 layer, seed 0:
-    0.8518 against 0.8520). ``state[param]`` holds ``exp_avg``,
+    ``fused`` (the default): on the CPU, torch's fused kernel, one call per parameter
+    group; elsewhere, and without it, torch's foreach kernels. On the CPU those loop over
+    the tensors op by op (seven ops each, a scalar converted for every one): the loop
+    over the 1,024 x 64 label head was 18% of a depth-0 classify step (py-spy, AG News,
+    batch 16), fused about 6%; at next-token's defaults (1 layer, 23 tensors) fused is
+    3-4% more records per CPU-second. The two round differently in the last bits, which
+    grow into other predictions as any rounding does (bench/quality.py, AG News, 1 layer,
+    seed 0: 0.8518 fused against 0.8520). ``state[param]`` holds ``exp_avg``,
     ``exp_avg_sq`` (the parameter's shape) and ``step`` (a 0-d float tensor).
 
     >>> w = nn.Parameter(torch.ones(2, 2))
@@ -211,7 +211,7 @@ class DenseAdamW:
     betas = (0.9, 0.999)
     eps = 1e-8
 
-    def __init__(self, params: list[nn.Parameter], lr: float, weight_decay: float, fused: bool = False):
+    def __init__(self, params: list[nn.Parameter], lr: float, weight_decay: float, fused: bool = True):
         self.lr = lr
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         decay = [p for p in params if p.dim() >= 2]
@@ -263,7 +263,7 @@ class DenseAdamW:
         m, v = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         for s in states:
             s["step"] += 1
-        if self.fused:
+        if self.fused and params[0].device.type == "cpu":  # the step counts live on the CPU
             torch._fused_adamw_(params, grads, m, v, [], [s["step"] for s in states], lr=self.lr,
                                 beta1=b1, beta2=b2, weight_decay=decay, eps=self.eps,
                                 amsgrad=False, maximize=False)
@@ -330,7 +330,7 @@ def _leading(p: nn.Parameter, g: torch.Tensor) -> tuple[nn.Parameter, torch.Tens
     return (p, g) if n == have else (p, F.pad(g, (0, 0) * (g.dim() - 1) + (0, n - have)))
 
 
-def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig, fused: bool = False) -> DenseAdamW:
+def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig, fused: bool = True) -> DenseAdamW:
     """AdamW for the dense weights (transformer, heads); decay skips biases and norms;
     ``fused`` as in :class:`DenseAdamW`."""
     return DenseAdamW(params, cfg.dense_lr, cfg.weight_decay, fused=fused)

@@ -537,18 +537,20 @@ def test_row_optimizer_matches_torch_reference(rule, fused, reference):
     torch.testing.assert_close(ours.detach(), theirs.detach())
 
 
-def test_dense_adamw_is_torchs_adamw_bit_for_bit():
-    """The dense optimizer against torch.optim.AdamW (foreach) over decayed matrices and
-    undecayed biases, one of them sitting out the first steps (its step count lags the
-    others', so each tensor's bias correction is its own)."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_dense_adamw_is_torchs_adamw_bit_for_bit(fused):
+    """The dense optimizer against torch.optim.AdamW (the same kernels: fused or foreach)
+    over decayed matrices and undecayed biases, one of them sitting out the first steps
+    (its step count lags the others', so each tensor's bias correction is its own)."""
     torch.manual_seed(0)
-    shapes = [(4, 3), (3,), (5, 2), (2,)]
+    shapes = [(40, 30), (3,), (5, 2), (200,)]
     inits = [torch.randn(s) for s in shapes]
     ours = [nn.Parameter(t.clone()) for t in inits]
     theirs = [nn.Parameter(t.clone()) for t in inits]
-    opt = DenseAdamW(ours, lr=0.01, weight_decay=0.1)
+    opt = DenseAdamW(ours, lr=0.01, weight_decay=0.1, fused=fused)
     ref = torch.optim.AdamW([{"params": [theirs[0], theirs[2]], "weight_decay": 0.1},
-                             {"params": [theirs[1], theirs[3]], "weight_decay": 0.0}], lr=0.01, foreach=True)
+                             {"params": [theirs[1], theirs[3]], "weight_decay": 0.0}], lr=0.01,
+                            **({"fused": True} if fused else {"foreach": True}))
     for step in range(5):
         grads = [torch.randn(s) for s in shapes]
         for i, (a, b, g) in enumerate(zip(ours, theirs, grads)):
