@@ -161,43 +161,42 @@ def test_causal_states_and_gradients_are_those_with_the_padding_mask(layers):
     assert not torch.equal(states, run(lambda x: enc(x, mask))[0])  # the mask is causal: the states differ
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
 @pytest.mark.parametrize("causal", [False, True], ids=["padding-mask", "causal"])
-def test_the_encoders_functional_layers_are_torchs_own_layers(causal):
+def test_the_encoders_functional_layers_are_torchs_own_layers(causal, dropout):
     """The encoder runs torch's pre-LN TransformerEncoderLayer over the layers' own weights
     in functional ops (model._pre_ln_layer): training states bit for bit torch's module
     path's, a record without tokens included; with dropout, eval states alike to rounding
     (torch's module takes its fused inference kernel there), and training draws masks."""
-    for dropout in (0.0, 0.25):
-        torch.manual_seed(0)
-        model, _ = build("model.layers=2", "model.positions=true", f"model.dropout={dropout}")
-        enc = model.encoder
-        with torch.no_grad():
-            for w in enc.parameters():  # no two norms alike, as after training
-                w.add_(torch.randn_like(w) * 0.1)
-        x = torch.randn(3, 10, model.embedding.out_dim)
-        mask = torch.ones(3, 10, dtype=torch.bool)
-        mask[1, 6:], mask[2, :] = False, False
-        future = torch.triu(torch.ones(10, 10, dtype=torch.bool), diagonal=1)
+    torch.manual_seed(0)
+    model, _ = build("model.layers=2", "model.positions=true", f"model.dropout={dropout}")
+    enc = model.encoder
+    with torch.no_grad():
+        for w in enc.parameters():  # no two norms alike, as after training
+            w.add_(torch.randn_like(w) * 0.1)
+    x = torch.randn(3, 10, model.embedding.out_dim)
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    mask[1, 6:], mask[2, :] = False, False
+    future = torch.triu(torch.ones(10, 10, dtype=torch.bool), diagonal=1)
 
-        def torchs(x):
-            h = enc.proj(x) + enc.pos.weight[:10]
-            if causal:
-                return enc.layers(h, mask=future, is_causal=True)
-            pad = ~mask
-            pad[:, 0] = False
-            return enc.layers(h, src_key_padding_mask=pad)
+    def torchs(x):
+        h = enc.proj(x) + enc.pos.weight[:10]
+        if causal:
+            return enc.layers(h, mask=future, is_causal=True)
+        pad = ~mask
+        pad[:, 0] = False
+        return enc.layers(h, src_key_padding_mask=pad)
 
-        if dropout == 0:
-            states = enc.train()(x, mask, causal=causal)
-            assert torch.isfinite(states).all()  # the record without tokens too
-            assert torch.equal(states[mask], torchs(x)[mask])
-        else:
-            torch.manual_seed(1)
-            a = enc.train()(x, mask, causal=causal)
-            assert not torch.equal(a, enc(x, mask, causal=causal))  # another draw
-        with torch.no_grad():
-            torch.testing.assert_close(enc.eval()(x, mask, causal=causal)[mask], torchs(x)[mask],
-                                       rtol=1e-5, atol=1e-5)
+    if dropout == 0:
+        states = enc.train()(x, mask, causal=causal)
+        assert torch.isfinite(states).all()  # the record without tokens too
+        assert torch.equal(states[mask], torchs(x)[mask])
+    else:
+        torch.manual_seed(1)
+        a = enc.train()(x, mask, causal=causal)
+        assert not torch.equal(a, enc(x, mask, causal=causal))  # another draw
+    with torch.no_grad():
+        torch.testing.assert_close(enc.eval()(x, mask, causal=causal)[mask], torchs(x)[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_positions_make_order_matter_and_sets_do_not():
