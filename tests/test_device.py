@@ -29,8 +29,10 @@ print(json.dumps({**before, "after": after, "again": torch.get_num_threads()}))
 
 def probe(setup: str = "", **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", PROBE, setup], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", PROBE, setup], capture_output=True, text=True,
                          env={**environ, **env})
+    # the child's own words when it fails (a CI run once saw it abort, SIGABRT, saying nothing else)
+    assert out.returncode == 0, f"the probe exited with {out.returncode}:\n{out.stderr[-4000:]}\n{out.stdout[-2000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
