@@ -236,6 +236,11 @@ class Fetcher(threading.Thread):
         whether partitions are still on their way to it)."""
         return True
 
+    def unassigned(self) -> list[int]:
+        """The topic's partitions this worker does not hold now, ascending (fetch thread only)."""
+        held = {tp.partition for tp in self._consumer.assignment()}
+        return [p for p in range(self._partitions) if p not in held]
+
     # ------------------------------------------------------------------ one cycle
     def _cycle(self) -> None:
         if self._checkpoint_due():

@@ -73,7 +73,7 @@ class SyncClock:
         self.group = group
         self.done = 0
         self.alive = True
-        self.alone_since: float | None = None  # monotonic time the group broke up
+        self.alone_since = 0.0  # monotonic time the group broke up (once not alive)
 
     def end(self) -> None:
         """The group broke up: no more syncs; this rank goes on alone."""
@@ -122,11 +122,10 @@ class SyncedFetcher(Fetcher):
             self.checkpoint("idle")
             if self.clock.alive:
                 return True
-        held = {tp.partition for tp in self._consumer.assignment()}
-        missing = sorted(set(range(self._partitions)) - held)
+        missing = self.unassigned()
         if not missing:
             return True
-        waited = time.monotonic() - (self.clock.alone_since or 0.0)
+        waited = time.monotonic() - self.clock.alone_since
         # Kafka evicts a dead member after the session timeout (a hung one, whose heartbeats
         # go on, after the poll interval), and the rebalance waits up to the poll interval for
         # the members to rejoin; doubled, as brokers run late (Tansu 0.6: about 3 s late).

@@ -70,8 +70,9 @@ class Encoder(nn.Module):
         # Padding only ever follows a record's tokens, so under the causal mask no token
         # attends to a padded position: the padding mask changes no token's state. Without it
         # attention takes the fused causal kernel instead of a merged (N * heads, T, T) mask;
-        # the tokens' states and every gradient are the same floats (tests/test_model.py), and
-        # a next-token layer's forward and backward cost about a tenth less.
+        # the tokens' states are the same floats and every gradient the same to rounding
+        # (tests/test_model.py), and a next-token layer's forward and backward cost about a
+        # tenth less.
         attend = None
         if not causal:
             attend = mask.clone()
@@ -87,10 +88,10 @@ def _pre_ln_layer(layer: nn.TransformerEncoderLayer, h: torch.Tensor, causal: bo
                   attend: torch.Tensor | None) -> torch.Tensor:
     """torch's pre-LN ``TransformerEncoderLayer`` (GELU) over its own weights, in functional
     ops: its module path (argument checks, the fast-path tests, a batch-first input turned
-    sequence-first and back) cost about 2% of a next-token step, and the checkpoint keeps
-    the module's parameter names. The states equal the module's to float rounding
-    (tests/test_model.py). ``attend`` (N, 1, 1, T): the keys each record's queries may read;
-    None with ``causal``."""
+    sequence-first and back) cost about 2% of a next-token step (an in-process A/B: 1.02x),
+    and the checkpoint keeps the module's parameter names. Training states are bit for bit
+    the module's (tests/test_model.py). ``attend`` (N, 1, 1, T): the keys each record's
+    queries may read; None with ``causal``."""
     att, (n, t, d) = layer.self_attn, h.shape
     p = layer.dropout.p if layer.training else 0.0
 

@@ -330,7 +330,6 @@ def _leading(p: nn.Parameter, g: torch.Tensor) -> tuple[nn.Parameter, torch.Tens
     return (p, g) if n == have else (p, F.pad(g, (0, 0) * (g.dim() - 1) + (0, n - have)))
 
 
-def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig, fused: bool = True) -> DenseAdamW:
-    """AdamW for the dense weights (transformer, heads); decay skips biases and norms;
-    ``fused`` as in :class:`DenseAdamW`."""
-    return DenseAdamW(params, cfg.dense_lr, cfg.weight_decay, fused=fused)
+def dense_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> DenseAdamW:
+    """AdamW for the dense weights (transformer, heads); decay skips biases and norms."""
+    return DenseAdamW(params, cfg.dense_lr, cfg.weight_decay)
