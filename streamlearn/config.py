@@ -170,6 +170,10 @@ class ModelConfig:
     # (previous token, token) pairs mixed into the KN distribution, its weight learned online
     # (0 = off; counts/recent.py)
     recent_pairs: int = key(0, between(0, 1 << 20))
+    # next-token: each input position also reads the hashed word n-grams ending at it, n = 2 up
+    # to this (summed into its vector through the same embedding tables; 1 = the token alone).
+    # Not hashing.ngrams, which adds n-grams to the token list itself (docs/model.md "N-gram inputs")
+    input_ngrams: int = key(1, between(1, 4))
 
     def __post_init__(self) -> None:
         check_keys(self)
@@ -456,6 +460,9 @@ class Config:
         if m.recent_pairs and lc.task != "next-token":  # with model.counts=none there is no count part to mix into
             raise ConfigError(f"model.recent_pairs={m.recent_pairs} mixes into next-token's count part (now "
                               f"learner.task={lc.task!r}): set model.recent_pairs=0", "model.recent_pairs")
+        if m.input_ngrams > 1 and lc.task != "next-token":  # mlm: a masked word's n-grams would give it away
+            raise ConfigError(f"model.input_ngrams={m.input_ngrams} is an input of task next-token (now "
+                              f"learner.task={lc.task!r}): set model.input_ngrams=1", "model.input_ngrams")
         if m.out_B == DERIVE and "model.out_B" not in task_derived(lc.task):
             raise ConfigError(f"model.out_B={DERIVE} (derived from the stream) is for the tasks that derive it "
                               f"({', '.join(t for t in TASKS if 'model.out_B' in task_derived(t))}); "
@@ -526,7 +533,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "embedding.hashformer_bits", "embedding.hashformer_pool_bits", "embedding.tfree_rows", "embedding.plain_vocab",
     "model.layers", "model.d_model", "model.heads", "model.ffn", "model.positions", "model.max_labels",
     "model.out_B", "model.out_m", "model.tie_output", "model.output", "model.counts", "model.count_slots",
-    "model.recent", "model.recent_pairs", "model.successors", "model.count_join", "model.count_fit",
+    "model.recent", "model.recent_pairs", "model.input_ngrams", "model.successors", "model.count_join", "model.count_fit",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
     "learner.nb_weight", "learner.nb_cells",

@@ -39,8 +39,8 @@ from .hashing import TokenHasher, canonical_id, derive_seed, hash64, multi_hash,
 
 __all__ = [
     "BloomEmbeddingConfig", "Featurizer", "HashEmbeddingConfig", "HashFormerConfig", "HashedSpace",
-    "HashingTrickConfig", "PatternSpace", "PlainEmbeddingConfig", "TFreeEmbeddingConfig", "build_featurizer",
-    "flatten_batch", "scheme_config",
+    "HashingTrickConfig", "PatternSpace", "PlainEmbeddingConfig", "TFreeEmbeddingConfig", "add_ngram_inputs",
+    "build_featurizer", "flatten_batch", "input_ngrams", "input_rows", "ngram_groups", "scheme_config",
 ]
 
 Feats = dict[str, np.ndarray]
@@ -488,6 +488,60 @@ class PlainFeaturizer(Featurizer):
         self._sorted_keys = np.insert(self._sorted_keys, at, fresh[order])
         self._sorted_rows = np.insert(self._sorted_rows, at, rows[order])
         self._keys = np.concatenate([self._keys, fresh])
+
+
+# ---------------------------------------------------------------------------- n-gram inputs
+
+NGRAM_SEP = "\x1f"  # joins an n-gram's words into the one string its hashes read (ASCII unit separator)
+
+
+def input_ngrams(token_lists: Sequence[Sequence[str]], n: int) -> list[list[str]]:
+    """The word n-gram ending at each position of each list, its n words joined by
+    :data:`NGRAM_SEP`; a list's first n - 1 positions read empty words before its start.
+
+    >>> [g.replace(NGRAM_SEP, " ") for g in input_ngrams([["a", "b", "c"]], 2)[0]]
+    [' a', 'a b', 'b c']
+    """
+    if n == 2:  # the default's one order: a pass of f-strings, about 0.1 us a position
+        return [[f"{a}{NGRAM_SEP}{b}" for a, b in zip(("", *tokens), tokens)] for tokens in token_lists]
+    out = []
+    for tokens in token_lists:
+        padded = [*[""] * (n - 1), *tokens]
+        out.append([NGRAM_SEP.join(padded[j:j + n]) for j in range(len(tokens))])
+    return out
+
+
+def add_ngram_inputs(featurizer: Featurizer, feats: Feats, token_lists: Sequence[Sequence[str]], max_len: int,
+                     orders: int, grow: bool = True) -> Feats:
+    """``feats`` (of ``token_lists``) with the arrays of each position's n-grams, n = 2 ..
+    ``orders``, under ``"ngram{n}.{key}"``: the same scheme's arrays of the n-gram strings,
+    aligned with the tokens (one n-gram per position, so the tokens' mask is theirs).
+    :meth:`HashedTransformer.encode <streamlearn.model.HashedTransformer.encode>` adds their
+    vectors to the tokens' (``model.input_ngrams``)."""
+    for n in range(2, orders + 1):
+        grams = featurizer.featurize(input_ngrams(token_lists, n), max_len, grow)
+        feats.update({f"ngram{n}.{name}": a for name, a in grams.items() if name != "mask"})
+    return feats
+
+
+def ngram_groups(feats: dict[str, Any]) -> list[dict[str, Any]]:
+    """The n-gram inputs of a batch's features (numpy or torch), one dict of the scheme's
+    keys per order, each with the batch's ``mask``; [] when it has none."""
+    groups: dict[str, dict[str, Any]] = {}
+    for name, value in feats.items():
+        if name.startswith("ngram"):
+            order, _, key = name.partition(".")
+            groups.setdefault(order, {"mask": feats["mask"]})[key] = value
+    return list(groups.values())
+
+
+def input_rows(featurizer: Featurizer, feats: Feats) -> dict[str, np.ndarray]:
+    """:meth:`Featurizer.rows_touched` of the tokens and of their n-gram inputs, per table."""
+    rows = dict(featurizer.rows_touched(feats))
+    for group in ngram_groups(feats):
+        for table, more in featurizer.rows_touched(group).items():
+            rows[table] = np.union1d(rows[table], more) if table in rows else more
+    return rows
 
 
 # ---------------------------------------------------------------------------- building

@@ -54,6 +54,7 @@ from .device import Device, adopt_threads
 from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
 from .explain import Explanation, Plan, explainer
+from .featurize import input_rows
 from .model import HashedTransformer
 from .objectives import Histories, LabelCapacityError, LabelTable
 from .optim import RowOptimizer, dense_optimizer
@@ -468,7 +469,7 @@ class Learner(river_base.Classifier):
         """Per row table, the rows a forward pass over ``batch`` reads: the embedding's
         and the task's count tables'. A reader that loads rows lazily from a checkpoint
         must have these current."""
-        rows = dict(self.featurizer.rows_touched(batch.feats)) if batch.feats is not None else {}
+        rows = input_rows(self.featurizer, batch.feats) if batch.feats is not None else {}
         rows.update(self.task.rows_read(batch))
         return rows
 

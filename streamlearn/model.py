@@ -32,6 +32,7 @@ from torch import nn
 from .config import Config, ModelConfig
 from .embeddings import TokenEmbedding, to_tensors
 from .embeddings.base import Bag
+from .featurize import ngram_groups
 from .heads import ShuffleRandomHead
 
 __all__ = ["Encoder", "HashedTransformer", "PooledStates", "to_tensors"]
@@ -131,8 +132,14 @@ class HashedTransformer(nn.Module):
 
     def encode(self, feats: dict[str, torch.Tensor], slots: torch.Tensor | None = None,
                causal: bool = False) -> torch.Tensor:
-        """Final states (N, T, d) of a featurized batch (``causal``: see :class:`Encoder`)."""
+        """Final states (N, T, d) of a featurized batch (``causal``: see :class:`Encoder`).
+        A position's input is its token's vector plus, with ``model.input_ngrams`` (features
+        from :func:`~streamlearn.featurize.add_ngram_inputs`), the vectors of the word
+        n-grams ending at it, read from the same tables (hash embeddings: an open vocabulary
+        of strings, so an n-gram is one more string)."""
         x = self.embedding(feats)  # (N, T, e)
+        for group in ngram_groups(feats):
+            x = x + self.embedding(group)
         return self.encoder(x, feats["mask"], slots, causal)
 
     @staticmethod

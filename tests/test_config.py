@@ -129,6 +129,7 @@ KEYS: dict[str, Case] = {
     "model.count_slots": Case(4096, 1000),
     "model.recent": Case(100, -1, ("learner.task=next-token",)),
     "model.recent_pairs": Case(100, -1, ("learner.task=next-token",)),
+    "model.input_ngrams": Case(2, 5, ("learner.task=next-token",)),
     "model.successors": Case(64, 0, ("learner.task=next-item",)),
     "model.count_join": Case("mixture", "sum", ("learner.task=next-item",)),
     "model.count_fit": Case("joint", "residual", ("learner.task=next-token",)),

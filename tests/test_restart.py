@@ -29,12 +29,13 @@ CHANGED = {
     "learner.task": "mlm", "learner.recency": "0", "learner.key_token": "false", "learner.place_weights": "false", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384",
     "store.shards": "4", "model.counts": "kn3", "model.count_slots": "4096",
     "model.recent": "7", "model.successors": "8", "model.count_join": "mixture",
-    "model.count_fit": "joint", "model.recent_pairs": "9",
+    "model.count_fit": "joint", "model.recent_pairs": "9", "model.input_ngrams": "2",
 }
 EXTRA = {"learner.shuffle_random": ("model.positions=true",),  # what a changed value needs to be valid
          "model.counts": ("learner.task=next-token", "model.output=sampled"),
          "model.recent": ("learner.task=next-token", "model.output=sampled", "model.counts=kn3"),
-         "model.recent_pairs": ("learner.task=next-token", "model.output=sampled", "model.counts=kn3")}
+         "model.recent_pairs": ("learner.task=next-token", "model.output=sampled", "model.counts=kn3"),
+         "model.input_ngrams": ("learner.task=next-token",)}
 
 
 def all_keys() -> set[str]:

@@ -7,11 +7,16 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import streamlearn.tasks as tasks
 from streamlearn.batching import Schedule
 from streamlearn.config import TASKS, Config
+from streamlearn.embeddings import to_tensors
+from streamlearn.exceptions import ConfigError
+from streamlearn.featurize import NGRAM_SEP, input_ngrams
 from streamlearn.learner import Learner
+from streamlearn.objectives import BOS_TOKEN
 from streamlearn.tasks.base import Task
 
 SMALL = ("embedding.K=1000", "embedding.B=100", "embedding.d=16", "model.d_model=16", "model.out_B=128",
@@ -117,3 +122,39 @@ def test_next_token_queries_that_share_a_prefix_answer_as_alone():
     for a, b in zip(together, alone):
         assert a.tokens == b.tokens and np.allclose(a.scores, b.scores, atol=atol)
     assert len(learner.prepare(queries, train=False).feats["mask"]) == 2  # two sequences cover them all
+
+
+def test_next_tokens_ngram_inputs_are_the_ngrams_ending_at_each_input():
+    """``model.input_ngrams=2``: each input position also reads the hashed (previous, token)
+    bigram ending at it, from the same tables, and never a token it is asked for: two
+    records that differ in their last token only get the same inputs."""
+    learner = Learner(Config().override(*SMALL, "learner.task=next-token", "model.layers=1", "model.input_ngrams=2"))
+    learner.learn_many(RECORDS["next-token"])
+    batch = learner.prepare([{"text": "word1 other2 third3"}, {"text": "word1 other2 never"}])
+    inputs = [[BOS_TOKEN, "word1", "other2"]] * 2
+    bigrams = [[f"{a}{NGRAM_SEP}{b}" for a, b in zip(["", *t], t)] for t in inputs]
+    grams = learner.featurizer.featurize(bigrams, max_len=128)
+    assert sorted(batch.feats) == ["buckets", "d1", "mask", "ngram2.buckets", "ngram2.d1"]
+    assert np.array_equal(batch.feats["ngram2.d1"], grams["d1"])
+    assert np.array_equal(batch.feats["ngram2.buckets"], grams["buckets"])
+    assert all(np.array_equal(a[0], a[1]) for a in batch.feats.values())  # "third3" / "never" is no input
+
+    feats = to_tensors(batch.feats)
+    tokens = {k: v for k, v in feats.items() if not k.startswith("ngram")}
+    pairs = {"mask": feats["mask"], "d1": feats["ngram2.d1"], "buckets": feats["ngram2.buckets"]}
+    with torch.no_grad():
+        x = learner.model.embedding(tokens) + learner.model.embedding(pairs)
+        torch.testing.assert_close(learner.model.encode(feats, causal=True),
+                                   learner.model.encoder(x, feats["mask"], causal=True))
+
+    read, own = learner.rows_read(batch), learner.featurizer.rows_touched(batch.feats)
+    report = learner.learn_batch(batch)
+    for name in ("E", "P"):  # the bigrams' rows are read, and learned, beside the tokens'
+        assert len(np.setdiff1d(read[name], own[name])) > 0
+        np.testing.assert_array_equal(report.rows[name], read[name])
+
+    assert [g.split(NGRAM_SEP) for g in input_ngrams([["a", "b"]], 3)[0]] == [["", "", "a"], ["", "a", "b"]]
+    plain = Learner(Config().override(*SMALL, "learner.task=next-token"))
+    assert sorted(plain.prepare(RECORDS["next-token"][:2]).feats) == ["buckets", "d1", "mask"]
+    with pytest.raises(ConfigError, match="model.input_ngrams=2 is an input of task next-token"):
+        Config().override("learner.task=mlm", "model.input_ngrams=2")

@@ -21,6 +21,7 @@ import torch
 
 from ..batching import Batch
 from ..counts.part import ngrams
+from ..featurize import add_ngram_inputs
 from ..hashing import hash64
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN
@@ -37,6 +38,14 @@ class NextTokenPreparer(TokenPreparer):
 
     def validate(self, rec: Record) -> list[str]:
         return self.text_tokens(rec)
+
+    def featurize(self, token_lists, grow: bool = True) -> dict[str, np.ndarray]:
+        """The inputs' arrays, with each position's word n-grams' (``model.input_ngrams``;
+        :func:`~streamlearn.featurize.add_ngram_inputs`). A position's n-gram ends at its own
+        input, so it holds no token the position is asked for."""
+        feats = super().featurize(token_lists, grow)
+        orders = self.cfg.model.input_ngrams
+        return add_ngram_inputs(self.featurizer, feats, token_lists, self.cfg.hashing.max_tokens, orders, grow)
 
     def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
         if not accepted:
