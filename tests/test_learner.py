@@ -973,6 +973,39 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
                                rtol=1e-6, atol=1e-7)
 
 
+def test_rows_read_cover_next_tokens_ngram_inputs(store):
+    """With ``model.input_ngrams=2`` a query also reads its bigrams' rows: copying only the
+    ``rows_read`` of the embedding's tables from the store (the head's rows and the count
+    tables a snapshot holds whole) answers as the learner that wrote it, and copying only
+    the tokens' own rows does not."""
+    lrn = learner("learner.task=next-token", "model.layers=1", "model.input_ngrams=2")
+    for records in batches(topic_stream(48), 16):
+        lrn.learn_many(records)
+    commit(lrn, store, full=True)
+    query = [{"text": "goal match"}, {"text": "coach league team"}]
+    want = lrn.topk_many(query, k=5)
+
+    def answers(only_tokens: bool):
+        reader = checkpoint.read_full(store)
+        tables = reader.model.embedding.row_tables()
+        with torch.no_grad():
+            for t in tables.values():
+                t.zero_()
+        batch = reader.prepare(query, train=False)
+        rows = reader.rows_read(batch)
+        if only_tokens:
+            rows.update(reader.featurizer.rows_touched(batch.feats))
+        with torch.no_grad():
+            for name, ids in rows.items():
+                values, found = store.read_rows(name, ids)
+                tables[name][torch.from_numpy(ids[found])] = torch.from_numpy(values[found])
+        return reader.topk_many(query, k=5)
+
+    for got, expected in zip(answers(only_tokens=False), want):
+        assert got.tokens == expected.tokens and np.allclose(got.scores, expected.scores, atol=1e-5)
+    assert any(not np.allclose(g.scores, w.scores, atol=1e-5) for g, w in zip(answers(only_tokens=True), want))
+
+
 # ---------------------------------------------------------------------------- poisoned updates
 
 @pytest.mark.parametrize("weight", [1e300, 1e38, float("inf"), -1.0])
