@@ -998,7 +998,8 @@ def test_rows_read_cover_next_tokens_ngram_inputs(store):
         with torch.no_grad():
             for name, ids in rows.items():
                 values, found = store.read_rows(name, ids)
-                tables[name][torch.from_numpy(ids[found])] = torch.from_numpy(values[found])
+                at = torch.from_numpy(ids[found]).to(tables[name].device)
+                tables[name][at] = torch.from_numpy(values[found]).to(tables[name].device)
         return reader.topk_many(query, k=5)
 
     for got, expected in zip(answers(only_tokens=False), want):

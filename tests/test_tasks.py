@@ -139,7 +139,7 @@ def test_next_tokens_ngram_inputs_are_the_ngrams_ending_at_each_input():
     assert np.array_equal(batch.feats["ngram2.buckets"], grams["buckets"])
     assert all(np.array_equal(a[0], a[1]) for a in batch.feats.values())  # "third3" / "never" is no input
 
-    feats = to_tensors(batch.feats)
+    feats = to_tensors(batch.feats, learner.device)
     tokens = {k: v for k, v in feats.items() if not k.startswith("ngram")}
     pairs = {"mask": feats["mask"], "d1": feats["ngram2.d1"], "buckets": feats["ngram2.buckets"]}
     with torch.no_grad():
