@@ -947,6 +947,16 @@ def test_naive_bayes_part_only_for_classify_and_only_when_weighted():
     assert "nb.counts" not in checkpoint.write(learner("learner.nb_weight=0"), full=True).rows
 
 
+@torch.no_grad()
+def copy_stored_rows(store, tables: dict[str, torch.Tensor], rows: dict[str, np.ndarray]) -> None:
+    """Copy the stored values of ``rows`` (per table name, row ids) into ``tables``, on
+    their device, as a snapshot's lazy read does; rows the store lacks keep their value."""
+    for name, ids in rows.items():
+        values, found = store.read_rows(name, ids)
+        at = torch.from_numpy(ids[found]).to(tables[name].device)
+        tables[name][at] = torch.from_numpy(values[found]).to(tables[name].device)
+
+
 def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
     """A reader that copies only ``rows_read(batch)`` of each table from the store (as a
     snapshot does) answers as the learner that wrote it."""
@@ -964,11 +974,7 @@ def test_rows_read_are_enough_to_answer_from_a_lazily_loaded_checkpoint(store):
     tables = {**reader.model.row_tables(), "nb.counts": reader.task.nb.counts}
     rows = reader.rows_read(batch)
     assert set(rows) == {"E", "P", "nb.counts"}
-    with torch.no_grad():
-        for name, ids in rows.items():
-            values, found = store.read_rows(name, ids)
-            at = torch.from_numpy(ids[found]).to(tables[name].device)
-            tables[name][at] = torch.from_numpy(values[found]).to(tables[name].device)
+    copy_stored_rows(store, tables, rows)
     np.testing.assert_allclose(reader.predict_proba_batch(batch), lrn.predict_proba_batch(lrn.prepare(query, train=False)),
                                rtol=1e-6, atol=1e-7)
 
@@ -995,11 +1001,7 @@ def test_rows_read_cover_next_tokens_ngram_inputs(store):
         rows = reader.rows_read(batch)
         if only_tokens:
             rows.update(reader.featurizer.rows_touched(batch.feats))
-        with torch.no_grad():
-            for name, ids in rows.items():
-                values, found = store.read_rows(name, ids)
-                at = torch.from_numpy(ids[found]).to(tables[name].device)
-                tables[name][at] = torch.from_numpy(values[found]).to(tables[name].device)
+        copy_stored_rows(store, tables, rows)
         return reader.topk_many(query, k=5)
 
     for got, expected in zip(answers(only_tokens=False), want):
