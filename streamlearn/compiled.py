@@ -515,7 +515,8 @@ class CompiledClassifyStep:
     def bind(cls, learner, limit: float) -> "CompiledClassifyStep | None":
         """The step for ``learner``, or None where the kernel does not compute its step:
         anything but classify's closed form (depth 0 on the CPU) over the default hash
-        embedding (``combine="sum"``), Adagrad on the rows and the label head, in float32.
+        embedding (``combine="sum"``), plain Adagrad on the rows (``optim.row_decay=1``) and
+        the label head, in float32.
         ``limit``: a gradient at or beyond it in magnitude skips the step."""
         import torch
 
@@ -525,7 +526,7 @@ class CompiledClassifyStep:
         model = learner.model
         if not (learner.task.name == "classify" and learner.task.has_closed_form(model, learner.dev)
                 and type(model.embedding) is HashEmbedding and isinstance(model.head, LabelHead)
-                and learner.row_optim.rule == "adagrad"):
+                and learner.row_optim.rule == "adagrad" and learner.row_optim.decay == 1):
             return None
         tensors = [model.embedding.E, model.embedding.P, model.head.weight, model.head.bias]
         if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):

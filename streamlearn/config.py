@@ -193,6 +193,10 @@ class OptimConfig:
     # want them slower than the input rows (docs/model.md "Count part")
     output_lr: float = key(0.0, at_least(0))
     dense_lr: float = key(2e-3, above(0))  # also right for layers >= 1 (0.01 suits depth 0 only)
+    # Adagrad's sum of a row's squared gradients is multiplied by this at each step that touches the
+    # row (1: plain Adagrad, whose step on a frequent row shrinks toward 0 on an endless stream).
+    # next-token: 0.95 (level or better on four token streams; docs/choosing-a-configuration.md)
+    row_decay: float = key(1.0, between(0, 1, low_open=True))
     weight_decay: float = key(0.0, at_least(0))
 
     def __post_init__(self) -> None:
@@ -463,6 +467,10 @@ class Config:
         if m.input_ngrams > 1 and lc.task != "next-token":  # mlm: a masked word's n-grams would give it away
             raise ConfigError(f"model.input_ngrams={m.input_ngrams} is an input of task next-token (now "
                               f"learner.task={lc.task!r}): set model.input_ngrams=1", "model.input_ngrams")
+        if self.optim.row_decay < 1 and self.optim.sparse != "adagrad":
+            raise ConfigError(f"optim.row_decay={self.optim.row_decay:g} decays Adagrad's sums (now optim.sparse="
+                              f"{self.optim.sparse!r}, whose moments decay by their own betas): set "
+                              "optim.sparse='adagrad' or optim.row_decay=1", "optim.row_decay")
         if m.out_B == DERIVE and "model.out_B" not in task_derived(lc.task):
             raise ConfigError(f"model.out_B={DERIVE} (derived from the stream) is for the tasks that derive it "
                               f"({', '.join(t for t in TASKS if 'model.out_B' in task_derived(t))}); "
@@ -541,7 +549,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
 })
 RUN_KEYS: frozenset[str] = frozenset({
     "model.dropout", "model.negatives",
-    "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.weight_decay",
+    "optim.sparse_lr", "optim.output_lr", "optim.dense_lr", "optim.row_decay", "optim.weight_decay",
     "learner.batch_size", "learner.double_batch_after", "learner.device", "learner.compiled", "learner.mask_prob", "learner.history",
     "learner.beam",
     "learner.nb_alpha", "learner.seed", "learner.sizing_window",

@@ -14,6 +14,12 @@ those are exactly the rows a checkpoint must write.
 Rules:
 - ``adagrad`` (default): ``G[i] += g_i**2; W[i] -= lr * g_i / (sqrt(G[i]) + eps)``.
   A row with a zero gradient is left unchanged, so rows outside the batch never move.
+  With ``optim.row_decay`` r < 1 the sum decays at each step that touches the row,
+  ``G[i] = r G[i] + g_i**2`` (RMSprop's average without its (1 - r) factor): a row's
+  first steps are Adagrad's, and a frequent row's step settles near ``lr sqrt(1 - r)``
+  per coordinate instead of shrinking as 1 / sqrt(touches),
+  so on a stream that never ends its rows keep learning. A touched row whose gradient is
+  zero keeps its values and its sum decays.
 - ``lazy-adam``: Adam's moments updated only for rows in the batch (TensorFlow's
   LazyAdam); bias correction uses the optimizer's global step count.
 """
@@ -57,6 +63,7 @@ class RowOptimizer:
         self.lr = cfg.sparse_lr
         self.lrs = {name: cfg.output_lr if name in outputs and cfg.output_lr > 0 else cfg.sparse_lr for name in tables}
         self.eps = eps if eps is not None else (1e-10 if self.rule == "adagrad" else 1e-8)
+        self.decay = cfg.row_decay  # Adagrad: G <- decay G + g^2 on the rows a step touches
         self.betas = (0.9, 0.999)
         self.steps = 0
         self.tables = dict(tables)
@@ -108,6 +115,8 @@ class RowOptimizer:
         """
         if self.fused and p.device.type == "cpu":  # fused is only ever set for adagrad
             rows, G_rows = p.index_select(0, idx), state["sum"].index_select(0, idx)
+            if self.decay < 1:
+                G_rows.mul_(self.decay)  # the kernel then adds g^2: the decayed sum
             torch._fused_adagrad_([rows], [g], [G_rows], [_NO_STEP], lr=lr, lr_decay=0.0, weight_decay=0.0,
                                   eps=self.eps, maximize=False)  # lr_decay 0: the step count is never read
             _put_rows(state["sum"], idx, G_rows)
@@ -115,7 +124,7 @@ class RowOptimizer:
             return
         if self.rule == "adagrad":
             G = state["sum"]
-            G_rows = G.index_select(0, idx).add_(g * g)  # (n, w)
+            G_rows = G.index_select(0, idx).mul_(self.decay).add_(g * g)  # (n, w)
             _put_rows(G, idx, G_rows)
             _put_rows(p, idx, p.index_select(0, idx).add_(g / G_rows.sqrt_().add_(self.eps), alpha=-lr))
             return
@@ -132,7 +141,7 @@ class RowOptimizer:
         """The same rules in place over the whole table, without gathers and scatters."""
         if self.rule == "adagrad":
             G = state["sum"]
-            G.addcmul_(g, g)
+            G.mul_(self.decay).addcmul_(g, g)
             p.addcdiv_(g, G.sqrt().add_(self.eps), value=-lr)
             return
         b1, b2 = self.betas

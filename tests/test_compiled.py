@@ -107,7 +107,8 @@ def test_a_learner_runs_it_only_where_it_computes_the_step():
     """Bound for classify's default depth-0 step on the CPU; torch's step for the rest,
     a GPU's included."""
     assert Learner(Config().override(*CPU)).runs_compiled
-    others = [("model.layers=1",), ("optim.sparse=lazy-adam",), ("embedding.scheme=hashing-trick",),
+    others = [("model.layers=1",), ("optim.sparse=lazy-adam",), ("optim.row_decay=0.9",),
+              ("embedding.scheme=hashing-trick",),
               ("embedding.combine=concat",), ("learner.task=next-token",), ("learner.compiled=false",)]
     if torch.cuda.is_available():
         others.append(("learner.device=cuda",))

@@ -137,6 +137,7 @@ KEYS: dict[str, Case] = {
     "optim.sparse": Case("lazy-adam", "sgd"),
     "optim.sparse_lr": Case(0.05, -0.5),
     "optim.dense_lr": Case(0.01, -1.0),
+    "optim.row_decay": Case(0.9, 1.5),
     "optim.weight_decay": Case(0.01, -0.1),
     "learner.task": Case("mlm", "regress"),
     "learner.batch_size": Case(32, 0),

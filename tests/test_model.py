@@ -536,6 +536,45 @@ def test_row_optimizer_matches_torch_reference(rule, fused, reference):
     torch.testing.assert_close(ours.detach(), theirs.detach())
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "ops"])
+def test_row_decay_decays_the_sums_of_the_rows_a_step_touches(fused):
+    """optim.row_decay r: G = r G + g^2 on the rows a step touches, then Adagrad's step;
+    the other rows and their sums stay as they were. Hand-computed for r = 0.5, lr 0.5."""
+    W = nn.Parameter(torch.zeros(4, 2))
+    opt = RowOptimizer({"E": W}, OptimConfig(sparse_lr=0.5, row_decay=0.5), fused=fused)
+    W.grad = _sparse_grad([1], torch.ones(1, 2), (4, 2))
+    opt.step()  # G = 0.5 * 0 + 1 = 1; W -= 0.5 * 1 / 1
+    W.grad = _sparse_grad([1, 2], torch.tensor([[2.0, 2.0], [1.0, -1.0]]), (4, 2))
+    opt.step()  # row 1: G = 0.5 * 1 + 4 = 4.5; W -= 0.5 * 2 / sqrt(4.5). Row 2: first step
+    G = opt.state_tables()["E.sum"]
+    torch.testing.assert_close(G, torch.tensor([[0.0, 0.0], [4.5, 4.5], [1.0, 1.0], [0.0, 0.0]]))
+    torch.testing.assert_close(W.detach(), torch.tensor([[0.0, 0.0], [-0.5 - 1 / 4.5 ** 0.5] * 2, [-0.5, 0.5],
+                                                         [0.0, 0.0]]))
+    full = nn.Parameter(torch.zeros(4, 2))  # a gradient reaching every row takes the whole-table path
+    whole = RowOptimizer({"E": full}, OptimConfig(sparse_lr=0.5, row_decay=0.5), fused=fused)
+    for g in (torch.ones(4, 2), torch.full((4, 2), 2.0)):
+        full.grad = g
+        whole.step()
+    torch.testing.assert_close(whole.state_tables()["E.sum"], torch.full((4, 2), 4.5))
+    torch.testing.assert_close(full.detach(), torch.full((4, 2), -0.5 - 1 / 4.5 ** 0.5))
+
+
+def test_row_decay_is_for_adagrad_and_at_most_one():
+    """Lazy Adam's moments decay by their own betas: a row_decay beside it is refused,
+    naming the key, as is one outside (0, 1]."""
+    from streamlearn.config import Config
+
+    with pytest.raises(ConfigError, match=r"optim.row_decay=0.9 decays Adagrad's sums .*'lazy-adam'") as exc:
+        Config().override("optim.sparse=lazy-adam", "optim.row_decay=0.9")
+    assert exc.value.key == "optim.row_decay"
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match=r"optim.row_decay must be in \(0, 1\]"):
+            Config().override(f"optim.row_decay={bad}")
+    assert Config().optim.row_decay == 1.0
+    assert Config().override("learner.task=next-token").optim.row_decay == 0.95
+    assert Config().override("learner.task=mlm").optim.row_decay == 1.0
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 def test_dense_adamw_is_torchs_adamw_bit_for_bit(fused):
     """The dense optimizer against torch.optim.AdamW (the same kernels: fused or foreach)

@@ -63,8 +63,10 @@ REGISTRY: dict[str, Entry] = {
         "model.count_slots=262144"), derived=("model.out_B",)),
     # a 4-gram order on the count part's trigram, the last 1,000 (previous token, token) pairs
     # mixed into it; a feed-forward half as wide (recall level on four streams, ~1.06-1.09x the
-    # records/s); batches of 16 once the model is warm (docs/choosing-a-configuration.md)
-    "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "model.counts=kn4", "model.recent_pairs=1000",
+    # records/s); batches of 16 once the model is warm; Adagrad sums that decay, so frequent rows
+    # keep learning (docs/choosing-a-configuration.md)
+    "next-token": Entry("next_token:NextToken", (*_TOKEN_STREAM, "optim.row_decay=0.95",
+                                                 "model.counts=kn4", "model.recent_pairs=1000",
                                                  "model.layers=1", "model.ffn=128",
                                                  "learner.double_batch_after=250")),
 }

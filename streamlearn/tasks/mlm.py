@@ -105,9 +105,11 @@ class MaskedToken(TokenTask):
         Autograd hands the rows that only masked slots read (the [MASK] token's, a
         slot's random or kept token's) a zero gradient; the closed form leaves them out.
         Adagrad changes nothing for a zero gradient, so the two steps are equal; lazy
-        Adam would still move such a row by its momentum, so it keeps autograd."""
+        Adam would still move such a row by its momentum, and a decayed Adagrad sum
+        (``optim.row_decay`` < 1) would still decay, so those keep autograd."""
         return (not dev.cuda and model.pools_in_closed_form and not self.joint and self.code.table is None
-                and isinstance(model.head, SampledHead) and self.cfg.optim.sparse == "adagrad")
+                and isinstance(model.head, SampledHead) and self.cfg.optim.sparse == "adagrad"
+                and self.cfg.optim.row_decay == 1)
 
     def gradients(self, model: HashedTransformer, batch: Batch, dev, outputs: bool = True) -> ClosedForm | None:
         """:meth:`loss`'s step at depth 0 without autograd: the context pooled as a bag
