@@ -124,7 +124,10 @@ class RowOptimizer:
             return
         if self.rule == "adagrad":
             G = state["sum"]
-            G_rows = G.index_select(0, idx).mul_(self.decay).add_(g * g)  # (n, w)
+            G_rows = G.index_select(0, idx)  # (n, w)
+            if self.decay < 1:
+                G_rows.mul_(self.decay)
+            G_rows.add_(g * g)
             _put_rows(G, idx, G_rows)
             _put_rows(p, idx, p.index_select(0, idx).add_(g / G_rows.sqrt_().add_(self.eps), alpha=-lr))
             return
@@ -141,7 +144,9 @@ class RowOptimizer:
         """The same rules in place over the whole table, without gathers and scatters."""
         if self.rule == "adagrad":
             G = state["sum"]
-            G.mul_(self.decay).addcmul_(g, g)
+            if self.decay < 1:
+                G.mul_(self.decay)
+            G.addcmul_(g, g)
             p.addcdiv_(g, G.sqrt().add_(self.eps), value=-lr)
             return
         b1, b2 = self.betas
