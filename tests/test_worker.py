@@ -21,26 +21,15 @@ from streamlearn.consumers.handoff import CheckpointRequest, Handoff
 from streamlearn.exceptions import ConfigError, StreamlearnError
 from streamlearn.learner import Learner
 from streamlearn.state import open_store
+from tests.test_learner import topic_stream as stream
 
 SMALL = ("model.layers=0", "embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model=16",
          "model.max_labels=16", "learner.batch_size=16", "store.shards=2", "store.map_size_gb=0.05",
          "store.sync=false", "worker.session_timeout_ms=2000", "worker.heartbeat_interval_ms=300",
          "worker.poll_timeout_ms=100", "worker.log_seconds=0.5", "worker.audit=true", "worker.retry_max_s=1")
-VOCAB = {"sport": ["goal", "match", "team", "score", "coach", "league"],
-         "tech": ["chip", "code", "cloud", "server", "laptop", "robot"],
-         "food": ["pasta", "bread", "soup", "cheese", "salad", "spice"]}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def stream(n: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        label = rng.choice(sorted(VOCAB))
-        out.append({"text": " ".join(rng.choice(VOCAB[label]) for _ in range(rng.randint(3, 8))), "label": label})
-    return out
 
 
 def produce(bootstrap: str, topic: str, records: list[dict]) -> dict[int, int]:
@@ -114,6 +103,18 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
     assert 0 <= worker.metrics.event_lag_s() < 60
 
 
+def batch_sizes_of_run(cfg: Config, topic: str, state) -> list[int]:
+    """The records of each mini-batch a worker learns in one run until the topic is idle
+    (the empty batch that carries the start positions left out)."""
+    worker = Worker(cfg, RunOptions(topic, str(state), until_idle_s=1.0))
+    sizes, learn, scored = [], worker.learner.learn_batch, worker.learner.learn_batch_scored
+    worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
+    worker.learner.learn_batch_scored = lambda batch, check: (sizes.append(batch.records),
+                                                             scored(batch, check))[1]  # evaluated batches
+    worker.run()
+    return [n for n in sizes if n]
+
+
 def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, make_topic, group, tmp_path):
     """A new model's first mini-batches take 1, 2, 4, ... records up to learner.batch_size
     (Schedule), so it answers from its first record on; a model restored from its
@@ -122,19 +123,10 @@ def test_a_new_model_learns_its_first_records_one_then_two_then_four(broker, mak
     produce(broker, topic, stream(100, seed=5))
     cfg = config(broker, group)
 
-    def sizes_of_run() -> list[int]:
-        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-        sizes, learn, scored = [], worker.learner.learn_batch, worker.learner.learn_batch_scored
-        worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
-        worker.learner.learn_batch_scored = lambda batch, check: (sizes.append(batch.records),
-                                                                 scored(batch, check))[1]  # evaluated batches
-        worker.run()
-        return [n for n in sizes if n]  # the empty batch that carries the start positions aside
-
-    first = sizes_of_run()
+    first = batch_sizes_of_run(cfg, topic, tmp_path / "s")
     assert first[:5] == [1, 2, 4, 8, 16] and sum(first) == 100
     produce(broker, topic, stream(64, seed=6))
-    second = sizes_of_run()
+    second = batch_sizes_of_run(cfg, topic, tmp_path / "s")
     assert second[0] == 16 and sum(second) == 64
 
 
@@ -147,18 +139,10 @@ def test_the_batch_doubles_from_learner_double_batch_after_on_across_a_restart(b
     produce(broker, topic, stream(100, seed=5))
     cfg = config(broker, group, "learner.double_batch_after=5")
 
-    def sizes_of_run() -> list[int]:
-        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-        sizes, learn, scored = [], worker.learner.learn_batch, worker.learner.learn_batch_scored
-        worker.learner.learn_batch = lambda batch: (sizes.append(batch.records), learn(batch))[1]
-        worker.learner.learn_batch_scored = lambda batch, check: (sizes.append(batch.records),
-                                                                 scored(batch, check))[1]  # evaluated batches
-        worker.run()
-        return [n for n in sizes if n]
-
-    assert sizes_of_run() == [1, 2, 4, 8, 16, 32, 32, 5]  # steps 0-4: the ramp to 16, then 32
+    # steps 0-4: the ramp to 16, then 32
+    assert batch_sizes_of_run(cfg, topic, tmp_path / "s") == [1, 2, 4, 8, 16, 32, 32, 5]
     produce(broker, topic, stream(64, seed=6))
-    assert sizes_of_run() == [32, 32]
+    assert batch_sizes_of_run(cfg, topic, tmp_path / "s") == [32, 32]
 
 
 def test_restart_seeks_to_the_checkpoint_not_to_kafka_offsets(broker, make_topic, group, tmp_path):
