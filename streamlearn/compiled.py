@@ -522,11 +522,12 @@ class CompiledClassifyStep:
 
         from .embeddings.hash import HashEmbedding
         from .heads import LabelHead
+        from .optim import plain_adagrad
 
         model = learner.model
         if not (learner.task.name == "classify" and learner.task.has_closed_form(model, learner.dev)
                 and type(model.embedding) is HashEmbedding and isinstance(model.head, LabelHead)
-                and learner.row_optim.rule == "adagrad" and learner.row_optim.decay == 1):
+                and plain_adagrad(learner.cfg.optim)):
             return None
         tensors = [model.embedding.E, model.embedding.P, model.head.weight, model.head.bias]
         if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):

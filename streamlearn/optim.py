@@ -39,6 +39,18 @@ SPARSE_RULES = {"adagrad": ("sum",), "lazy-adam": ("exp_avg", "exp_avg_sq")}
 _NO_STEP = torch.zeros(())  # the fused Adagrad kernel's step count (unused at lr_decay 0; it does not advance it)
 
 
+def plain_adagrad(cfg: OptimConfig) -> bool:
+    """Whether the rows learn by plain Adagrad (``optim.sparse=adagrad``, ``optim.row_decay=1``):
+    the one rule under which a zero gradient leaves a row and its sum as they were, so a
+    closed-form step may leave such rows out (mlm's), and the rule the compiled classify
+    step implements.
+
+    >>> plain_adagrad(OptimConfig()), plain_adagrad(OptimConfig(row_decay=0.95))
+    (True, False)
+    """
+    return cfg.sparse == "adagrad" and cfg.row_decay == 1
+
+
 class RowOptimizer:
     """Adagrad or lazy Adam over named row tables, touching only the rows in the batch.
 

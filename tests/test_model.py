@@ -562,8 +562,6 @@ def test_row_decay_decays_the_sums_of_the_rows_a_step_touches(fused):
 def test_row_decay_is_for_adagrad_and_at_most_one():
     """Lazy Adam's moments decay by their own betas: a row_decay beside it is refused,
     naming the key, as is one outside (0, 1]."""
-    from streamlearn.config import Config
-
     with pytest.raises(ConfigError, match=r"optim.row_decay=0.9 decays Adagrad's sums .*'lazy-adam'") as exc:
         Config().override("optim.sparse=lazy-adam", "optim.row_decay=0.9")
     assert exc.value.key == "optim.row_decay"

@@ -23,6 +23,7 @@ from ..hashing import derive_seed, hash64
 from ..heads import SampledHead
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN, EOS_TOKEN, MASK_TOKEN, mlm_mask
+from ..optim import plain_adagrad
 from ..records import Record
 from .base import ClosedForm, Event, TokenPreparer, TokenTask
 
@@ -108,8 +109,7 @@ class MaskedToken(TokenTask):
         Adam would still move such a row by its momentum, and a decayed Adagrad sum
         (``optim.row_decay`` < 1) would still decay, so those keep autograd."""
         return (not dev.cuda and model.pools_in_closed_form and not self.joint and self.code.table is None
-                and isinstance(model.head, SampledHead) and self.cfg.optim.sparse == "adagrad"
-                and self.cfg.optim.row_decay == 1)
+                and isinstance(model.head, SampledHead) and plain_adagrad(self.cfg.optim))
 
     def gradients(self, model: HashedTransformer, batch: Batch, dev, outputs: bool = True) -> ClosedForm | None:
         """:meth:`loss`'s step at depth 0 without autograd: the context pooled as a bag
