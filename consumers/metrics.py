@@ -9,8 +9,10 @@ Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
 ``records_per_second``                          consumption rate over the last interval
 ``lag_records{partition}``                      end offset - next offset to learn (< 0: records lost)
 ``loss``                                        training loss, moving average over batches
-``prequential_accuracy``                        accuracy before learning, moving average
+``prequential_accuracy``                        accuracy before learning, moving average (classify)
 ``prequential_evaluated_total`` / ``_correct``  evaluated and correct predictions (classify)
+``prequential_loss``                            nats per answer before learning, moving average (token tasks)
+``prequential_baseline_loss``                   the same for the check's counting baseline (popularity)
 ``steps_total``                                 optimizer steps
 ``skipped_steps_total``                         steps not applied: loss or gradient not finite
 ``checkpoint_seconds``                          histogram of checkpoint durations
@@ -29,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..learner import Batch, Learner, StepReport
-from ..prequential import Check, Scores
+from ..prequential import ACCURACY, Check, Scores
 from .handoff import Prepared
 
 log = logging.getLogger(__name__)
@@ -59,15 +61,22 @@ class _Average:
 
 class WorkerMetrics:
     """Counters, moving averages and the Prometheus registry of one worker (its own
-    registry, so several workers can live in one process, e.g. in tests)."""
+    registry, so several workers can live in one process, e.g. in tests).
 
-    def __init__(self, log_seconds: float, registry: CollectorRegistry | None = None):
+    ``check`` is the worker's prequential check (:meth:`Task.prequential_check
+    <streamlearn.tasks.base.Task.prequential_check>`): its metric says what the status
+    line reports, a classifier's accuracy or a token task's loss against its baseline's."""
+
+    def __init__(self, log_seconds: float, registry: CollectorRegistry | None = None, check: Check | None = None):
         self.registry = registry or CollectorRegistry()
         self.log_seconds = log_seconds
+        self.check_metric = ACCURACY if check is None else check.metric
+        self.baseline = None if check is None else check.baseline
         self._make_metrics()
         self.records = self.learned_records = self.dead_letters = self.skipped_steps = 0
         self.newest_event_ms: int | None = None  # latest event time learned (ms since the epoch)
         self.loss, self.accuracy = _Average(), _Average()
+        self.check_loss, self.baseline_loss = _Average(), _Average()  # LOSS checks: nats per answer
         self.checkpoint_s: float | None = None
         self._checkpoint_at: float | None = None
         self._last_line = time.monotonic()
@@ -85,6 +94,10 @@ class WorkerMetrics:
         self.m_acc = Gauge(p + "prequential_accuracy", "accuracy before learning (moving average)", registry=r)
         self.m_evaluated = Counter(p + "prequential_evaluated", "records predicted before learning", registry=r)
         self.m_correct = Counter(p + "prequential_correct", "records predicted right before learning", registry=r)
+        self.m_check_loss = Gauge(p + "prequential_loss", "nats per answer before learning (token tasks; "
+                                  "moving average)", registry=r)
+        self.m_baseline_loss = Gauge(p + "prequential_baseline_loss", "nats per answer of the check's counting "
+                                     "baseline before learning (token tasks; moving average)", registry=r)
         self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
         self.m_skipped = Counter(p + "skipped_steps", "steps not applied: loss or gradient not finite", registry=r)
         self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,
@@ -109,7 +122,9 @@ class WorkerMetrics:
             self._server = None
 
     # ---------------------------------------------------------------- events
-    def learned(self, item: Prepared, report: StepReport, hits: int | None) -> None:
+    def learned(self, item: Prepared, report: StepReport, scores: Scores | None) -> None:
+        """Count a learned batch; ``scores``: the prequential check's, where the batch was
+        evaluated."""
         self.records += item.records
         self.learned_records += report.records
         self.m_records.inc(item.records)
@@ -126,10 +141,15 @@ class WorkerMetrics:
         if item.newest_event_ms is not None:
             self.newest_event_ms = max(self.newest_event_ms or 0, item.newest_event_ms)
             self.m_event_lag.set(self.event_lag_s())
-        if hits is not None:
-            self.m_evaluated.inc(report.examples)
-            self.m_correct.inc(hits)
-            self.m_acc.set(self.accuracy.add(hits / report.examples))
+        if scores is None or not scores.examples:
+            return
+        if scores.hits is not None:
+            self.m_evaluated.inc(scores.examples)
+            self.m_correct.inc(scores.hits)
+            self.m_acc.set(self.accuracy.add(scores.hits / scores.examples))
+        else:
+            self.m_check_loss.set(self.check_loss.add(scores.model / scores.examples))
+            self.m_baseline_loss.set(self.baseline_loss.add(scores.baseline / scores.examples))
 
     def event_lag_s(self) -> float | None:
         """Seconds from the newest event learned to now (how stale the model's data is)."""
@@ -148,9 +168,13 @@ class WorkerMetrics:
 
     def snapshot(self) -> dict[str, float | None]:
         """The numbers a checkpoint stores in the manifest's metrics."""
-        return {"loss": _finite(self.loss.value), "prequential_accuracy": _finite(self.accuracy.value),
-                "checkpoint_seconds": self.checkpoint_s, "newest_event_ms": self.newest_event_ms,
-                "skipped_steps": self.skipped_steps}
+        stored = {"loss": _finite(self.loss.value), "prequential_accuracy": _finite(self.accuracy.value),
+                  "checkpoint_seconds": self.checkpoint_s, "newest_event_ms": self.newest_event_ms,
+                  "skipped_steps": self.skipped_steps}
+        if self.check_metric != ACCURACY:
+            stored.update(prequential_loss=_finite(self.check_loss.value), prequential_baseline=self.baseline,
+                          prequential_baseline_loss=_finite(self.baseline_loss.value))
+        return stored
 
     # ---------------------------------------------------------------- status line
     def status(self, positions: dict[int, int], end_offsets: dict[int, int]) -> str | None:
@@ -170,10 +194,18 @@ class WorkerMetrics:
             self.m_event_lag.set(event)
         return (f"{rate:,.0f} records/s, lag {'?' if lag is None else f'{lag:,}'}, "
                 f"event-time lag {'?' if event is None else f'{event:,.1f} s'}, loss {_fmt(self.loss.value)}, "
-                f"recent accuracy {_fmt(self.accuracy.value)} (prequential, moving average), "
+                f"{self._check_phrase()}, "
                 f"dead letters {self.dead_letters}, "
                 f"records {self.records:,}, last checkpoint {ckpt}"
                 + (f", SKIPPED STEPS {self.skipped_steps} (non-finite loss or gradient)" if self.skipped_steps else ""))
+
+    def _check_phrase(self) -> str:
+        """The prequential check's figure: a classifier's accuracy, or a token task's loss
+        before learning beside its counting baseline's (lower is better)."""
+        if self.check_metric == ACCURACY:
+            return f"recent accuracy {_fmt(self.accuracy.value)} (prequential, moving average)"
+        return (f"recent loss before learning {_fmt(self.check_loss.value)} nats, {self.baseline} "
+                f"{_fmt(self.baseline_loss.value)} (prequential, moving average)")
 
     def _lag(self, positions: dict[int, int], end_offsets: dict[int, int]) -> int | None:
         """Records behind the ends, summed; never clamped: a negative lag means the log is

@@ -98,12 +98,12 @@ class Worker:
         self.cfg, self.options = cfg, options  # both validated themselves when built
         self._open_state()
         self.checkpointer = self._new_checkpointer()
-        self.metrics = WorkerMetrics(cfg.worker.log_seconds)
+        self.check = self.learner.task.prequential_check()
+        self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
                          assign=cfg.worker.assignment == "manual", steps=self.learner.steps)
         self.fetcher = self._new_fetcher(plan)
-        self.check = self.learner.task.prequential_check()
         self.live = LiveHistory(read_live(self.store), gauges=self._gauges)
         self.checkpointer.live = self.live  # committed with every checkpoint
         self.summary = RunSummary()
@@ -182,7 +182,7 @@ class Worker:
         hits = None if scores is None else scores.hits
         evaluated = report.examples if hits is not None else 0
         self.checkpointer.note(item, report.records, evaluated, hits or 0)
-        self.metrics.learned(item, report, hits)
+        self.metrics.learned(item, report, scores)
         self.live.learned(item, report, scores, self.check.baseline)
 
     def _checkpoint(self, request: CheckpointRequest) -> None:

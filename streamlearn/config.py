@@ -284,7 +284,7 @@ class WorkerConfig:
     queue_batches: int = key(16, at_least(1))  # prepared batches buffered between the fetch thread and training
     # intra-op threads of the training loop; 0: CPUs - 1 (the fetch thread needs one)
     torch_threads: int = key(0, at_least(0))
-    eval_every: int = key(10, at_least(0))  # prequential accuracy on every n-th batch (0: off); one extra forward each
+    eval_every: int = key(10, at_least(0))  # the prequential check on every n-th batch (0: off); one extra forward each
     log_seconds: float = key(5.0, above(0))  # status line interval
     retry_max_s: float = key(5.0, above(0))  # cap of the exponential backoff while the broker is unreachable
     # at start-up: stop when the broker or the topic cannot be reached for this long

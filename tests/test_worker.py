@@ -3,6 +3,7 @@ resumes from its checkpoint (never from Kafka's offsets), survives a broker that
 there yet, checkpoints on revocation and on stop, and exports its metrics."""
 import logging
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -13,6 +14,7 @@ import pytest
 from streamlearn.batching import Schedule
 from streamlearn.broker import EmbeddedBroker, create_topic, free_port, produce_rows
 from streamlearn.checkpoint import AUDIT_NS, config_diff, read_full
+from streamlearn.cli import main as cli_main
 from streamlearn.config import Config
 from streamlearn.consumers import RunOptions, Worker, read_audit
 from streamlearn.consumers.checkpoint import AuditLog, Checkpointer, open_learner
@@ -101,6 +103,50 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
     worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
     assert worker.run().learned == 100
     assert 0 <= worker.metrics.event_lag_s() < 60
+
+
+def status_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "records/s, lag" in r.getMessage()]
+
+
+def test_a_token_task_logs_its_loss_before_learning_against_popularity(broker, make_topic, group, tmp_path, caplog,
+                                                                       capsys):
+    """A token task's prequential check is a loss, not an accuracy: the status line and the
+    gauges give the model's nats per answer before learning beside the popularity
+    baseline's, never an accuracy that would read n/a for the whole run."""
+    topic = make_topic(1)
+    produce(broker, topic, [{"text": r["text"]} for r in stream(300)])
+    cfg = config(broker, group, "learner.task=next-token", "worker.eval_every=1", "worker.log_seconds=0.05")
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        assert worker.run().learned == 300
+    lines = status_lines(caplog)
+    assert lines and not any("accuracy" in line for line in lines), lines
+    model, base = re.search(r"recent loss before learning (\d+\.\d+) nats, popularity (\d+\.\d+)",
+                            lines[-1]).groups()
+    sample = worker.metrics.registry.get_sample_value
+    assert float(model) == pytest.approx(sample("streamlearn_worker_prequential_loss"), abs=1e-4)
+    assert float(base) == pytest.approx(sample("streamlearn_worker_prequential_baseline_loss"), abs=1e-4)
+    assert 0 < float(model) < float(base)  # the words of a topic come back: the model beats popularity
+    stored = manifest(tmp_path / "s")[0].metrics  # and the shutdown checkpoint keeps them, as inspect shows
+    assert stored["prequential_baseline"] == "popularity" and stored["prequential_accuracy"] is None
+    assert stored["prequential_loss"] == pytest.approx(float(model), abs=1e-4)
+    assert cli_main(["inspect", "--state", str(tmp_path / "s")]) == 0
+    assert f"check    prequential loss before learning, recent (moving average of the last ~20 evaluated " \
+           f"batches) {model} nats per answer; popularity {base}" in capsys.readouterr().out
+
+
+def test_a_classifier_logs_its_prequential_accuracy(broker, make_topic, group, tmp_path, caplog):
+    topic = make_topic(1)
+    produce(broker, topic, stream(300))
+    cfg = config(broker, group, "worker.eval_every=1", "worker.log_seconds=0.05")
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        assert worker.run().learned == 300
+    accuracy = float(re.search(r"recent accuracy (\d\.\d+) \(prequential", status_lines(caplog)[-1]).group(1))
+    assert accuracy == pytest.approx(worker.metrics.registry.get_sample_value(
+        "streamlearn_worker_prequential_accuracy"), abs=1e-4)
+    assert worker.metrics.registry.get_sample_value("streamlearn_worker_prequential_loss") == 0  # never set
 
 
 def batch_sizes_of_run(cfg: Config, topic: str, state) -> list[int]:

@@ -102,6 +102,9 @@ def format_report(r: dict) -> str:
     accuracy = _accuracy(r["metrics"] or {}, r["config"])
     if accuracy:
         lines.append(f"accuracy {accuracy}")
+    loss = _check_loss(r["metrics"] or {})
+    if loss:
+        lines.append(f"check    {loss}")
     if "verify" in r:
         lines += _verify_lines(r["verify"])
     return "\n".join(lines)
@@ -117,6 +120,16 @@ def _accuracy(metrics: dict, config: dict) -> str:
     tail = "" if recent is None else f"; recent (moving average of the last ~20 evaluated batches) {recent:.4f}"
     return (f"prequential, cumulative {correct / evaluated:.4f} over {evaluated:,} records (every "
             f"{every}th batch predicted before it was learned){tail}")
+
+
+def _check_loss(metrics: dict) -> str:
+    """A token task's prequential check (nats per answer before learning, lower is better)
+    beside its counting baseline's."""
+    model, base = metrics.get("prequential_loss"), metrics.get("prequential_baseline_loss")
+    if model is None or base is None:
+        return ""
+    return (f"prequential loss before learning, recent (moving average of the last ~20 evaluated batches) "
+            f"{model:.4f} nats per answer; {metrics.get('prequential_baseline')} {base:.4f}")
 
 
 def _checks(encoding: str) -> str:
