@@ -4,8 +4,9 @@
 Endpoints (JSON; the OpenAPI document is at ``/openapi.json``):
 
 - ``POST /v1/predict``: ``text`` or ``tokens`` -> ``label`` and ``probs`` (classify);
-- ``POST /v1/topk``: ``text``/``tokens`` (mlm: the ``[MASK]`` to fill) or ``key``/``tokens``
-  (next-item) -> ``tokens``, ``scores`` (log-probabilities) and the ``exact`` certificate;
+- ``POST /v1/topk``: ``text``/``tokens`` (mlm: the ``[MASK]`` to fill; next-token: the prefix)
+  or ``key``/``tokens`` (next-item) -> ``tokens``, ``scores`` (log-probabilities) and the
+  ``exact`` certificate;
 - ``POST /v1/embed``: ``text`` or ``tokens`` -> each token's input vector;
 - ``POST /v1/explain``: per-token contributions to an answer (:mod:`streamlearn.service_explain`);
 - ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus);
@@ -103,17 +104,22 @@ Token = Union[Annotated[StrictStr, Field(max_length=MAX_TOKEN_CHARS)], Annotated
 
 def _not_blank(text: str) -> str:
     if text.isspace() or not text:
-        raise ValueError("text is empty or only whitespace: send at least one word")
+        raise ValueError("text is empty or only whitespace: send at least one word (top-k from an empty "
+                         "prefix or history: \"tokens\": [])")
     return text
 
 
 def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
     """Request models whose limits come from ``cfg`` (max_tokens, max_batch). A query
     without input (blank text, no tokens) fails validation: the model would answer it
-    from nothing (a classifier's label prior), which no caller means to ask."""
-    Text = Annotated[StrictStr, Field(min_length=1, max_length=cfg.max_tokens * CHARS_PER_TOKEN,
-                                      json_schema_extra={"pattern": r"\S"}), AfterValidator(_not_blank)]
+    from nothing (a classifier's label prior), which no caller means to ask. Top-k is
+    the exception for an explicit ``"tokens": []``: an empty prefix asks next-token for
+    a record's first token (a keyboard's suggestions before anything is typed), an empty
+    history asks next-item what a new key starts with, as an unknown ``key`` does."""
+    Text = Annotated[StrictStr, Field(max_length=cfg.max_tokens * CHARS_PER_TOKEN,  # "" fails _not_blank, saying why
+                                      json_schema_extra={"minLength": 1, "pattern": r"\S"}), AfterValidator(_not_blank)]
     Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
+    Context = Annotated[list[Token], Field(min_length=0, max_length=cfg.max_tokens)]  # top-k's: may be empty
     forbid = ConfigDict(extra="forbid")
 
     class Query(BaseModel):
@@ -129,12 +135,13 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
             return self
 
     class TopKQuery(BaseModel):
-        """mlm: ``text`` or ``tokens`` with a ``[MASK]`` (appended if absent); next-item:
+        """mlm: ``text`` or ``tokens`` with a ``[MASK]`` (appended if absent); next-token:
+        the prefix, ``text`` or ``tokens`` (``[]``: a record's first token); next-item:
         ``key`` (its stored history) or ``tokens`` (a history given explicitly)."""
 
         model_config = forbid
         text: Text | None = None
-        tokens: Tokens | None = None
+        tokens: Context | None = None
         key: Token | None = None
 
         @model_validator(mode="after")
@@ -164,7 +171,7 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
 
         model_config = forbid
         text: Text | None = None
-        tokens: Tokens | None = None
+        tokens: Context | None = None
         key: Token | None = None
         records: TopKBatch | None = None
         k: int = Field(10, ge=1, le=MAX_K, strict=True)
@@ -346,7 +353,8 @@ def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig, coal
 
     @router.post("/v1/topk", response_model=TopKResponse)
     async def topk(request: TopKRequest) -> JSONResponse:
-        """The k best tokens (task mlm: at the [MASK]; next-item: after the history)."""
+        """The k best tokens (task mlm: at the [MASK]; next-token: after the prefix;
+        next-item: after the history)."""
         records, batch = _records(request, ("text", "tokens", "key"))
         _check_size(records, cfg.max_request_tokens)
         k, beam = request.k, request.beam

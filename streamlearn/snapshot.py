@@ -188,13 +188,14 @@ class Snapshot:
         return self._answer(records, self._probs, prepare=self._query_batch)
 
     def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:
-        """mlm / next-item: :class:`~streamlearn.decoding.TopK` per record (tokens, scores
-        as log-probabilities, ``exact`` certificate). mlm fills the first ``[MASK]`` of
-        ``text`` or ``tokens`` (appended when absent); next-item continues ``tokens`` or
-        the stored history of ``key``."""
+        """mlm / next-token / next-item: :class:`~streamlearn.decoding.TopK` per record
+        (tokens, scores as log-probabilities, ``exact`` certificate). mlm fills the first
+        ``[MASK]`` of ``text`` or ``tokens`` (appended when absent); next-token continues
+        the prefix ``text`` or ``tokens`` (empty: a record's first token); next-item
+        continues ``tokens`` or the stored history of ``key``."""
         if self._learner.task.answers == "labels":
             raise TaskMismatchError(
-                "the model's task is classify: top-k decodes tokens for tasks mlm and next-item; "
+                "the model's task is classify: top-k decodes tokens for tasks mlm, next-token and next-item; "
                 "use predict / predict_proba (POST /v1/predict) for labels"
             )
         return self._answer(records, lambda rs, _: self._learner.topk_many(rs, k=k, beam=beam))

@@ -43,7 +43,8 @@ def make_state(path, task: str, checkpoints: int = 1) -> str:
 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory):
-    return {task: make_state(tmp_path_factory.mktemp(task), task, 2) for task in ("classify", "mlm", "next-item")}
+    return {task: make_state(tmp_path_factory.mktemp(task), task, 2)
+            for task in ("classify", "mlm", "next-item", "next-token")}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,22 @@ def test_topk_fills_a_mask_and_continues_a_stored_history(clients):
     assert nxt.status_code == 200 and [len(r["tokens"]) for r in body["results"]] == [2, 2]
     want = clients["next-item"].app.state.snapshot.topk([{"key": "u1"}], k=2).values[0]
     assert body["results"][0]["tokens"] == want.tokens
+
+
+def test_topk_continues_a_prefix_and_an_empty_one_asks_for_a_first_token(clients):
+    """next-token over HTTP answers as the snapshot does; ``"tokens": []`` (top-k only) is
+    the empty prefix, a keyboard's suggestions before anything is typed, and an empty
+    next-item history is a new key's."""
+    client = clients["next-token"]
+    snap = client.app.state.snapshot
+    queries = [{"text": "w1 w2"}, {"tokens": []}]
+    body = client.post("/v1/topk", json={"records": queries, "k": 3}).json()
+    for got, want in zip(body["results"], snap.topk(queries, k=3).values):
+        assert got["tokens"] == want.tokens and got["scores"] == pytest.approx(want.scores.tolist())
+    assert len(body["results"][1]["tokens"]) == 3
+    assert body["results"][0]["tokens"] != body["results"][1]["tokens"]  # the prefix is read
+    empty = clients["next-item"].post("/v1/topk", json={"tokens": [], "k": 2})
+    assert empty.status_code == 200 and len(empty.json()["tokens"]) == 2
 
 
 def test_embed_gives_a_vector_per_token(clients):

@@ -117,9 +117,17 @@ def test_the_error_table_lists_exactly_the_statuses_answered():
 @pytest.mark.parametrize("path", ["/v1/predict", "/v1/topk", "/v1/embed"])
 @pytest.mark.parametrize("query", [{"text": ""}, {"text": "   "}, {"tokens": []}])
 def test_a_query_without_input_is_422_on_every_endpoint(services, path, query):
+    """...except top-k's explicit empty token list: an empty prefix or history, which
+    a classifier cannot answer (409) and next-token answers with a first token
+    (tests/test_service.py)."""
     response = services["classify"].post(path, json=query)
+    if path == "/v1/topk" and "tokens" in query:
+        assert response.status_code == 409 and response.json()["error"] == "wrong-task", response.text
+        return
     assert response.status_code == 422 and response.json()["error"] == "invalid-request", response.text
     assert response.json()["detail"][0]["loc"][-1] in ("text", "tokens")
+    if "text" in query:
+        assert '"tokens": []' in response.json()["detail"][0]["msg"]  # says how to ask top-k for no context
 
 
 def test_the_request_token_limit_is_inclusive_and_counts_text_words_and_keys(services):
