@@ -5,7 +5,7 @@ compared with baselines that learn as the stream goes), and sees exactly what th
 sees: the same tokens, the same history, the same excluded items, the same label delay.
 
 Which baselines serve a task follows from what the task answers with
-(``Task.answers``): labels (classify) or tokens (mlm, next-item).
+(``Task.answers``): labels (classify) or tokens (mlm, next-token, next-item).
 
 =============  =============  ===================================================
 name           answers        what it is
