@@ -283,11 +283,13 @@ def test_operations_md_prometheus_config_and_alerts_parse_and_use_real_metrics()
     scrape, alerts = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
     assert [job["job_name"] for job in scrape["scrape_configs"]] == ["streamlearn-worker", "streamlearn-serve"]
     rules = {rule["alert"]: rule["expr"] for group in alerts["groups"] for rule in group["rules"]}
-    assert set(rules) == {"StreamlearnLagGrowing", "StreamlearnAccuracyFalling"}
+    assert set(rules) == {"StreamlearnLagGrowing", "StreamlearnAccuracyFalling", "StreamlearnTokenModelBelowPopularity"}
     worker = exposed(WorkerMetrics(5.0).registry)
     used = {name for expr in rules.values() for name in re.findall(r"streamlearn_\w+", expr)}
     assert used <= worker and {"streamlearn_worker_prequential_correct_total",
-                               "streamlearn_worker_prequential_evaluated_total"} <= used, used
+                               "streamlearn_worker_prequential_evaluated_total",
+                               "streamlearn_worker_prequential_loss",
+                               "streamlearn_worker_prequential_baseline_loss"} <= used, used
 
 
 def test_operations_md_dead_letter_reader_prints_every_letter_and_ends(broker, make_topic, tmp_path, capsys):
