@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from ..broker import BrokerError, client_options, create_topic, topic_partitions
+from ..broker import BrokerError, check_tls_answers, client_options, create_topic, topic_partitions
 from ..config import KafkaConfig, WorkerConfig
 from ..exceptions import ConfigError, StreamlearnError
 from .positions import TopicLog
@@ -86,6 +86,11 @@ class StartUp:
         self.deadline = time.monotonic() + cfg.connect_timeout_s
         self.failure = ""
 
+    def wait_s(self, most: float) -> float:
+        """How long one attempt may wait on the broker: ``most``, or what is left of
+        start-up when that is shorter (a second at least, so the last attempt can answer)."""
+        return min(most, max(1.0, self.deadline - time.monotonic()))
+
     def step(self, what: str, attempt: Callable[[], T]) -> T | None:
         """``attempt()``'s result, or None if the worker was asked to stop first."""
         from kafka.errors import KafkaError
@@ -131,14 +136,19 @@ class StartUp:
 
 
 def _short(exc: BaseException) -> str:
+    """An error's first line; a client library's cut to 160 characters, ours whole (each is
+    written to say what to change)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:160]
+    return text if isinstance(exc, StreamlearnError) else text[:160]
 
 
-def new_consumer(cfg: WorkerConfig, security: KafkaConfig | None = None) -> Any:
-    """A group consumer that never commits on its own and starts where the worker seeks."""
+def new_consumer(cfg: WorkerConfig, security: KafkaConfig | None = None,
+                 wait_s: float = _BOOTSTRAP_TIMEOUT_MS / 1000) -> Any:
+    """A group consumer that never commits on its own and starts where the worker seeks
+    (``wait_s``: for a TLS listener's answer, :func:`~streamlearn.broker.check_tls_answers`)."""
     from kafka import KafkaConsumer
 
+    check_tls_answers(cfg.bootstrap, wait_s, security)
     return KafkaConsumer(
         **client_options(security),
         bootstrap_servers=cfg.bootstrap,
@@ -157,12 +167,14 @@ def new_consumer(cfg: WorkerConfig, security: KafkaConfig | None = None) -> Any:
     )
 
 
-def new_producer(cfg: WorkerConfig, security: KafkaConfig | None = None) -> Any:
+def new_producer(cfg: WorkerConfig, security: KafkaConfig | None = None,
+                 wait_s: float = _BOOTSTRAP_TIMEOUT_MS / 1000) -> Any:
     """The dead-letter producer: acknowledged by all replicas, retried by the client, one
     request in flight so a retried batch never lands behind a later one (letters stay in
-    source order within a partition)."""
+    source order within a partition). ``wait_s`` as for :func:`new_consumer`."""
     from kafka import KafkaProducer
 
+    check_tls_answers(cfg.bootstrap, wait_s, security)
     return KafkaProducer(
         **client_options(security),
         bootstrap_servers=cfg.bootstrap,

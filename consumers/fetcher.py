@@ -154,16 +154,18 @@ class Fetcher(threading.Thread):
         """Start-up, each step retried within ``worker.connect_timeout_s`` (see the module
         docstring); False when asked to stop first."""
         cfg, topic, security = self.cfg, self.plan.topic, self.prep.cfg.kafka
+        wait = startup.wait_s  # each attempt waits on the broker within what is left of start-up
         partitions = startup.step(f"looking up topic {topic!r}",
-                                  lambda: topic_partitions(cfg.bootstrap, topic, security=security))
+                                  lambda: topic_partitions(cfg.bootstrap, topic, wait(10.0), security))
         dlq = partitions and startup.step(f"setting up dead-letter topic {self.dlq_topic!r}",
-                                          lambda: create_topic(cfg.bootstrap, self.dlq_topic, partitions,
-                                                               security=security))
-        producer = dlq and startup.step("connecting the dead-letter producer", lambda: new_producer(cfg, security))
+                                          lambda: create_topic(cfg.bootstrap, self.dlq_topic, partitions, wait(10.0),
+                                                               security))
+        producer = dlq and startup.step("connecting the dead-letter producer",
+                                        lambda: new_producer(cfg, security, wait(5.0)))
         if not producer:
             return False
         self._dlq = DeadLetters(producer, self.dlq_topic, dlq, cfg.dlq_max_bytes)
-        self._consumer = startup.step("connecting the consumer", lambda: new_consumer(cfg, security))
+        self._consumer = startup.step("connecting the consumer", lambda: new_consumer(cfg, security, wait(5.0)))
         found = self._consumer and startup.step(f"reading the offsets of {topic!r}",
                                                 lambda: topic_log(self._consumer, topic, partitions, self.positions))
         if not found:

@@ -297,6 +297,55 @@ def client_options(security: KafkaConfig | None) -> dict[str, Any]:
     return {} if security is None else security.client_options()
 
 
+def check_tls_answers(bootstrap: str, timeout_s: float, security: KafkaConfig | None) -> None:
+    """Under a TLS protocol, a :class:`BrokerError` when a bootstrap server accepts the
+    connection but answers no TLS handshake within ``timeout_s``: a plaintext listener
+    reads the client's hello as the start of a Kafka request and waits for the rest.
+    kafka-python (3.0) waits for a handshake without a time limit, so a client built
+    against such a listener would hang in its constructor, past every timeout we give it.
+
+    Called before each client is built; the handshake uses the context kafka-python
+    builds from the same settings. Anything else (nothing listening, a certificate
+    refused) is left to the client, which fails on its own within its timeouts."""
+    if security is None or not security.uses_ssl:
+        return
+    import ssl
+
+    options = security.client_options()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = options["ssl_check_hostname"]
+    if options.get("ssl_cafile"):
+        context.load_verify_locations(options["ssl_cafile"])
+    else:
+        context.load_default_certs()
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+    silent = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            raw = socket.create_connection((host or "localhost", int(port)), timeout=timeout_s)
+        except (OSError, ValueError):
+            continue
+        try:
+            with context.wrap_socket(raw, server_hostname=host.strip("[]") or None):
+                return  # a TLS listener
+        except TimeoutError:
+            silent.append(server.strip())
+        except (ssl.SSLError, OSError):
+            return  # it speaks TLS (or closed on us): the client reports what it refuses
+        finally:
+            raw.close()
+    if silent:
+        raise BrokerError(
+            f"cannot reach a Kafka broker at {bootstrap} within {timeout_s:.3g} s: no TLS handshake answered "
+            f"(kafka.security_protocol={security.security_protocol!r}); a plaintext listener? Set "
+            f"kafka.security_protocol=PLAINTEXT (SASL_PLAINTEXT with SASL) for {', '.join(silent)}, "
+            "or check --bootstrap"
+        )
+
+
 @contextlib.contextmanager
 def admin_client(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig | None = None) -> Iterator[Any]:
     """A connected ``KafkaAdminClient``, closed on exit; unreachable -> :class:`BrokerError`."""
@@ -305,6 +354,7 @@ def admin_client(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig 
 
     ms = max(1, int(timeout_s * 1000))
     options = client_options(security)
+    check_tls_answers(bootstrap, timeout_s, security)
     try:
         client = KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=ms, request_timeout_ms=ms,
                                   **options)
@@ -455,6 +505,7 @@ def _producer(bootstrap: str, timeout_s: float, security: KafkaConfig | None) ->
 
     ms = int(timeout_s * 1000)
     options = client_options(security)
+    check_tls_answers(bootstrap, timeout_s, security)
     try:
         return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024,
                              allow_auto_create_topics=False, max_block_ms=ms,

@@ -146,6 +146,28 @@ def test_unreachable_broker_names_bootstrap():
         assert time.monotonic() - started < 5
 
 
+def test_tls_against_a_plaintext_listener_fails_within_the_timeout_saying_so(broker, make_topic):
+    """kafka-python waits for a TLS handshake without a time limit, and a plaintext
+    listener never answers one: every client we build is checked first, so the command
+    fails after its timeout, naming the setting, instead of hanging."""
+    from streamlearn.config import load_config
+    from streamlearn.replay import KafkaRange, KafkaSource, ReplaySourceError
+
+    topic = make_topic(1)
+    tls = load_config(overrides=["kafka.security_protocol=SSL"], use_env=False).kafka
+    said = r"within 1 s: no TLS handshake answered \(kafka.security_protocol='SSL'\).*PLAINTEXT"
+    calls = {"admin": lambda: create_topic(broker, topic, 1, timeout_s=1.0, security=tls),
+             "producer": lambda: produce_rows(broker, topic, [(None, {"text": "a"}, None)], timeout_s=1.0,
+                                              security=tls),
+             "replay": lambda: KafkaSource(broker, KafkaRange(topic), timeout_s=1.0, security=tls)}
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises((BrokerError, ReplaySourceError), match=said):
+            call()
+        assert time.monotonic() - started < 5, name
+    assert topic_partitions(broker, topic) == 1  # the plaintext broker itself is fine
+
+
 def test_partition_for_is_stable_across_processes_and_spreads_keys():
     keys = [str(i).encode() for i in range(2000)]
     here = [partition_for(k, 4) for k in keys]

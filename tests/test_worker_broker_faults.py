@@ -140,6 +140,19 @@ def test_an_unreachable_broker_ends_the_start_up_with_a_clear_error(tmp_path, gr
     assert time.monotonic() - started < 8
 
 
+def test_tls_against_a_plaintext_broker_ends_the_start_up_within_its_timeout(broker, topic, group, tmp_path):
+    """A worker told to speak TLS to a plaintext listener used to hang in kafka-python's
+    handshake, deaf to --connect-timeout and to a first SIGTERM; it gives up in time and
+    says which setting to change."""
+    create_topic(broker, topic, 1)
+    cfg = config(broker, group, "worker.connect_timeout_s=2", "kafka.security_protocol=SSL")
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"gave up after 2 s: .*no TLS handshake answered "
+                                          r"\(kafka.security_protocol='SSL'\).*PLAINTEXT"):
+        run(cfg, topic, tmp_path / "s", until_idle_s=10)
+    assert time.monotonic() - started < 8
+
+
 def _worker_process(tmp_path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "worker", "--state", str(tmp_path / "s"),
