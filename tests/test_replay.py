@@ -15,7 +15,7 @@ from streamlearn.datasets import DatasetError, task_of
 from streamlearn.learner import Learner
 from streamlearn.records import Record
 from streamlearn.replay import FileSource, ReplayOptions, replay
-from streamlearn.replay.baselines import build_baselines, parse_baselines, vw_available
+from streamlearn.replay.baselines import BASELINES, build_baselines, parse_baselines, vw_available
 from streamlearn.replay.counting import Markov, Popularity
 from streamlearn.replay.model import ModelContestant
 from streamlearn.sizing import OUT_B_MIN
@@ -539,3 +539,11 @@ def test_a_next_token_replay_predicts_each_record_from_its_training_batch():
     by_record = [(fused[6 * i:6 * i + 6], queried[6 * i:6 * i + 6]) for i in range(24)]
     assert all(f == q for i, (f, q) in enumerate(by_record) if i % 4 == 0)  # a batch's first record
     assert any(f != q for i, (f, q) in enumerate(by_record) if i % 4)
+
+
+def test_replay_help_names_every_baseline(capsys):
+    """The flag's help is written out (reading BASELINES would load torch for --help)."""
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    flat = "".join(capsys.readouterr().out.split())  # argparse wraps at spaces and after hyphens
+    assert all(name in flat for name in BASELINES), flat
