@@ -45,6 +45,17 @@ def test_offset_range_per_partition_in_timestamp_order(broker, make_topic):
     assert again["metrics"] == report["metrics"] and again["series"] == report["series"]
 
 
+def test_a_limited_replay_reports_the_offsets_it_read_not_those_fetched_ahead(broker, make_topic):
+    topic = make_topic(2)
+    fill(broker, topic, 200)
+    src = KafkaSource(broker, KafkaRange(topic))
+    report = replay(src, ReplayOptions(limit=7), config=Config().override(*TINY))
+    replayed = report["source"]["replayed"]
+    assert report["records"] == 7 and sum(last - first + 1 for first, last in replayed.values()) == 7, replayed
+    assert sorted(source_order(src))[:1] == [(0, 0)]  # a full pass after it reads from the start again
+    assert sum(last - first + 1 for first, last in src.replayed.values()) == 200
+
+
 def test_time_range_maps_to_offsets(broker, make_topic):
     topic = make_topic(3)
     fill(broker, topic, 60)

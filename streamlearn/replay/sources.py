@@ -172,7 +172,8 @@ class _Partition:
     end_ms: int | None = None  # stop at the first record at or after end_ms
     buffer: list = field(default_factory=list)  # fetched, not yet merged
     done: bool = False
-    first: int | None = None  # offsets actually replayed: [first, last]
+    started: bool = False  # a record at or after start_ms was fetched: take every later one
+    first: int | None = None  # offsets actually replayed (handed on): [first, last]
     last: int | None = None
 
     def take(self, msgs: list) -> None:
@@ -182,14 +183,21 @@ class _Partition:
                 return
             if m.offset < self.start:
                 continue
-            if self.first is None and self.start_ms is not None and m.timestamp < self.start_ms:
+            if not self.started and self.start_ms is not None and m.timestamp < self.start_ms:
                 continue
             if self.end_ms is not None and m.timestamp >= self.end_ms:
                 self.end, self.done = m.offset, True
                 return
-            self.first = m.offset if self.first is None else self.first
-            self.last = m.offset
+            self.started = True
             self.buffer.append(m)
+
+    def pop(self) -> Any:
+        """The head of the buffer, counted as replayed (a replay cut short by ``--limit``
+        reports what it read, not what was fetched ahead)."""
+        m = self.buffer.pop(0)
+        self.first = m.offset if self.first is None else self.first
+        self.last = m.offset
+        return m
 
 
 class KafkaSource:
@@ -333,8 +341,7 @@ class KafkaSource:
             if not live:
                 return
             _, p, _ = min((part.buffer[0].timestamp, part.partition, part.buffer[0].offset) for part in live)
-            msg = parts[p].buffer.pop(0)
-            yield self._item(msg)
+            yield self._item(parts[p].pop())
 
     def _fetch(self, consumer: Any, parts: dict[int, _Partition], tps: dict, waiting: list[int]) -> None:
         """Poll until some waiting partition gets records or finishes; a partition that
