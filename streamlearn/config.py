@@ -258,7 +258,7 @@ class StoreConfig:
     shards: int = key(8, between(1, MAX_SHARDS))
     map_size_gb: float = key(4.0, above(0))
     grow_map: bool = key(True, flag())  # a full map grows (doubling) instead of failing
-    sync: bool = key(True, flag())  # sync=False: a crash can lose the last commit (never mix two)
+    sync: bool = key(True, flag())  # sync=False: an OS crash or power loss can lose the last commits and may damage the file
 
     def __post_init__(self) -> None:
         check_keys(self)

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "learn it (per mini-batch: a batch is predicted before its optimizer step), from --state or from "
         "scratch (--config/--set/--task); frozen: a fixed --state, no learning. Nothing is written to any "
         "state unless --save names a new directory. Metrics (river): accuracy, macro_f1, log_loss "
-        "(classify); recall@K and mrr (next-item, mlm), overall and over a rolling --window. "
+        "(classify); recall@K and mrr (next-item, mlm, next-token), overall and over a rolling --window. "
         "Baselines run side by side on the same records. See docs/evaluation.md.",
     )
     src = parser.add_argument_group("source (one of --file or --topic)")
