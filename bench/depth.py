@@ -86,7 +86,10 @@ class Run:
                 f"embedding.B={self.rows}", f"embedding.d={D_MODEL}", f"model.d_model={D_MODEL}",
                 f"model.heads={HEADS}", f"model.layers={self.layers}", f"model.ffn={max(FFN[self.layers], 1)}",
                 "model.positions=false", "model.dropout=0", "model.tie_output=true", "optim.dense_lr=0.002",
-                "optim.sparse_lr=0.2"]
+                "optim.sparse_lr=0.2",
+                # Superbloom's hashed softmax over the m digests, not mlm's token-stream defaults since
+                # 2026-11-25 (a sampled head over the seen tokens, a count part): the claim is the hashed model's
+                "model.output=hashed", "model.counts=none"]
 
 
 def make_stream(run: Run) -> SetStream:

@@ -113,7 +113,8 @@ def text_peers(records: list[dict], hashing) -> dict:
     for name, fn in (("river_nb", peers.river_nb), ("river_logreg", peers.river_logreg), ("vw", peers.vw_oaa)):
         got = {"our_tokens": fn(labels, token_lists=words), "model_tokens": fn(labels, token_lists=model),
                "native": fn(labels, texts=texts)}
-        out[name] = {**got, "best": max(x for x in got.values() if x is not None)}
+        # vw is an optional extra: without vowpalwabbit its scores are None and it is left out
+        out[name] = {**got, "best": max((x for x in got.values() if x is not None), default=None)}
     return out
 
 
@@ -226,7 +227,7 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
             hashing = load_config(overrides=["learner.task=classify", *overrides], use_env=False).hashing
             peer = cached_peers(cache, f"{name}|{tokens_signature(hashing)}",
                                 lambda data=data, hashing=hashing: text_peers(data, hashing))
-            best_name = max(peer, key=lambda p: peer[p]["best"])
+            best_name = max((p for p in peer if peer[p]["best"] is not None), key=lambda p: peer[p]["best"])
             best = peer[best_name]["best"]
             scores = [classify(data, [*overrides, f"learner.seed={s}", f"hashing.seed={s}"]) for s in seeds]
             sizes = []
