@@ -315,21 +315,25 @@ def check_tls_answers(bootstrap: str, timeout_s: float, security: KafkaConfig | 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = options["ssl_check_hostname"]
-    if options.get("ssl_cafile"):
-        context.load_verify_locations(options["ssl_cafile"])
-    else:
-        context.load_default_certs()
-    if options.get("ssl_certfile"):
-        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+    try:
+        if options.get("ssl_cafile"):
+            context.load_verify_locations(options["ssl_cafile"])
+        else:
+            context.load_default_certs()
+        if options.get("ssl_certfile"):
+            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password"))
+    except (OSError, ValueError):  # e.g. a wrong key passphrase: the client reports it as it builds its own
+        return
     silent = []
     for server in bootstrap.split(","):
         host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]") or "localhost"  # "[::1]:9092"
         try:
-            raw = socket.create_connection((host or "localhost", int(port)), timeout=timeout_s)
+            raw = socket.create_connection((host, int(port)), timeout=timeout_s)
         except (OSError, ValueError):
             continue
         try:
-            with context.wrap_socket(raw, server_hostname=host.strip("[]") or None):
+            with context.wrap_socket(raw, server_hostname=host):
                 return  # a TLS listener
         except TimeoutError:
             silent.append(server.strip())
