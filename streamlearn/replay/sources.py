@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from ..broker import BrokerError, check_tls_answers, client_options, topic_partitions
+from ..broker import BrokerError, client_options, topic_partitions
 from ..config import KafkaConfig
 from ..datasets import FORMATS as DATASET_FORMATS
 from ..datasets import DatasetReader, ReadOptions
@@ -255,11 +255,7 @@ class KafkaSource:
 
         ms = int(self.timeout_s * 1000)
         options = client_options(self.security)
-        try:
-            check_tls_answers(self.bootstrap, self.timeout_s, self.security)
-        except BrokerError as exc:
-            raise ReplaySourceError(str(exc)) from exc
-        try:
+        try:  # a TLS listener answered: the constructor's topic_partitions checked it (check_tls_answers)
             return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                                  auto_offset_reset="earliest", bootstrap_timeout_ms=ms, request_timeout_ms=ms + 1000,
                                  allow_auto_create_topics=False, fetch_max_bytes=max(52_428_800, self.max_bytes),
