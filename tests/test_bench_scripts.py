@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamlearn.config import load_config
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import depth
@@ -28,7 +30,7 @@ def test_shapes_text_peers_leave_out_a_peer_that_is_not_installed():
     rng = np.random.default_rng(0)
     records = [{"text": " ".join(rng.choice(["free", "prize", "win"] if y else ["lunch", "later", "call"], 4)),
                 "label": "spam" if y else "ham"} for y in rng.integers(0, 2, 60)]
-    hashing = shapes.load_config(overrides=["learner.task=classify"], use_env=False).hashing
+    hashing = load_config(overrides=["learner.task=classify"], use_env=False).hashing
     got = shapes.text_peers(records, hashing)
     assert got["river_nb"]["best"] > 0.8  # two vocabularies: easy once a few are seen
     if got["vw"]["native"] is None:  # vowpalwabbit is an optional extra

@@ -105,8 +105,16 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
     assert 0 <= worker.metrics.event_lag_s() < 60
 
 
-def status_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "records/s, lag" in r.getMessage()]
+def logged_run(broker: str, topic: str, group: str, tmp_path, caplog, records: list[dict],
+               *overrides: str) -> tuple[Worker, list[str]]:
+    """A worker that evaluates every batch and logs its status line every 50 ms, run on
+    ``topic`` holding ``records`` until it is idle: the worker and its status lines."""
+    produce(broker, topic, records)
+    cfg = config(broker, group, "worker.eval_every=1", "worker.log_seconds=0.05", *overrides)
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        assert worker.run().learned == len(records)
+    return worker, [r.getMessage() for r in caplog.records if "records/s, lag" in r.getMessage()]
 
 
 def test_a_token_task_logs_its_loss_before_learning_against_popularity(broker, make_topic, group, tmp_path, caplog,
@@ -114,13 +122,8 @@ def test_a_token_task_logs_its_loss_before_learning_against_popularity(broker, m
     """A token task's prequential check is a loss, not an accuracy: the status line and the
     gauges give the model's nats per answer before learning beside the popularity
     baseline's, never an accuracy that would read n/a for the whole run."""
-    topic = make_topic(1)
-    produce(broker, topic, [{"text": r["text"]} for r in stream(300)])
-    cfg = config(broker, group, "learner.task=next-token", "worker.eval_every=1", "worker.log_seconds=0.05")
-    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
-        assert worker.run().learned == 300
-    lines = status_lines(caplog)
+    worker, lines = logged_run(broker, make_topic(1), group, tmp_path, caplog,
+                               [{"text": r["text"]} for r in stream(300)], "learner.task=next-token")
     assert lines and not any("accuracy" in line for line in lines), lines
     model, base = re.search(r"recent loss before learning (\d+\.\d+) nats, popularity (\d+\.\d+)",
                             lines[-1]).groups()
@@ -137,13 +140,8 @@ def test_a_token_task_logs_its_loss_before_learning_against_popularity(broker, m
 
 
 def test_a_classifier_logs_its_prequential_accuracy(broker, make_topic, group, tmp_path, caplog):
-    topic = make_topic(1)
-    produce(broker, topic, stream(300))
-    cfg = config(broker, group, "worker.eval_every=1", "worker.log_seconds=0.05")
-    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
-    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
-        assert worker.run().learned == 300
-    accuracy = float(re.search(r"recent accuracy (\d\.\d+) \(prequential", status_lines(caplog)[-1]).group(1))
+    worker, lines = logged_run(broker, make_topic(1), group, tmp_path, caplog, stream(300))
+    accuracy = float(re.search(r"recent accuracy (\d\.\d+) \(prequential", lines[-1]).group(1))
     assert accuracy == pytest.approx(worker.metrics.registry.get_sample_value(
         "streamlearn_worker_prequential_accuracy"), abs=1e-4)
     assert worker.metrics.registry.get_sample_value("streamlearn_worker_prequential_loss") == 0  # never set
