@@ -66,6 +66,8 @@ BENCHMARKS = (
               what="TokenHasher tokens/s against a bare xxh3 loop"),
     Benchmark("embeddings", ("--repeats", "5"), (), 35, 90, r"fwd\+bwd ratio|table / hash|SYNTHETIC", data=True,
               what="hash embedding forward+backward against nn.Embedding; every scheme; memory"),
+    Benchmark("decoding", ("--n", "200000", "--reps", "2"), (), 5, 60, r"^\| |^add|^merge",
+              what="Superbloom's beam search against exhaustive scoring at 10^6 candidates; the index's add and merge"),
     Benchmark("checkpoint", ("--rows", "100000", "--reps", "3"), (), 10, 120, r"^\| (checkpoint|1%|snapshot)", what=
               "incremental checkpoints and snapshot reads against bare py-lmdb"),
     Benchmark("state_faults", ("--kills", "10", "--chain", "5"), (), 20, 120, r'"wrong_states"',

@@ -174,18 +174,22 @@ class Snapshot:
 
     def predict(self, records: Iterable) -> Answer:
         """classify: each record's most probable label (None before any label)."""
+        self._need_labels("predict")
         answer = self.predict_proba(records)
         labels = [max(p, key=p.get) if p else None for p in answer.values]
         return dataclasses.replace(answer, values=labels)
 
     def predict_proba(self, records: Iterable) -> Answer:
         """classify: ``{label: probability}`` per record over the labels seen so far."""
+        self._need_labels("predict_proba")
+        return self._answer(records, self._probs, prepare=self._query_batch)
+
+    def _need_labels(self, verb: str) -> None:
         if self._learner.task.answers != "labels":
             raise TaskMismatchError(
-                f"predict_proba needs a classify model; this model's task is {self.task}: use topk "
+                f"{verb} needs a classify model; this model's task is {self.task}: use topk "
                 "(POST /v1/topk) for its top-k tokens"
             )
-        return self._answer(records, self._probs, prepare=self._query_batch)
 
     def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:
         """mlm / next-token / next-item: :class:`~streamlearn.decoding.TopK` per record

@@ -1,6 +1,8 @@
-"""Two benchmarks that once broke without a test noticing, each run on a tiny case in-process:
-bench/depth.py after mlm's defaults moved to the sampled head (2026-11-25), and
-bench/shapes.py where the optional vowpalwabbit peer is not installed."""
+"""Benchmarks run on a tiny case: two that once broke without a test noticing
+(bench/depth.py after mlm's defaults moved to the sampled head, 2026-11-25; bench/shapes.py
+where the optional vowpalwabbit peer is not installed), in-process, and bench/decoding.py,
+whose table docs/decoding.md quotes."""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +11,8 @@ import pytest
 
 from streamlearn.config import load_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
 
 import depth
 import shapes
@@ -35,3 +38,18 @@ def test_shapes_text_peers_leave_out_a_peer_that_is_not_installed():
     assert got["river_nb"]["best"] > 0.8  # two vocabularies: easy once a few are seen
     if got["vw"]["native"] is None:  # vowpalwabbit is an optional extra
         assert got["vw"]["best"] is None
+
+
+def test_decoding_bench_prints_its_table_and_every_certified_top10_is_the_exhaustive_one():
+    out = subprocess.run([sys.executable, str(BENCH / "decoding.py"), "--n", "30000", "--reps", "1"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| logp")]
+    assert len(rows) == 7, out  # two score tables x three beams, and the 32 positions
+    for row in rows[:6]:
+        assert row[5] in ("yes", "no") and int(row[6].replace(",", "")) > 0, row
+        if row[5] == "yes":  # the certificate: nothing unvisited can enter the top 10
+            assert row[7] == "yes", row
+    exact, same = (int(x.split("/")[0]) for x in (rows[6][5], rows[6][7]))
+    assert same >= exact, rows[6]
+    assert "add:" in out and "merge: a tail of" in out

@@ -2,6 +2,7 @@
 default and the values it allows, as streamlearn/config.py declares them (the allowed
 column is each key's rule); every ```python block of docs/python.md and docs/evaluation.md
 runs as pasted and prints what the page shows."""
+import codeop
 import contextlib
 import dataclasses
 import io
@@ -108,6 +109,35 @@ def run_blocks(page: str, namespace: dict, replace: dict[str, str] | None = None
             if want is not None:
                 pattern = ".*".join(re.escape(part) for part in want.split("..."))
                 assert re.fullmatch(pattern, got), f"docs/{page} line {line}: the page shows {want!r}, it printed {got!r}"
+
+
+def repl_rejects(code: str) -> str | None:
+    """The first line Python 3.11's interactive prompt refuses when ``code`` is pasted into
+    it (None: it takes every line). The prompt compiles each statement as it is typed: a
+    compound statement ends only at a blank line, so a dedented line straight after a loop
+    body is a SyntaxError there, though the same text runs as a script."""
+    pending: list[str] = []
+    for line in code.splitlines():
+        pending.append(line)
+        try:
+            if codeop.compile_command("\n".join(pending), "<stdin>", "single") is not None:
+                pending = []
+        except SyntaxError:
+            return line
+    return None
+
+
+def test_repl_rejects_a_loop_without_its_blank_line():
+    assert repl_rejects("for i in range(2):\n    x = i\nprint(x)\n") == "print(x)"
+    assert repl_rejects("for i in range(2):\n    x = i\n\nprint(x)\n") is None
+    assert repl_rejects("x = f(\n    1,\n)\nprint(x)  # -> 1\n") is None
+
+
+def test_every_python_block_of_the_docs_pastes_into_the_interactive_prompt():
+    refused = [f"docs/{page.name} (block at line {line}): {bad!r}"
+               for page in sorted(DOCS.glob("*.md")) for line, code in python_blocks(page.name)
+               if (bad := repl_rejects(code)) is not None]
+    assert not refused, f"a blank line must end each compound statement before the next line: {refused}"
 
 
 def test_every_python_block_of_python_md_runs_as_pasted_and_its_saved_learner_is_a_state_dir(

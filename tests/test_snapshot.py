@@ -173,8 +173,11 @@ def test_predict_on_a_non_classifier_names_topk(tmp_path):
     learner.learn_many(stream("mlm", 8, random.Random(5)))
     with open_store(tmp_path) as store:
         commit(store, learner, 1)
-        with pytest.raises(TaskMismatchError, match="topk"):
-            Snapshot(store).predict_proba([{"text": "w1"}])
+        snap = Snapshot(store)
+        with pytest.raises(TaskMismatchError, match="^predict_proba needs a classify model.*use topk"):
+            snap.predict_proba([{"text": "w1"}])
+        with pytest.raises(TaskMismatchError, match="^predict needs a classify model.*use topk"):
+            snap.predict([{"text": "w1"}])
 
 
 def test_open_rejects_missing_foreign_and_empty_directories(tmp_path):

@@ -137,4 +137,4 @@ def _check_save(options: ReplayOptions, compare, save, state) -> None:
         raise StreamlearnError("--save takes one model; it cannot be combined with --compare")
     if state is not None and os.path.realpath(save) == os.path.realpath(state):
         raise StreamlearnError("--save must name a new directory, not the --state being replayed")
-    check_new_dir(save)
+    check_new_dir(save, "--save")

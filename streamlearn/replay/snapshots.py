@@ -34,19 +34,21 @@ def load_learner(state: str | os.PathLike, overrides: list[str] = ()) -> Learner
         raise StreamlearnError(f"cannot open the state {state}: {exc}") from exc
 
 
-def check_new_dir(path: str | os.PathLike) -> Path:
-    """``path`` as a Path if it is free for a new state (absent, or an empty directory)."""
+def check_new_dir(path: str | os.PathLike, name: str = "the state directory") -> Path:
+    """``path`` as a Path if it is free for a new state (absent, or an empty directory);
+    ``name`` is what the caller called it in the error (``--save`` on the command line)."""
     target = Path(path)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise StreamlearnError(f"--save {path}: the directory exists and is not empty; choose a new directory")
+        raise StreamlearnError(f"{name} {path}: the directory exists and is not empty; choose a new directory")
     return target
 
 
 def save_learner(learner: Learner, path: str | os.PathLike, metrics: dict[str, Any] | None = None) -> int:
     """Write ``learner`` as one full checkpoint into a new state directory ``path``
     (created; an existing non-empty directory is refused, so no state is overwritten).
-    Returns the step saved. The manifest holds no Kafka offsets: a replay is no
-    consumer position, and a worker started on the copy starts where its group is."""
+    Returns the step saved. The manifest holds no Kafka offsets (a replay is no
+    consumer position), so a worker started on the directory reads every partition from
+    its start, learning on top of the saved model."""
     from ..state import Checkpoint, open_store
 
     target = check_new_dir(path)
