@@ -103,8 +103,9 @@ class MaskedToken(TokenTask):
         """At depth 0 on the CPU, with the network learning its own softmax over rows of
         its own (a sampled head, ``separate``) and Adagrad rows: :meth:`gradients`.
 
-        Autograd hands the rows that only masked slots read (the [MASK] token's, a
-        slot's random or kept token's) a zero gradient; the closed form leaves them out.
+        Autograd hands the rows that only masked slots read (the [MASK] token's: a
+        random or kept token stays in the pool like any other) a zero gradient; the
+        closed form leaves them out.
         Adagrad changes nothing for a zero gradient, so the two steps are equal; lazy
         Adam would still move such a row by its momentum, and a decayed Adagrad sum
         (``optim.row_decay`` < 1) would still decay, so those keep autograd."""
