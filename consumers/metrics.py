@@ -98,6 +98,8 @@ class WorkerMetrics:
                                   "moving average)", registry=r)
         self.m_baseline_loss = Gauge(p + "prequential_baseline_loss", "nats per answer of the check's counting "
                                      "baseline before learning (token tasks; moving average)", registry=r)
+        for gauge in (self.m_acc, self.m_check_loss, self.m_baseline_loss):
+            gauge.set(math.nan)  # no figure yet (and never one where the task's check has another metric), not 0
         self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
         self.m_skipped = Counter(p + "skipped_steps", "steps not applied: loss or gradient not finite", registry=r)
         self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,

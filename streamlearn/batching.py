@@ -146,6 +146,12 @@ class Preparer:
         """Fill a query batch (``batch.records`` = len(records)); RecordError if bad."""
         raise NotImplementedError
 
+    def query_columns(self, batch: Batch, i: int, n: int) -> tuple[int, list[int | None]]:
+        """Where query ``i``'s ``n`` tokens (:meth:`query_tokens`) sit in the features of
+        the query batch :meth:`fill_query` filled: its row, and per token its column
+        (None: a token the model does not read)."""
+        return i, list(range(n))
+
     # ------------------------------------------------------------------ shared helpers
 
     def tokens(self, rec: Record) -> list[str] | None:

@@ -68,7 +68,7 @@ class Explanation:
     by ``methods[part]``; ``rest``: ``score`` minus the contributions' sum. ``top``:
     ``(answer, value)`` best first (classify: probabilities; tokens: log-probabilities).
     ``importance``: per token its k weights p_w over its ``rows`` of E (Hash Embeddings'
-    P), None for schemes without them. None values: nothing to explain (no label or
+    P), None for schemes without them (and for a token the model does not read). None values: nothing to explain (no label or
     candidate yet) or a value that is not finite.
     """
 
@@ -136,15 +136,17 @@ class _Explainer:
         raise NotImplementedError
 
     def importance(self, plan: Plan) -> tuple[list, list]:
-        """Per query, per token: p_w (k) and its rows of E; Nones for schemes without p."""
+        """Per query, per token: p_w (k) and its rows of E, read where the query's features
+        hold that token (next-token's sit after [BOS], in a covering sequence); a token the
+        model does not read gets None; Nones for schemes without p."""
         n = len(plan.tokens)
-        feats = self.learner.dev.tensors({key: a[:n] for key, a in plan.batch.feats.items()})
-        found = self.learner.model.embedding.importance(feats)
+        found = self.learner.model.embedding.importance(self.learner.dev.tensors(plan.batch.feats))
         if found is None:
             return [None] * n, [None] * n
-        weights, rows = found[0].float().cpu().numpy(), found[1].cpu().numpy()  # (n, T, k) each
-        return ([[[_num(v) for v in w] for w in weights[i, :len(t)]] for i, t in enumerate(plan.tokens)],
-                [rows[i, :len(t)].tolist() for i, t in enumerate(plan.tokens)])
+        weights, rows = found[0].float().cpu().numpy(), found[1].cpu().numpy()  # (N', T, k) each
+        places = [self.learner.prep.query_columns(plan.batch, i, len(t)) for i, t in enumerate(plan.tokens)]
+        return ([[None if c is None else [_num(v) for v in weights[r, c]] for c in cols] for r, cols in places],
+                [[None if c is None else rows[r, c].tolist() for c in cols] for r, cols in places])
 
 
 class _LabelExplainer(_Explainer):

@@ -102,11 +102,17 @@ class Settings:
 Token = Union[Annotated[StrictStr, Field(max_length=MAX_TOKEN_CHARS)], Annotated[StrictInt, Field(ge=-(2**63), lt=2**64)]]
 
 
-def _not_blank(text: str) -> str:
+def not_blank(text: str, hint: str = "") -> str:
+    """``text`` unless it is empty or only whitespace (a ValueError that says so, and ``hint``)."""
     if text.isspace() or not text:
-        raise ValueError("text is empty or only whitespace: send at least one word (top-k from an empty "
-                         "prefix or history: \"tokens\": [])")
+        raise ValueError("text is empty or only whitespace: send at least one word" + hint)
     return text
+
+
+def text_field(max_chars: int, hint: str = "") -> Any:
+    """A request's ``text``: a string of at most ``max_chars`` characters, not blank."""
+    return Annotated[StrictStr, Field(max_length=max_chars, json_schema_extra={"minLength": 1, "pattern": r"\S"}),
+                     AfterValidator(functools.partial(not_blank, hint=hint))]
 
 
 def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
@@ -116,8 +122,7 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
     the exception for an explicit ``"tokens": []``: an empty prefix asks next-token for
     a record's first token (a keyboard's suggestions before anything is typed), an empty
     history asks next-item what a new key starts with, as an unknown ``key`` does."""
-    Text = Annotated[StrictStr, Field(max_length=cfg.max_tokens * CHARS_PER_TOKEN,  # "" fails _not_blank, saying why
-                                      json_schema_extra={"minLength": 1, "pattern": r"\S"}), AfterValidator(_not_blank)]
+    Text = text_field(cfg.max_tokens * CHARS_PER_TOKEN, ' (top-k from an empty prefix or history: "tokens": [])')
     Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
     Context = Annotated[list[Token], Field(min_length=0, max_length=cfg.max_tokens)]  # top-k's: may be empty
     forbid = ConfigDict(extra="forbid")

@@ -12,11 +12,11 @@ from typing import Annotated, Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .config import ServiceConfig
 from .explain import Explanation
-from .service import CHARS_PER_TOKEN, Token
+from .service import CHARS_PER_TOKEN, Token, text_field
 from .service_guard import JsonRoute
 from .snapshot import Answer, Snapshot
 
@@ -34,7 +34,7 @@ def _one_of(model: BaseModel, names: tuple[str, ...]) -> None:
 
 
 def _request_model(cfg: ServiceConfig) -> type[BaseModel]:
-    Text = Annotated[StrictStr, Field(min_length=1, max_length=cfg.max_tokens * CHARS_PER_TOKEN)]
+    Text = text_field(cfg.max_tokens * CHARS_PER_TOKEN)
     Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
     forbid = ConfigDict(extra="forbid")
 
@@ -85,8 +85,10 @@ class ExplainResult(BaseModel):
     rest: float | None = Field(description="score minus the contributions' sum")
     top: list[dict[str, Any]] = Field(description="the best answers: output and value (probability for labels, "
                                       "log-probability for tokens)")
-    importance: list[list[float]] | None = Field(description="per token, its weights p_w over its rows of E")
-    rows: list[list[int]] | None = Field(description="per token, the rows of E its weights weigh")
+    importance: list[list[float] | None] | None = Field(
+        description="per token, its weights p_w over its rows of E (null: a token the model does not read); "
+                    "null for schemes without them")
+    rows: list[list[int] | None] | None = Field(description="per token, the rows of E its weights weigh")
 
 
 class ExplainResponse(BaseModel):

@@ -95,7 +95,8 @@ def healthy(port: int) -> bool:
 
 @pytest.fixture
 def running(broker, make_topic, tmp_path):
-    """A worker learning a trickling topic and a service on its state: the page's URL."""
+    """A worker learning a trickling topic and a service on its state: the page's URL and
+    the trickle (stop it to leave the worker idle)."""
     topic, state, port = make_topic(2), tmp_path / "state", free_port()
     trickle = Trickle(broker, topic)
     trickle.start()
@@ -110,7 +111,7 @@ def running(broker, make_topic, tmp_path):
     try:
         wait_until(lambda: healthy(port) or serve.poll() is not None, 120, "serve to answer /healthz")
         assert serve.poll() is None, (tmp_path / "serve.log").read_text()
-        yield f"http://127.0.0.1:{port}/"
+        yield f"http://127.0.0.1:{port}/", trickle
     finally:
         trickle.stop.set()
         for proc in (serve, worker):
@@ -130,7 +131,14 @@ def chart(page, name: str) -> dict:
                                  "lastX: +(e.dataset.lastX || 0)})")
 
 
+def legend_overflow(page, name: str) -> list[str]:
+    """The legend entries of a chart that end past its right edge (cut off)."""
+    return page.eval_on_selector(f"#chart-{name}", "svg => [...svg.querySelectorAll('text.legend')].filter("
+                                 "t => t.getBBox().x + t.getBBox().width > svg.clientWidth).map(t => t.textContent)")
+
+
 def test_the_page_shows_the_worker_learning_and_explains_a_query(running, tmp_path):
+    url, trickle = running
     shots = screenshots_dir(tmp_path)
     errors: list[str] = []
     with sync_playwright() as p:
@@ -139,7 +147,7 @@ def test_the_page_shows_the_worker_learning_and_explains_a_query(running, tmp_pa
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(running)
+            page.goto(url)
             page.fill("#token", "not-the-token-0123456789")  # the login page: a wrong token is refused
             page.click("button[type=submit]")
             page.wait_for_selector("#error:not([hidden])")
@@ -177,6 +185,30 @@ def test_the_page_shows_the_worker_learning_and_explains_a_query(running, tmp_pa
             assert page.text_content("#tryit-answer").startswith("→ spam")
             page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
             page.locator("#tryit").screenshot(path=str(shots / "dashboard-tryit.png"))
+
+            page.fill("#tryit-output", "not-a-label")  # a failed query hides the last answer
+            before = len(errors)
+            page.click("#tryit-go")
+            page.wait_for_selector("#tryit-error:not([hidden])")
+            errors[before:] = [e for e in errors[before:] if "status of 422" not in e]  # the browser logs the 422
+            assert "not-a-label" in page.text_content("#tryit-error") and page.is_hidden("#tryit-result")
+
+            trickle.stop.set()  # the worker catches up and goes quiet: no checkpoint, no point
+            wait_until(lambda: "caught up, or stopped" in page.text_content("#status"), 120, "the page to say so")
+            assert page.text_content("#tile-rate .value") == "0"
+
+            # six dead-letter reasons in a chart 300 px wide: every name shows, on as many rows as it takes
+            rows = page.evaluate("""() => {
+                const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+                svg.id = "chart-narrow"; svg.style.width = "300px"; svg.style.height = "200px";
+                document.body.append(svg);
+                const names = ["bad-value", "empty-value", "invalid-json", "missing-field", "not-msgpack-or-json",
+                               "wrong-type"];
+                window.streamlearnDashboard.drawChart(svg, names.map((n, i) => ({name: n, points: [[0, i], [1, i]]})),
+                                                      {x: "time"});
+                return new Set([...svg.querySelectorAll("text.legend")].map(t => t.getAttribute("y"))).size;
+            }""")
+            assert rows > 1 and not legend_overflow(page, "narrow")
         finally:
             browser.close()
     assert not errors, errors

@@ -156,6 +156,27 @@ def test_importance_weights_are_the_rows_of_P_the_tokens_pick():
     assert len(e.importance[0]) == lrn.cfg.embedding.k
 
 
+@pytest.mark.parametrize("task", ["next-token", "mlm"])
+def test_token_tasks_give_each_token_its_own_importance_weights(task):
+    """next-token reads a query after [BOS], out of the longest query it is a prefix of:
+    each token still gets its own rows of P, as a classifier's explanation gives them."""
+    lrn = token_learner(task)
+    queries = [{"tokens": ["the", "free", "prize"]}, {"tokens": ["the", "free"]}, {"tokens": ["noon"]}]
+    P = lrn.model.embedding.P.detach().cpu().numpy()
+    for query, e in zip(queries, lrn.explain_many(queries)):
+        feats = lrn.featurizer.featurize([query["tokens"]], 128)
+        np.testing.assert_allclose(e.importance, P[feats["d1"][0]], rtol=1e-6)
+        assert e.rows == feats["buckets"][0].tolist(), query
+
+
+def test_next_token_leaves_out_the_weights_of_a_token_beyond_its_input():
+    lrn = token_learner("next-token", "hashing.max_tokens=4")  # [BOS] and the prefix's last 3 tokens
+    e = lrn.explain_many([{"tokens": ["see", "you", "at", "noon"]}])[0]
+    feats = lrn.featurizer.featurize([["you", "at", "noon"]], 128)
+    assert e.importance[0] is None and e.rows[0] is None
+    assert e.rows[1:] == feats["buckets"][0].tolist()
+
+
 def test_a_scheme_without_importance_weights_says_so():
     lrn = classifier("embedding.scheme=bloom")
     e = lrn.explain_many([{"text": "free prize"}])[0]
@@ -209,13 +230,20 @@ def test_the_snapshot_service_and_cli_agree_with_the_restored_learner(state):
     assert "importance p_w" in text and "prize" in text and "exact" in text
 
 
-@pytest.mark.parametrize("body, code", [
-    ({"text": "a", "tokens": ["b"]}, "invalid-request"),
-    ({"records": [{"text": "a"}], "output": "spam"}, "invalid-request"),
-    ({"text": "a", "k": 0}, "invalid-request"),
-    ({"records": [{"text": "a"}] * 17}, "invalid-request"),
-    ({"text": "a", "output": "no-such-label"}, "bad-record"),
+BLANK = "text is empty or only whitespace"
+
+
+@pytest.mark.parametrize("body, code, says", [
+    ({"text": "a", "tokens": ["b"]}, "invalid-request", "exactly one of"),
+    ({"records": [{"text": "a"}], "output": "spam"}, "invalid-request", "its own output"),
+    ({"text": "a", "k": 0}, "invalid-request", "k"),
+    ({"records": [{"text": "a"}] * 17}, "invalid-request", "records"),
+    ({"text": "a", "output": "no-such-label"}, "bad-record", "no-such-label"),
+    ({"text": "   "}, "invalid-request", BLANK),
+    ({"records": [{"text": "\t\n"}]}, "invalid-request", BLANK),
+    ({"text": ""}, "invalid-request", BLANK),
 ])
-def test_bad_explain_requests_are_422_saying_why(state, body, code):
+def test_bad_explain_requests_are_422_saying_why(state, body, code, says):
     r = TestClient(create_app(Settings(state=state))).post("/v1/explain", json=body)
     assert r.status_code == 422 and r.json()["error"] == code
+    assert says in r.text, r.text

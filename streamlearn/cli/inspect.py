@@ -186,7 +186,7 @@ def format_explanation(e: dict) -> str:
     head.append(f"{'token':<20} {'contribution':>12} " + " ".join(f"{p:>12}" for p in parts)
                 + "  importance p_w over rows of E")
     for i, token in enumerate(e["tokens"]):
-        weights = "-" if e["importance"] is None else ", ".join(
+        weights = "-" if e["importance"] is None or e["importance"][i] is None else ", ".join(
             f"{_f(w)} (row {r})" for w, r in zip(e["importance"][i], e["rows"][i]))
         head.append(f"{token[:20]:<20} {_f(e['contributions'][i]):>12} "
                     + " ".join(f"{_f(e['parts'][p][i]):>12}" for p in parts) + f"  {weights}")

@@ -80,6 +80,13 @@ class NextTokenPreparer(TokenPreparer):
             last = [[*[BOS_TOKEN] * (width - 1), *t][-width:] for t in lists]
             batch.counts = {"ctx": hash64([x for ctx in last for x in ctx], self.count_seed).reshape(-1, width)}
 
+    def query_columns(self, batch: Batch, i: int, n: int) -> tuple[int, list[int | None]]:
+        """The sequence holding query ``i`` (a longer query's, when it is a prefix of one)
+        and its tokens' columns after [BOS]; a prefix longer than the input keeps its
+        last tokens (:meth:`fill_query`)."""
+        read = min(n, self.cfg.hashing.max_tokens - 1)
+        return int(batch.rows[i]), [None] * (n - read) + list(range(1, read + 1))
+
 
 def _covering(lists: list[list[str]]) -> tuple[list[list[str]], np.ndarray]:
     """The fewest sequences that hold every list as a prefix (longest first), and the

@@ -5,10 +5,11 @@
 
   const POLL_MS = 1000;
   const ROLL_EXAMPLES = 300; // the prequential chart's rolling window, in evaluated answers
+  const GAP_S = 5; // an idle worker adds no point: a wider gap between two points breaks a line drawn over time
   const SVG = "http://www.w3.org/2000/svg";
   const PALETTE = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#0ea5e9", "#d946ef", "#84cc16"];
 
-  const state = { commits: null, points: [], card: null, axis: "records", task: null, lastPoll: 0 };
+  const state = { commits: null, points: [], card: null, axis: "records", task: null, lastPoll: 0, quiet: false };
 
   // ---------------------------------------------------------------- formatting
   function num(v, digits) {
@@ -50,16 +51,17 @@
   function setTile(id, value) { document.querySelector("#" + id + " .value").textContent = value; }
 
   // ---------------------------------------------------------------- charts
-  function niceTicks(lo, hi, n) {
+  function niceTicks(lo, hi, n, minStep) {
     if (!(hi > lo)) { hi = lo + 1; }
-    const raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const raw = Math.max((hi - lo) / n, minStep || 0), mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw) || raw;
     const out = [];
     for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
     return out;
   }
 
-  // series: [{name, color, points: [[x, y]], dots}]; opts: {x: "time"|"records", yFormat, yMin, yMax, markers}
+  // series: [{name, color, points: [[x, y, gap]], dots}] (gap: an idle stretch before the point, where a line
+  // over time breaks); opts: {x: "time"|"records", yFormat, yMin, yMax, markers}
   function drawChart(svg, series, opts) {
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     const W = svg.clientWidth || 600, H = svg.clientHeight || 200;
@@ -73,7 +75,8 @@
       delete svg.dataset.lastX;
       return;
     }
-    const L = 52, R = 12, T = 24, B = 34;
+    const L = 52, R = 12, B = 34;
+    const T = 10 + 14 * legend(svg, series, L, W - R);
     const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
     let x0 = Math.min(...xs), x1 = Math.max(...xs);
     if (x1 === x0) { x0 -= 1; x1 += 1; }
@@ -89,8 +92,9 @@
       svg.appendChild(t);
     }
     const xfmt = opts.x === "time" ? clock : v => num(v);
-    for (const v of niceTicks(x0, x1, opts.x === "time" ? 4 : 5)) {
-      const t = svgEl("text", { x: sx(v), y: H - B + 16, "text-anchor": "middle" });
+    for (const v of niceTicks(x0, x1, opts.x === "time" ? 4 : 5, opts.x === "time" ? 1 : 0)) {
+      const edge = sx(v) > W - R - 30 ? "end" : "middle"; // the last label stays inside the chart
+      const t = svgEl("text", { x: sx(v), y: H - B + 16, "text-anchor": edge });
       t.textContent = xfmt(v);
       svg.appendChild(t);
     }
@@ -108,22 +112,53 @@
       if (!good.length) return;
       const color = s.color || PALETTE[i % PALETTE.length];
       if (good.length > 1 && !s.dotsOnly) {
-        const d = good.map((p, j) => (j ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join("");
+        const breaks = opts.x === "time";
+        const d = good.map((p, j) => (j && !(breaks && p[2]) ? "L" : "M") + sx(p[0]).toFixed(1) + " "
+                                     + sy(p[1]).toFixed(1)).join("");
         svg.appendChild(svgEl("path", { d: d, class: "series", stroke: color, "data-series": s.name }));
       }
       if (s.dots || good.length === 1 || s.dotsOnly) {
         for (const p of good) svg.appendChild(svgEl("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: color }));
       }
-      const lx = L + i * 160, leg = svgEl("text", { x: lx + 14, y: 13 });
-      leg.textContent = s.name;
-      svg.appendChild(svgEl("rect", { x: lx, y: 4, width: 10, height: 10, fill: color }));
-      svg.appendChild(leg);
     });
     svg.dataset.lastX = String(x1);
   }
 
+  // The series' names above the plot, each after the last, wrapping to a new row where the
+  // width ends; the number of rows.
+  function legend(svg, series, left, right) {
+    let x = left, row = 0;
+    series.forEach((s, i) => {
+      const color = s.color || PALETTE[i % PALETTE.length];
+      const text = svgEl("text", { x: 0, y: 0, class: "legend", "data-series": s.name });
+      text.textContent = s.name;
+      svg.appendChild(text);
+      const width = text.getComputedTextLength() || 7 * s.name.length;
+      if (x > left && x + 14 + width > right) { x = left; row++; }
+      text.setAttribute("x", x + 14);
+      text.setAttribute("y", 13 + 14 * row);
+      svg.appendChild(svgEl("rect", { x: x, y: 4 + 14 * row, width: 10, height: 10, fill: color }));
+      x += 14 + width + 18;
+    });
+    return series.length ? row + 1 : 0;
+  }
+
   // ---------------------------------------------------------------- series from the points
   function xOf(p) { return state.axis === "time" ? p.t : p.records; }
+
+  // Marks each point that follows an idle stretch (its window began more than GAP_S after
+  // the previous point ended): lines over time break there instead of inventing a trend.
+  function markGaps(points) {
+    points.forEach((p, i) => { p.gap = i > 0 && p.t - (p.dt || 0) - points[i - 1].t > GAP_S; });
+  }
+  function at(p, y) { return [p.t, y, p.gap]; }
+
+  // The worker checkpoints every worker.checkpoint_seconds while it has records; twice that
+  // (and then some) without one means it is idle (caught up) or stopped.
+  function quietAfter() {
+    const every = state.card && state.card.config ? state.card.config["worker.checkpoint_seconds"] : null;
+    return every > 0 ? 2 * every + 10 : 120;
+  }
 
   function rolling(points) {
     // Per point with evaluated answers: the model's and the baseline's score over the last
@@ -173,30 +208,32 @@
 
     const timeMarkers = pts.filter(p => p.start).map(p => p.t);
     drawChart(document.getElementById("chart-rate"),
-      [{ name: "records/s", points: pts.filter(p => p.dt > 0).map(p => [p.t, p.consumed / p.dt]) }],
+      [{ name: "records/s", points: pts.filter(p => p.dt > 0).map(p => at(p, p.consumed / p.dt)) }],
       { x: "time", markers: timeMarkers });
     const parts = [...new Set(pts.flatMap(p => Object.keys(p.lag || {})))].sort((a, b) => a - b);
     drawChart(document.getElementById("chart-lag"),
-      parts.map(k => ({ name: "partition " + k, points: pts.filter(p => p.lag && k in p.lag).map(p => [p.t, p.lag[k]]) })),
+      parts.map(k => ({ name: "partition " + k, points: pts.filter(p => p.lag && k in p.lag).map(p => at(p, p.lag[k])) })),
       { x: "time", markers: timeMarkers, empty: "no lag known yet" });
     drawChart(document.getElementById("chart-ckpt"),
       [{ name: "seconds", color: "#8b5cf6", dots: true,
-         points: pts.filter(p => p.ckpt && p.ckpt.n).map(p => [p.t, p.ckpt.max]) }],
-      { x: "time", markers: timeMarkers, yFormat: v => num(v, 2), empty: "no checkpoint in the history yet" });
+         points: pts.filter(p => p.ckpt && p.ckpt.n).map(p => at(p, p.ckpt.max)) }],
+      { x: "time", markers: timeMarkers, yFormat: v => num(v, 2),
+        empty: "no checkpoint duration yet: each checkpoint's is committed with the next" });
     const reasons = [...new Set(pts.flatMap(p => Object.keys(p.dead || {})))].sort();
     drawChart(document.getElementById("chart-dead"), reasons.map(r => {
       let total = 0;
-      return { name: r, points: pts.map(p => { total += (p.dead || {})[r] || 0; return [p.t, total]; }) };
+      return { name: r, points: pts.map(p => { total += (p.dead || {})[r] || 0; return at(p, total); }) };
     }), { x: "time", markers: timeMarkers, empty: "no dead letters: every record was valid" });
     drawChart(document.getElementById("chart-loss"),
-      [{ name: "loss", color: "#0ea5e9", points: pts.filter(p => p.loss_n).map(p => [p.t, p.loss_sum / p.loss_n]) }],
+      [{ name: "loss", color: "#0ea5e9", points: pts.filter(p => p.loss_n).map(p => at(p, p.loss_sum / p.loss_n)) }],
       { x: "time", markers: timeMarkers });
 
     const last = pts.length ? pts[pts.length - 1] : null;
     if (last) {
-      const recent = pts.slice(-5).filter(p => p.dt > 0);
+      const recent = pts.slice(-5).filter(p => p.dt > 0 && last.t - p.t <= 5 * GAP_S);
       const dt = recent.reduce((a, p) => a + p.dt, 0), n = recent.reduce((a, p) => a + p.consumed, 0);
-      setTile("tile-rate", dt ? num(n / dt) : "–");
+      setTile("tile-rate", state.quiet ? "0" : dt ? num(n / dt) : "–");
+      document.querySelector("#tile-rate .label").textContent = state.quiet ? "records/s (quiet)" : "records/s";
       setTile("tile-position", num(last.records));
       const lag = Object.values(last.lag || {});
       setTile("tile-lag", lag.length ? num(lag.reduce((a, b) => a + b, 0)) : "–");
@@ -253,17 +290,23 @@
       const totals = body.totals || {};
       setTile("tile-ckpt", seconds(totals.checkpoint_seconds));
       setTile("tile-dead", num(totals.dead_letters || 0));
+      if (!body.unchanged) state.card = body.card;
       const status = document.getElementById("status");
-      const stale = body.freshness_seconds !== null && body.freshness_seconds > 120;
-      status.dataset.state = stale ? "stale" : "live";
-      status.textContent = (stale ? "no checkpoint for " + seconds(body.freshness_seconds) : "live") + " · commit " + body.commits;
+      const quiet = body.freshness_seconds !== null && body.freshness_seconds > quietAfter();
+      status.dataset.state = quiet ? "stale" : "live";
+      status.textContent = (quiet ? "no checkpoint for " + seconds(body.freshness_seconds)
+                                    + ": the worker is caught up, or stopped" : "live") + " · commit " + body.commits;
+      const wasQuiet = state.quiet;
+      state.quiet = quiet;
       if (!body.unchanged) {
         state.commits = body.commits;
         state.points = body.points || [];
-        state.card = body.card;
+        markGaps(state.points);
         if (body.card && body.card.task !== state.task) { state.task = body.card.task; adaptTryIt(); }
         document.getElementById("task").textContent = body.card ? "task " + body.card.task : "";
         drawCard(body.card);
+        drawCharts();
+      } else if (quiet !== wasQuiet) {
         drawCharts();
       }
     } catch (err) {
@@ -344,7 +387,8 @@
         for (const v of w) { const s = el("span"); s.style.height = Math.min(16, Math.abs(v || 0) * 16).toFixed(1) + "px"; bar.append(s); }
         pw.append(bar, document.createTextNode(" " + w.map(v => num(v, 3)).join(", ") + "  rows " + body.rows[i].join(", ")));
       } else {
-        pw.textContent = "– (this embedding scheme learns no importance weights)";
+        pw.textContent = body.importance ? "– (not read: the model reads the last hashing.max_tokens)"
+          : "– (this embedding scheme learns no importance weights)";
       }
       tr.append(el("td", {}, t), el("td", { class: "num" }, num(contributions[i], 4)), el("td", {}, parts), pw);
       tbody.append(tr);
@@ -357,8 +401,13 @@
     const kind = document.getElementById("tryit-kind").value;
     const output = document.getElementById("tryit-output").value.trim();
     const error = document.getElementById("tryit-error");
+    const fail = message => {  // the last answer goes: it would read as this query's
+      document.getElementById("tryit-result").hidden = true;
+      error.textContent = message;
+      error.hidden = false;
+    };
     error.hidden = true;
-    if (!text) return;
+    if (!text) { fail("type a text (or tokens, or a key) to explain"); return; }
     const query = { k: Math.max(1, Math.min(100, parseInt(document.getElementById("tryit-k").value, 10) || 5)) };
     if (kind === "text") query.text = text;
     else if (kind === "key") query.key = text;
@@ -371,8 +420,7 @@
       if (!r.ok) throw new Error(typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail || body));
       showExplanation(body);
     } catch (err) {
-      error.textContent = "could not explain: " + err.message;
-      error.hidden = false;
+      fail("could not explain: " + err.message);
     }
   }
 
@@ -389,5 +437,6 @@
     });
   }
   window.addEventListener("resize", () => drawCharts());
+  window.streamlearnDashboard = { drawChart: drawChart }; // for tests/test_dashboard_browser.py
   poll();
 })();
