@@ -68,8 +68,8 @@ class Explanation:
     by ``methods[part]``; ``rest``: ``score`` minus the contributions' sum. ``top``:
     ``(answer, value)`` best first (classify: probabilities; tokens: log-probabilities).
     ``importance``: per token its k weights p_w over its ``rows`` of E (Hash Embeddings'
-    P), None for schemes without them (and for a token the model does not read). None values: nothing to explain (no label or
-    candidate yet) or a value that is not finite.
+    P; None for a token the model does not read), None for schemes without them. None
+    values: nothing to explain (no label or candidate yet) or a value that is not finite.
     """
 
     tokens: list[str]
