@@ -81,10 +81,11 @@ class Store(abc.ABC):
         """Write a compacted copy of the current state to a new LMDB directory."""
 
     @abc.abstractmethod
-    def verify(self, batch: int = 65536) -> VerifyReport:
+    def verify(self, batch: int = 65536, words: Sequence[str] = ()) -> VerifyReport:
         """Scan every stored value and report what is damaged (``report.ok``,
-        ``report.lines()``): checksums, keys, lengths, non-finite floats. Reads that meet a
-        damaged value raise :class:`DamagedStoreError` instead."""
+        ``report.lines()``): checksums, keys, lengths, non-finite floats (except in the
+        ``words`` tables, whose floats hold bits). Reads that meet a damaged value raise
+        :class:`DamagedStoreError` instead."""
 
     @abc.abstractmethod
     def stats(self) -> dict:

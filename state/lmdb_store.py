@@ -464,11 +464,12 @@ class LmdbStore(Store):
         }
 
     def verify(self, batch: int = 65536, skip: Sequence[str] = (),
-               progress: Callable[[str], None] | None = None) -> VerifyReport:
+               progress: Callable[[str], None] | None = None, words: Sequence[str] = ()) -> VerifyReport:
         """Scan every row, blob and kv value (see :mod:`.verify`). Each batch is its own
         short read transaction: a scan of a large state does not pin the writer's pages,
         and every value is checked on its own, so no single snapshot is needed.
-        ``skip``: database names not to read; ``progress(name)`` is called before each.
+        ``skip``: database names not to read; ``progress(name)`` is called before each;
+        ``words``: tables whose float32 values are words holding bits (not checked finite).
         LMDB aborts the process on some damaged pages: :func:`.verify.verify_in_child`
         runs this in child processes and reports such a database instead."""
         report = VerifyReport(self.path, self._meta.schema_version, self._codec.name)
@@ -477,7 +478,7 @@ class LmdbStore(Store):
         for name, spec in sorted(self._tables.items()):
             for shard in range(self.shards):
                 scans.append((row_db_name(name, shard), functools.partial(
-                    check_row_batch, report, codec, spec, shard, self.shards)))
+                    check_row_batch, report, codec, spec, shard, self.shards, numbers=name not in words)))
         for db in (BLOBS, KV):
             scans.append((db, functools.partial(_check_values, report, codec, db)))
         for db_name, check in scans:

@@ -3,7 +3,8 @@ first bad value as a read does (``streamlearn inspect --verify``).
 
 Checked for every stored row: its key (8 bytes, id in ``[0, rows)``, in the shard
 ``shard_of`` puts it in), its length, its checksum (schema 2) and, for float tables, that
-its values are finite; for every blob and kv entry: its checksum (schema 2) and, for kv,
+its values are finite (except the tables the caller names as ``words``: float32 words
+that hold hashed keys or codes, where a key may read as NaN); for every blob and kv entry: its checksum (schema 2) and, for kv,
 that the key names a namespace. A database LMDB cannot walk (pages overwritten or lost)
 is reported and the scan goes on with the next one. States of schema 1 carry no
 checksums: their values are checked for length and finiteness only, and the report says so.
@@ -15,6 +16,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,8 +76,9 @@ class VerifyReport:
 
 
 def check_row_batch(report: VerifyReport, codec: RawCodec, spec: TableSpec, shard: int, shards: int,
-                    pairs: list[tuple[bytes, bytes]]) -> None:
-    """One batch of ``(key, value)`` pairs of a table's shard database."""
+                    pairs: list[tuple[bytes, bytes]], numbers: bool = True) -> None:
+    """One batch of ``(key, value)`` pairs of a table's shard database; ``numbers``: its
+    float values are numbers (checked finite), not words holding bits."""
     where = f"table {spec.name} shard {shard}"
     keys = [k for k, _ in pairs]
     odd = [i for i, k in enumerate(keys) if len(k) != 8]
@@ -87,7 +90,7 @@ def check_row_batch(report: VerifyReport, codec: RawCodec, spec: TableSpec, shar
     report.add(where, "rows stored in the wrong shard", ids[shard_of(ids, shards) != shard])
     values, bad = codec.decode_rows(spec.name, ids, [v for _, v in pairs], spec.width, spec.dtype)
     report.add(where, "rows fail their checksum" if codec.checksums else "rows of the wrong length", ids[bad])
-    if values.dtype.kind == "f":
+    if numbers and values.dtype.kind == "f":
         report.add(where, "rows hold NaN or infinite values", ids[~bad & ~np.isfinite(values).all(axis=1)])
     report.count("rows", len(pairs))
 
@@ -104,8 +107,8 @@ def check_value(report: VerifyReport, codec: RawCodec, db: bytes, key: bytes, st
 
 
 # -- in child processes: LMDB may abort instead of reporting ---------------------------------
-def verify_in_child(path: str, timeout_s: float = 3600.0) -> VerifyReport:
-    """``Store.verify()`` of the LMDB state at ``path``, run in a child process.
+def verify_in_child(path: str, timeout_s: float = 3600.0, words: Sequence[str] = ()) -> VerifyReport:
+    """``Store.verify(words=words)`` of the LMDB state at ``path``, run in a child process.
 
     LMDB trusts its pages: a cursor that steps onto an overwritten leaf aborts the process
     (an assertion, SIGABRT) instead of returning an error. A child that dies so is reported
@@ -114,7 +117,8 @@ def verify_in_child(path: str, timeout_s: float = 3600.0) -> VerifyReport:
     skip: list[str] = []
     crashes: list[str] = []
     while True:
-        out = subprocess.run([sys.executable, "-m", "streamlearn.state.verify", path, *skip],
+        out = subprocess.run([sys.executable, "-m", "streamlearn.state.verify", path, *skip,
+                              *(f"--words={name}" for name in words)],
                              capture_output=True, text=True, timeout=timeout_s)
         lines = out.stdout.splitlines()
         if out.returncode == 0 and lines and lines[-1].startswith("report "):
@@ -139,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streamlearn.state.verify")
     parser.add_argument("path")
     parser.add_argument("skip", nargs="*", help="databases not to read")
+    parser.add_argument("--words", action="append", default=[], help="a table whose floats hold bits")
     args = parser.parse_args(argv)
     try:
         with open_store(args.path, readonly=True, backend="lmdb") as store:
-            report = store.verify(skip=args.skip, progress=lambda name: print("database", name, flush=True))
+            report = store.verify(skip=args.skip, words=args.words,
+                                  progress=lambda name: print("database", name, flush=True))
     except StreamlearnError as exc:
         print(exc, file=sys.stderr)
         return 2

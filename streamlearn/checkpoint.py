@@ -242,6 +242,19 @@ def stored_config(store) -> Config:
         return _config_of(_config_bytes(store), store)
 
 
+def stored_word_tables(store) -> list[str]:
+    """The stored model's row tables whose float32 words hold bits (hashed keys, output
+    codes), not numbers, as its task declares them (:meth:`Task.word_tables
+    <streamlearn.tasks.base.Task.word_tables>`); none before the first checkpoint."""
+    from .featurize import build_featurizer
+    from .tasks import build_task
+
+    if not has_checkpoint(store):
+        return []
+    cfg = stored_config(store).override("learner.compiled=false")  # names only: no kernels to load
+    return sorted(build_task(cfg, build_featurizer(cfg.embedding, cfg.hashing.seed)).word_tables())
+
+
 def stored_sizing(store) -> Sizing | None:
     """How the store's model had its derived sizes chosen (None: it was not sized from
     its stream). Call it inside ``store.snapshot()``."""

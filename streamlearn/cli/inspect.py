@@ -56,11 +56,25 @@ def run(args: argparse.Namespace) -> int:
         with store.snapshot():
             report = build_report(store.manifest().to_dict(), store.stats())
             sizing = stored_sizing(store)
+            words = _word_tables(store) if args.verify else []
     report["sizing"] = None if sizing is None else sizing.to_dict()
     if args.verify:  # in a child: LMDB aborts on some damaged pages rather than report them
-        report["verify"] = verify_in_child(report["store"]["path"]).to_dict()
+        report["verify"] = verify_in_child(report["store"]["path"], words=words).to_dict()
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
+
+
+def _word_tables(store) -> list[str]:
+    """The tables whose floats hold bits (a count part's keys: one may read as NaN), not
+    checked for finite values; none where the stored config cannot be read (the scan then
+    reports that blob)."""
+    from ..checkpoint import stored_word_tables
+    from ..exceptions import StreamlearnError
+
+    try:
+        return stored_word_tables(store)
+    except StreamlearnError:
+        return []
 
 
 def build_report(manifest: dict, stats: dict) -> dict:

@@ -148,6 +148,10 @@ class KneserNey3:
     def tables(self, prefix: str) -> dict[str, torch.Tensor]:
         return {f"{prefix}.kn3": self.big.buf, f"{prefix}.kn12": self.small.buf, f"{prefix}.stats": self.stats}
 
+    def word_tables(self, prefix: str) -> frozenset[str]:
+        """The tables whose float32 words hold key bits (:class:`CountTable`), not numbers."""
+        return frozenset({f"{prefix}.kn3", f"{prefix}.kn12"})
+
     # ------------------------------------------------------------ counting
 
     def learn(self, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -540,6 +544,9 @@ class KneserNey4(KneserNey3):
 
     def tables(self, prefix: str) -> dict[str, torch.Tensor]:
         return {**super().tables(prefix), f"{prefix}.kn4": self.quad.buf}
+
+    def word_tables(self, prefix: str) -> frozenset[str]:
+        return super().word_tables(prefix) | {f"{prefix}.kn4"}
 
     def _table(self, tag: str) -> CountTable:
         return self.quad if tag in _QUAD_TAGS else super()._table(tag)

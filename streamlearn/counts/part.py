@@ -136,6 +136,10 @@ class CountPart:
             own[f"{PREFIX}.pairs"] = self.pairs.buf
         return {**self.kn.tables(PREFIX), **own}
 
+    def word_tables(self) -> frozenset[str]:
+        """The tables whose float32 words hold bits (keys, token hashes), not numbers."""
+        return self.kn.word_tables(PREFIX) | (frozenset(self.tables()) & {f"{PREFIX}.recent", f"{PREFIX}.pairs"})
+
     def learn(self, grams: np.ndarray) -> dict[str, np.ndarray]:
         """Count n-grams (M, order) (their last tokens, in stream order, enter the cache);
         the changed rows by store name."""

@@ -104,6 +104,10 @@ class Transitions:
         return {f"{PREFIX}.ctx": self.ctx.buf, f"{PREFIX}.succ": self.succ, f"{PREFIX}.pop": self.pop,
                 f"{PREFIX}.stats": self.stats}
 
+    def word_tables(self) -> frozenset[str]:
+        """The tables whose float32 words hold bits (context keys, output codes), not numbers."""
+        return frozenset({f"{PREFIX}.ctx", f"{PREFIX}.succ"})
+
     # ------------------------------------------------------------------ scores
 
     def components(self, ctx: np.ndarray) -> tuple[np.ndarray, ...]:

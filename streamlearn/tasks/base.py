@@ -200,6 +200,11 @@ class Task:
         """Row tables learned by counting, not by gradient, by store name."""
         return {}
 
+    def word_tables(self) -> frozenset[str]:
+        """Those of :meth:`count_tables` whose float32 words hold bits (hashed keys,
+        codes), not numbers: one may read as NaN (``inspect --verify`` knows)."""
+        return frozenset()
+
     def rows_read(self, batch: Batch) -> dict[str, np.ndarray]:
         """Rows of :meth:`count_tables` a forward pass over ``batch`` reads."""
         return {}
@@ -429,6 +434,9 @@ class TokenTask(Task):
 
     def count_tables(self) -> dict[str, torch.Tensor]:
         return {} if self.counter is None else self.counter.tables()
+
+    def word_tables(self) -> frozenset[str]:
+        return frozenset() if self.counter is None else self.counter.word_tables()
 
     def replayed_tables(self) -> frozenset[str]:
         return frozenset(self.count_tables())
