@@ -300,10 +300,13 @@ class Fetcher(threading.Thread):
             return
         # A fetch response's high watermark is exact where a broker's ListOffsets is not
         # (Tansu 0.6: the last batch's base offset + 1; see connect.topic_log): only a
-        # partition fetched since its assignment can be checked.
+        # partition fetched since its assignment can be checked. Until then its end is
+        # taken as no less than what this worker has read (a lag of 0, not a negative one
+        # that reads as lost records).
         fetched = {tp.partition: (max(offset, self._consumer.highwater(tp)))
                    for tp, offset in ends.items() if self._consumer.highwater(tp) is not None}
-        self.end_offsets = {**{tp.partition: offset for tp, offset in ends.items()}, **fetched}
+        self.end_offsets = {**{tp.partition: max(offset, self.positions.get(tp.partition, 0))
+                               for tp, offset in ends.items()}, **fetched}
         self._check_log(fetched)
 
     def _check_log(self, ends: dict[int, int]) -> None:

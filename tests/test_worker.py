@@ -523,3 +523,23 @@ def test_letters_cut_to_size_keep_their_origin():
 def test_config_diff_names_model_keys_not_connection_settings():
     new = Config().override("model.layers=2", "kafka.client_id=edge-7", "worker.group=other")
     assert config_diff(Config(), new) == "model.layers 0 -> 2"
+
+
+def test_a_worker_restarted_at_the_end_of_its_partitions_reports_no_negative_lag(broker, make_topic, group, tmp_path,
+                                                                                 caplog):
+    """Was: "NEGATIVE lag ... the broker lost records" and a negative gauge on every restart
+    at the end of a log written in several batches: the broker's ListOffsets gives the last
+    batch's base offset + 1 until a fetch brings the exact high watermark."""
+    topic = make_topic(2)
+    for seed in range(3):  # three produce calls: several batches per partition
+        produce(broker, topic, stream(60, seed=seed))
+    cfg = config(broker, group, "worker.log_seconds=0.05")
+    assert run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0).learned == 180
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.5))
+        assert worker.run().learned == 0
+    assert not [r.getMessage() for r in caplog.records if "NEGATIVE" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "records/s, lag" in r.getMessage()]
+    assert lines and all(re.search(r"records/s, lag 0\b", line) for line in lines), lines
+    for p in range(2):
+        assert worker.metrics.registry.get_sample_value("streamlearn_worker_lag_records", {"partition": str(p)}) == 0
