@@ -56,6 +56,16 @@ def test_a_limited_replay_reports_the_offsets_it_read_not_those_fetched_ahead(br
     assert sum(last - first + 1 for first, last in src.replayed.values()) == 200
 
 
+def test_an_inverted_or_past_the_end_range_says_so_instead_of_replaying_nothing_silently(broker, make_topic):
+    topic = make_topic(2)
+    fill(broker, topic, 40)
+    end = KafkaSource(broker, KafkaRange(topic)).bounds()[1][1]
+    src = KafkaSource(broker, KafkaRange(topic, start={0: 8, 1: end + 50}, end={0: 3, 1: end + 60}))
+    assert src.bounds() == {0: (8, 8), 1: (end, end)}
+    assert any("partition 0: start offset 8 is after end offset 3" in note for note in src.notes), src.notes
+    assert any(f"partition 1: range [{end + 50}, {end + 60}) clamped" in note for note in src.notes), src.notes
+
+
 def test_time_range_maps_to_offsets(broker, make_topic):
     topic = make_topic(3)
     fill(broker, topic, 60)

@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev = parser.add_argument_group("evaluation")
     ev.add_argument("--baselines", default="", help="comma-separated: river-nb,river-logreg,vw,popularity,markov,ngram; or 'all' (those that fit the task)")
     ev.add_argument("--k", type=int, default=10, help="top-k list length for recall@K and mrr (default: %(default)s)")
-    ev.add_argument("--window", type=int, default=1000, help="rolling window, in scored records (default: %(default)s)")
+    ev.add_argument("--window", type=int, default=1000, help="rolling window, in scored events: a record each for classify, mlm and next-item, "
+                         "a position each for next-token (default: %(default)s)")
     ev.add_argument("--delay", type=int, default=0, help="labels arrive this many records late (default: %(default)s)")
     ev.add_argument("--seed", type=int, default=0, help="learner.seed and the mlm masking seed (default: %(default)s)")
     ev.add_argument("--report", metavar="FILE", help="write the JSON report here")

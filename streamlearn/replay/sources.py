@@ -280,7 +280,10 @@ class KafkaSource:
         for tp in tps:
             lo, hi = low[tp], high[tp]
             start, end = starts[tp.partition], ends[tp.partition]
-            if start < lo or end > hi:
+            if start > end:
+                self.notes.append(f"partition {tp.partition}: start offset {start} is after end offset {end}: "
+                                  "nothing to replay there")
+            elif start < lo or start > hi or end > hi:
                 self.notes.append(f"partition {tp.partition}: range [{start}, {end}) clamped to the "
                                   f"available offsets [{lo}, {hi})")
             start, end = min(max(start, lo), hi), min(max(end, lo), hi)
