@@ -201,10 +201,12 @@ class DatasetReader:
         self.bad_lines: list[tuple[int, str]] = []
         self.layout = ""  # what the reader decided (csv/tsv: the header and the columns), after the first row
         self.notes = ReadNotes()
+        self.line: int | None = None  # the line of the row last yielded (its last line, for text; None: MovieLens)
 
     def __iter__(self) -> Iterator[Row]:
         self.bad_lines = []
         self.notes = ReadNotes()
+        self.line = None
         readers = {"jsonl": self._jsonl, "csv": self._table, "tsv": self._table,
                    "movielens": self._movielens, "movielens-csv": self._movielens, "text": self._text}
         return readers[self.format]()
@@ -239,7 +241,7 @@ class DatasetReader:
                 try:
                     yield lineno, raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as exc:
-                    self._bad(lineno, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+                    self._bad(lineno, f"invalid-utf8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not UTF-8")
 
     def _bad(self, lineno: int, reason: str) -> None:
         if not self.options.skip_bad_lines:
@@ -249,9 +251,12 @@ class DatasetReader:
     def _guarded(self, numbered: Iterable[tuple[int, Any]], convert) -> Iterator[Any]:
         for lineno, item in numbered:
             try:
-                yield convert(item)
+                row = convert(item)
             except (_BadLine, RecordError) as exc:
                 self._bad(lineno, str(exc))
+                continue
+            self.line = lineno
+            yield row
 
     # ---- jsonl
     def _jsonl(self) -> Iterator[Row]:
@@ -261,9 +266,10 @@ class DatasetReader:
     # ---- plain text
     def _text(self) -> Iterator[Row]:
         words: list[str] = []
-        for _, line in self._lines():
+        for lineno, line in self._lines():
             words += line.split()
             while len(words) >= TEXT_WORDS:
+                self.line = lineno
                 yield Row(None, {"text": " ".join(words[:TEXT_WORDS])}, None)
                 del words[:TEXT_WORDS]
         if words:
@@ -283,9 +289,12 @@ class DatasetReader:
             if len(cells) > columns.width:
                 self.notes.extra_columns.append(lineno)
             try:
-                yield columns.row(cells)
+                row = columns.row(cells)
             except (_BadLine, RecordError) as exc:
                 self._bad(lineno, str(exc))
+                continue
+            self.line = lineno
+            yield row
 
     def _tsv_rows(self) -> Iterator[tuple[int, list[str]]]:
         for n, line in self._lines():
@@ -311,7 +320,7 @@ class DatasetReader:
             except StopIteration:
                 return
             except csv.Error as exc:
-                self._bad(starts[mark] if mark < len(starts) else starts[-1], f"CSV: {exc}")
+                self._bad(starts[mark] if mark < len(starts) else starts[-1], f"bad-value: CSV: {exc}")
                 continue
             first, last = starts[mark], starts[-1]
             if last > first:
@@ -362,9 +371,9 @@ def _jsonl_row(line: str) -> Row:
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError) as exc:
-        raise _BadLine(f"not valid JSON: {str(exc)[:100]}") from exc
+        raise _BadLine(f"invalid-json: {str(exc)[:100]}") from exc
     if not isinstance(obj, dict):
-        raise _BadLine(f"a JSON line must be an object (a record), got {type(obj).__name__}")
+        raise _BadLine(f"wrong-type: a JSON line must be an object (a record), got {type(obj).__name__}")
     record = from_dict(obj)
     key = record.key.encode() if record.key is not None else None
     return Row(key, record.to_dict(), record.ts)
@@ -373,14 +382,15 @@ def _jsonl_row(line: str) -> Row:
 def _rating_fields(line: str, sep: str) -> tuple[int, int, int]:
     fields = line.split(sep)
     if len(fields) != 4:
-        raise _BadLine(f"expected 4 fields user{sep!r}item{sep!r}rating{sep!r}timestamp, got {len(fields)}")
+        raise _BadLine(f"bad-value: expected 4 fields user{sep!r}item{sep!r}rating{sep!r}timestamp, got {len(fields)}")
     try:
         user, item, ts = int(fields[0]), int(fields[1]), int(fields[3])
         float(fields[2])
     except ValueError as exc:
-        raise _BadLine(f"user, item and timestamp must be integers and rating a number: {line[:80]!r}") from exc
+        raise _BadLine(f"bad-value: user, item and timestamp must be integers and rating a number: "
+                       f"{line[:80]!r}") from exc
     if not 0 <= ts <= _MAX_SECONDS:
-        raise _BadLine(f"timestamp {ts} is not unix seconds (0 to {_MAX_SECONDS})")
+        raise _BadLine(f"bad-value: timestamp {ts} is not unix seconds (0 to {_MAX_SECONDS})")
     return user, item, ts
 
 

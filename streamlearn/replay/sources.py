@@ -104,7 +104,8 @@ class FileSource:
             # The reader collects bad lines as it passes them: emit them in stream order.
             yield from self._bad_lines(seen_bad)
             seen_bad = len(reader.bad_lines)
-            yield Item(from_dict(row.record), None, f"{self.path.name}")
+            where = self.path.name if reader.line is None else f"{self.path.name}:{reader.line}"
+            yield Item(from_dict(row.record), None, where)
         yield from self._bad_lines(seen_bad)
 
     def _bad_lines(self, start: int) -> Iterator[Item]:
