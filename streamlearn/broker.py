@@ -494,13 +494,21 @@ def produce_rows(bootstrap: str, topic: str, rows: Iterable[Row], *, fmt: str = 
         producer.flush(timeout=timeout_s)
     except KafkaError as exc:
         raise BrokerError(f"writing to {topic!r} on {bootstrap} failed: {exc}") from exc
+    except StreamlearnError as exc:  # a row the input could not give: the rows before it are sent
+        producer.flush(timeout=timeout_s)
+        raise type(exc)(f"{exc}\n{_written(summary, failures)} before it; running again writes them again "
+                        "(a new topic, or --skip-bad-lines from the start, avoids that)") from exc
     finally:
         producer.close(timeout=timeout_s)
     summary.seconds = time.perf_counter() - started
     if failures:
-        raise BrokerError(f"{len(failures)} of {summary.records} records were not written to {topic!r}; "
-                          f"first error: {failures[0]!r}")
+        raise BrokerError(f"{len(failures)} of {summary.records} records were not written to {topic!r} (first "
+                          f"error: {failures[0]!r}); {_written(summary, failures)}")
     return summary
+
+
+def _written(summary: "ProduceSummary", failures: list) -> str:
+    return f"{summary.records - len(failures):,} record(s) were written to {summary.topic!r}"
 
 
 def _producer(bootstrap: str, timeout_s: float, security: KafkaConfig | None) -> Any:

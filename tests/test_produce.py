@@ -99,11 +99,16 @@ def test_existing_topic_keeps_its_partitions(broker, topic, consume, tmp_path, c
     assert {m.partition for m in consume(topic, 3)} <= {0, 1}
 
 
-def test_bad_line_stops_with_line_number(broker, topic, tmp_path, capsys):
+def test_bad_line_stops_with_line_number_and_says_what_was_written_before_it(broker, topic, consume, tmp_path,
+                                                                             capsys):
     path = tmp_path / "SMSSpamCollection"
-    path.write_text("ham\tfine thanks see you\nspam\n")
+    path.write_text("ham\tfine thanks see you\nham\tsee you at noon\nspam\nham\tnever sent\n")
     assert produce(broker, path, topic) == 2
-    assert "SMSSpamCollection:2: 1 field(s)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "SMSSpamCollection:3: 1 field(s)" in err
+    assert f"2 record(s) were written to {topic!r} before it; running again writes them again" in err
+    written = consume(topic, 3, timeout_s=3.0)  # a third would be a record of the bad line or after it
+    assert sorted(msgpack.unpackb(m.value)["text"] for m in written) == ["fine thanks see you", "see you at noon"]
 
 
 def test_skip_bad_lines_reports_them(broker, topic, consume, tmp_path, capsys):
