@@ -36,6 +36,7 @@ Environment: :func:`dist_settings` is the one place that reads torchrun's variab
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from ..learner import Learner
 from ..state import Checkpoint, Store
 from ..sync import Replica
 
+log = logging.getLogger(__name__)
 
 
 class DistributedError(StreamlearnError):
@@ -140,6 +142,9 @@ class Group:
         timeout = timedelta(seconds=settings.timeout_s)
         if settings.backend == "nccl":  # one GPU per rank on a host (backend_for): torchrun's LOCAL_RANK, else the rank
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", settings.rank % torch.cuda.device_count())))
+        log.info("joining the process group at %s as rank %d of %d (--dist-timeout %g s)", settings.url,
+                 settings.rank, settings.world_size, settings.timeout_s)
+        started = time.monotonic()
         try:
             # Our own TCPStore (hosted by rank 0) also carries the sync requests (SyncClock).
             self.store = dist.TCPStore(host, int(port), settings.world_size,
@@ -147,9 +152,11 @@ class Group:
             dist.init_process_group(settings.backend, store=self.store, rank=settings.rank,
                                     world_size=settings.world_size, timeout=timeout)
         except (RuntimeError, ValueError) as exc:
-            raise DistributedError(f"could not join the process group at {settings.url} as rank "
-                                   f"{settings.rank} of {settings.world_size} within {settings.timeout_s:g} s: "
-                                   f"{exc}; check that every rank uses the same --dist-url and --world-size") from exc
+            raise DistributedError(
+                f"could not join the process group at {settings.url} as rank {settings.rank} of "
+                f"{settings.world_size} (gave up after {time.monotonic() - started:.0f} s): {exc}; check that every "
+                "rank uses the same --dist-url and --world-size and that every rank was started: a worker left "
+                "going on alone after a peer crashed takes no new member, so stop it and start all ranks") from exc
         self.open = True
 
     @property

@@ -496,3 +496,19 @@ def test_two_workers_learn_one_token_model_with_the_counts_of_one(task, sync, br
 def stored_generation_(state) -> int:
     with open_store(state, readonly=True) as store:
         return stored_generation(store)
+
+
+def test_a_rank_that_finds_no_group_says_how_long_it_waited_and_what_to_restart(caplog):
+    """The case a helper met: a crashed rank restarted beside a survivor that went on alone
+    (it hosts no store for the new member) waited in silence, then named a wrong timeout."""
+    import logging
+
+    from streamlearn.broker import free_port
+    from streamlearn.consumers.distributed import DistributedError, DistSettings, Group
+
+    settings = DistSettings(rank=1, world_size=2, url=f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"), pytest.raises(DistributedError) as err:
+        Group(settings)
+    assert any("joining the process group" in r.getMessage() for r in caplog.records)
+    message = str(err.value)
+    assert "as rank 1 of 2 (gave up after" in message and "stop it and start all ranks" in message, message
