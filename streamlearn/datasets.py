@@ -97,6 +97,7 @@ class ReadOptions:
     text_column: str | None = None  # csv/tsv: name or 0-based index, "a,b" joins columns
     label_column: str | None = None
     skip_bad_lines: bool = False  # False: the first bad line raises DatasetError
+    max_line_bytes: int | None = None  # jsonl/csv/tsv: a longer line is bad, too-large (None: no limit)
 
 
 class _BadLine(Exception):
@@ -235,9 +236,15 @@ class DatasetReader:
 
     # ---- shared line handling
     def _lines(self) -> Iterator[tuple[int, str]]:
-        """(1-based line number, text without the line break) of each UTF-8 line."""
+        """(1-based line number, text without the line break) of each UTF-8 line; where a
+        line is a record (not plain text, whose lines are cut into records), a line over
+        ``max_line_bytes`` is a bad line, as the worker refuses such a message."""
+        limit = self.options.max_line_bytes if self.format in ("jsonl", "csv", "tsv") else None
         with self.path.open("rb") as f:
             for lineno, raw in enumerate(f, 1):
+                if limit is not None and len(raw) > limit:
+                    self._bad(lineno, f"too-large: {len(raw)} > {limit} bytes (worker.max_record_bytes)")
+                    continue
                 try:
                     yield lineno, raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as exc:

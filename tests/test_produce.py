@@ -1,5 +1,6 @@
 """`streamlearn produce` end to end: a tiny file in, the messages read back from the real broker."""
 import json
+import re
 import socket
 from collections import defaultdict
 
@@ -148,3 +149,13 @@ def test_bundled_sms_sample_loads_completely(broker, topic, consume, capsys):
     got = consume(topic, 5574, timeout_s=20)
     labels = [decode(m.value, 100_000).label for m in got]
     assert len(got) == 5574 and labels.count("spam") == 747
+
+
+def test_a_line_the_worker_would_refuse_as_too_large_is_a_bad_line(broker, topic, consume, tmp_path, capsys):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "ok"}\n' + json.dumps({"text": "word " * 300}) + '\n{"text": "also ok"}\n')
+    assert produce(broker, path, topic, "--set", "worker.max_record_bytes=1000") == 2
+    err = capsys.readouterr().err
+    assert re.search(r"a.jsonl:2: too-large: 15\d\d > 1000 bytes \(worker.max_record_bytes\)", err), err
+    assert produce(broker, path, topic + "-skip", "--set", "worker.max_record_bytes=1000", "--skip-bad-lines") == 0
+    assert "line 2: too-large" in capsys.readouterr().err

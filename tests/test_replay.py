@@ -547,3 +547,18 @@ def test_replay_help_names_every_baseline(capsys):
         main(["replay", "--help"])
     flat = "".join(capsys.readouterr().out.split())  # argparse wraps at spaces and after hyphens
     assert all(name in flat for name in BASELINES), flat
+
+
+def test_a_file_record_over_max_record_bytes_is_bad_as_it_is_from_kafka(tmp_path):
+    """Was: learned from a file, dead-lettered by the worker and by a Kafka replay."""
+    path = tmp_path / "big.jsonl"
+    records = words_stream(20)
+    lines = [json.dumps(r) for r in records]
+    lines.insert(5, json.dumps({"text": "word " * 300, "label": "ham"}))  # about 1.5 KB
+    path.write_text("\n".join(lines) + "\n")
+    sets = [a for s in TINY for a in ("--set", s)]
+    assert run_cli("--file", str(path), *sets, "--set", "worker.max_record_bytes=1000",
+                   "--report", str(tmp_path / "r.json")) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["records"] == 21 and report["bad_records"]["reasons"] == {"too-large": 1}
+    assert report["bad_records"]["examples"][0]["where"] == "big.jsonl:6"

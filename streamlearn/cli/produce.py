@@ -56,9 +56,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 0:
         raise StreamlearnError(f"--limit must be >= 0, got {args.limit}")
-    security = load_config(args.config, args.set).kafka
+    config = load_config(args.config, args.set)
+    security = config.kafka
     security.client_options()  # a config that cannot connect fails before the file is read
-    options = ReadOptions(args.input_format, args.text_column, args.label_column, args.skip_bad_lines)
+    # a line the worker would refuse (worker.max_record_bytes) is a bad line here already
+    options = ReadOptions(args.input_format, args.text_column, args.label_column, args.skip_bad_lines,
+                          max_line_bytes=config.worker.max_record_bytes)
     reader = DatasetReader(args.file, options)
     partitions = create_topic(args.bootstrap, args.topic, args.partitions, timeout_s=args.timeout, security=security)
     if partitions != args.partitions:

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import replay
     from ..replay.baselines import parse_baselines
 
-    source = _source(args, config.kafka)
+    source = _source(args, config.kafka, config.worker.max_record_bytes)
     if args.file is not None:
         print(source.preview(), file=sys.stderr)
     torch.set_num_threads(intra_op_threads(config))
@@ -148,11 +148,14 @@ def _task(args: argparse.Namespace, config) -> str:
     return config.learner.task
 
 
-def _source(args: argparse.Namespace, security: KafkaConfig):
+def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int):
+    """The records to replay; one over ``max_bytes`` (``worker.max_record_bytes``) is bad,
+    too-large, from a file as from Kafka, as the worker has it."""
     from ..replay.sources import FileSource, KafkaRange, KafkaSource, parse_offsets, parse_time
 
     if args.file is not None:
-        return FileSource(args.file, ReadOptions(args.input_format, args.text_column, args.label_column))
+        return FileSource(args.file, ReadOptions(args.input_format, args.text_column, args.label_column,
+                                                 max_line_bytes=max_bytes))
     rng = KafkaRange(
         args.topic,
         start=parse_offsets(args.start_offset) if args.start_offset else None,
@@ -161,7 +164,7 @@ def _source(args: argparse.Namespace, security: KafkaConfig):
         end_ms=parse_time(args.end_time) if args.end_time else None,
         partitions=_partitions(args.partitions),
     )
-    return KafkaSource(args.bootstrap, rng, security=security)
+    return KafkaSource(args.bootstrap, rng, max_bytes=max_bytes, security=security)
 
 
 def _partitions(spec: str | None) -> tuple[int, ...] | None:

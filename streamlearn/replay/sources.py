@@ -22,7 +22,7 @@ base offset), which would otherwise cut a range short.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -74,7 +74,7 @@ class FileSource:
         self.format = fmt
         self._reader = None
         if fmt != "msgpack":  # bad lines are counted, not fatal: replay reports them
-            opts = ReadOptions(fmt, options.text_column, options.label_column, skip_bad_lines=True)
+            opts = replace(options, format=fmt, skip_bad_lines=True)
             self._reader = DatasetReader(self.path, opts)
             self.format = self._reader.format
 
