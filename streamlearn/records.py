@@ -249,7 +249,11 @@ def _tokens(value: Any) -> tuple[Token, ...] | None:
 
 
 def _token_field(name: str, value: Any) -> str | int | None:
-    if value is None or _is_int(value):
+    if value is None:
+        return value
+    if _is_int(value):
+        if not -(2**63) <= value < 2**64:  # what msgpack (a checkpoint's labels, a dead letter) can hold
+            raise RecordError(f"bad-value: {name} {value} does not fit in 64 bits; send it as a string")
         return value
     if isinstance(value, str):
         return _utf8(name, value)

@@ -97,6 +97,10 @@ BAD = [
     (mp({"text": "x", "weight": 1e6 * (1 + 1e-9)}), "bad-weight"),
     (mp({"text": "x", "ts": -1}), "bad-value"),
     (js({"text": "x", "ts": 2**63}), "bad-value"),
+    (js({"text": "x", "label": 777777777777777777777777777777}), "bad-value"),  # was learned, then no checkpoint
+    (js({"text": "x", "label": -(2**63) - 1}), "bad-value"),  # could be written
+    (js({"key": 2**64, "item": 1}), "bad-value"),
+    (js({"key": "u", "item": 2**64}), "bad-value"),
 ]
 
 
