@@ -59,7 +59,7 @@ import numpy as np
 import torch
 import xxhash
 
-from .config import Config, model_changes, stored_values
+from .config import RUN_KEYS, Config, model_changes, stored_values
 from .exceptions import CheckpointError, CheckpointMismatchError, CorruptStateError, NoCheckpointError
 from .learner import Learner
 from .sizing import Sizing, derived_keys
@@ -302,12 +302,13 @@ def stored_labels(store) -> list:
 
 
 def config_diff(old: Config, new: Config) -> str:
-    """``"model.layers 0 -> 1, ..."``: the keys of ``new`` that differ from ``old``,
-    outside the sections a restart may change (worker, store, service, kafka)."""
+    """``"model.layers 0 -> 1, ..."``: the keys of ``new`` that differ from ``old`` and
+    may not change on a restart (not the sections worker, store, service, kafka, nor the
+    run keys, such as learning rates: naming those would send a user after the wrong key)."""
     a, b = old.to_dict(), new.to_dict()
     diffs = [f"{section}.{key} {a[section][key]!r} -> {value!r}"
              for section, values in b.items() if section not in _RUNTIME_SECTIONS
-             for key, value in values.items() if a[section].get(key) != value]
+             for key, value in values.items() if a[section].get(key) != value and f"{section}.{key}" not in RUN_KEYS]
     return ", ".join(diffs)
 
 

@@ -591,7 +591,13 @@ def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tupl
     changes = [line for line in model_changes(stored, new) if line.partition(":")[0] not in given]
     if not changes:
         return new, []
-    return new.override(*(f"{dotted}={value}" for dotted, value in stored_values(stored, changes))), changes
+    # A key the user set to the default of the task they run as (the default task, when a
+    # stored next-token model is restarted without --task) is not "set" for override, which
+    # would give it the stored task's default: such keys are assigned again, as given.
+    restored = {line.partition(":")[0] for line in changes}
+    clobbered = sorted({a.partition("=")[0] for a in task_defaults(stored.learner.task)} & set(given) - restored)
+    assignments = [*stored_values(stored, changes), *stored_values(new, [f"{dotted}:" for dotted in clobbered])]
+    return new.override(*(f"{dotted}={value}" for dotted, value in assignments)), changes
 
 
 def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:

@@ -430,3 +430,19 @@ def test_out_B_zero_is_derived_for_next_item_only():
         with pytest.raises(ConfigError, match=r"model.out_B=0 .*derived.* set model.out_B >= 1") as exc:
             Config().override(f"learner.task={task}", "model.out_B=0")
         assert exc.value.key == "model.out_B"
+
+
+def test_a_restart_without_task_keeps_the_run_keys_the_user_set_to_the_default_tasks_defaults():
+    """Was: a next-token model restarted without --task took next-token's defaults for
+    every run key the user set to the default task's value (row_decay 1.0 -> 0.95,
+    negatives 256 -> 128), silently."""
+    from streamlearn.config import keep_stored
+
+    stored = Config().override("learner.task=next-token")
+    new = Config().override("optim.row_decay=1.0", "model.negatives=256", "optim.dense_lr=0.004")
+    cfg, kept = keep_stored(stored, new, given={"optim.row_decay", "model.negatives", "optim.dense_lr"})
+    assert cfg.learner.task == "next-token" and any(line.startswith("learner.task") for line in kept)
+    assert (cfg.optim.row_decay, cfg.model.negatives, cfg.optim.dense_lr) == (1.0, 256, 0.004)
+    assert cfg.optim.output_lr == stored.optim.output_lr  # not given: the stored task's default
+    again, _ = keep_stored(stored, new, given=set())
+    assert (again.optim.row_decay, again.model.negatives) == (0.95, 128)

@@ -521,7 +521,8 @@ def test_letters_cut_to_size_keep_their_origin():
 
 
 def test_config_diff_names_model_keys_not_connection_settings():
-    new = Config().override("model.layers=2", "kafka.client_id=edge-7", "worker.group=other")
+    new = Config().override("model.layers=2", "kafka.client_id=edge-7", "worker.group=other", "optim.sparse_lr=0.05",
+                            "learner.batch_size=2")  # the run keys may change: not named either
     assert config_diff(Config(), new) == "model.layers 0 -> 2"
 
 
