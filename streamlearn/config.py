@@ -209,7 +209,7 @@ class LearnerConfig:
 
     task: str = key("classify", one_of(*TASKS))
     # text: 8 learns sooner than 16 (+0.5 to 1 point on 1,000-record streams) at ~0.6x the records/s
-    batch_size: int = key(8, at_least(1))
+    batch_size: int = key(8, between(1, 2**20))
     # from this step on a step takes 2 x batch_size records (0: never). next-token: 250, after its
     # first 2,000 records: a warm model lost nothing per record at 16 on four streams, at ~1.35x the
     # records/s (docs/choosing-a-configuration.md)
@@ -280,10 +280,10 @@ class WorkerConfig:
     dlq_suffix: str = key(".dlq", matches(_NAME, "1+ of A-Z a-z 0-9 . _ - (it ends a topic name)"))
     # larger bad messages are dead-lettered cut to this size
     dlq_max_bytes: int = key(16_777_216, between(1024, KAFKA_BYTES))
-    poll_timeout_ms: int = key(200, at_least(1))
+    poll_timeout_ms: int = key(200, between(1, 30_000))  # longer: --until-idle and a stop wait for it
     queue_batches: int = key(16, at_least(1))  # prepared batches buffered between the fetch thread and training
     # intra-op threads of the training loop; 0: CPUs - 1 (the fetch thread needs one)
-    torch_threads: int = key(0, at_least(0))
+    torch_threads: int = key(0, between(0, 1024))
     eval_every: int = key(10, at_least(0))  # the prequential check on every n-th batch (0: off); one extra forward each
     log_seconds: float = key(5.0, above(0))  # status line interval
     retry_max_s: float = key(5.0, above(0))  # cap of the exponential backoff while the broker is unreachable

@@ -248,12 +248,17 @@ def test_each_key_refuses_an_invalid_value_in_one_line_naming_it(dotted):
 def test_messages_say_key_value_and_range():
     cases = {
         "optim.sparse_lr=-0.5": "optim.sparse_lr must be > 0, got -0.5",
-        "learner.batch_size=0": "learner.batch_size must be >= 1, got 0",
+        "learner.batch_size=0": "learner.batch_size must be in [1, 2^20], got 0",
         "optim.dense_lr=-1": "optim.dense_lr must be > 0, got -1.0",
         "learner.mask_prob=1": "learner.mask_prob must be in (0, 1), got 1.0",
         "embedding.K=0": "embedding.K must be in [1, 2^32], got 0",
         "learner.nb_cells=1000": "learner.nb_cells must be a multiple of 64 in [64, 2^32], got 1000",
         "optim.dense_lr=nan": "optim.dense_lr must be > 0, got nan",
+        # were accepted, then a traceback (torch.set_num_threads, islice) or a worker that never stopped
+        "worker.torch_threads=100000000000000000000": "worker.torch_threads must be in [0, 1024], got 100000000000000000000",
+        "learner.batch_size=9223372036854775808": "learner.batch_size must be in [1, 2^20], got 9223372036854775808",
+        "worker.poll_timeout_ms=10000000000000000000000":
+            "worker.poll_timeout_ms must be in [1, 30000], got 10000000000000000000000",
     }
     for assignment, message in cases.items():
         with pytest.raises(ConfigError) as refused:
@@ -315,7 +320,7 @@ def test_bad_values_from_toml_and_environment_are_refused(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match=re.escape("optim.sparse_lr must be > 0, got -0.5")):
         load_config(path, use_env=False)
     monkeypatch.setenv("STREAMLEARN__LEARNER__BATCH_SIZE", "0")
-    with pytest.raises(ConfigError, match=re.escape("learner.batch_size must be >= 1, got 0")):
+    with pytest.raises(ConfigError, match=re.escape("learner.batch_size must be in [1, 2^20], got 0")):
         load_config()
     monkeypatch.setenv("STREAMLEARN__LEARNER__BATCH_SIZE", "32")
     assert load_config().learner.batch_size == 32
@@ -361,7 +366,7 @@ COMMANDS = {
 }
 BAD = {
     "optim.sparse_lr=-0.5": "optim.sparse_lr must be > 0, got -0.5",
-    "learner.batch_size=0": "learner.batch_size must be >= 1, got 0",
+    "learner.batch_size=0": "learner.batch_size must be in [1, 2^20], got 0",
     "optim.dense_lr=-1": "optim.dense_lr must be > 0, got -1.0",
 }
 

@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
                         token=load_token(args.token_file, os.environ))
     if args.workers < 1:
         raise StreamlearnError(f"--workers must be >= 1, got {args.workers}")
-    if args.threads < 0:
-        raise StreamlearnError(f"--threads must be >= 0, got {args.threads}")
+    if not 0 <= args.threads <= 1024:
+        raise StreamlearnError(f"--threads must be in [0, 1024], got {args.threads}")
     if args.workers == 1:
         return _serve_one(settings, args.access_log)
     return _serve_many(settings, args.workers, args.access_log)
