@@ -336,11 +336,17 @@ def read_full(store, cfg: Config | None = None) -> Learner:
     :class:`CheckpointMismatchError`, :class:`CorruptStateError`."""
     if not has_checkpoint(store):
         raise NoCheckpointError(_no_checkpoint(store))
+    given = cfg is not None
     if cfg is None:
         cfg = stored_config(store)
     elif derived_keys(cfg):
         cfg = cfg.override(f"model.out_B={stored_config(store).model.out_B}")
-    learner = Learner(cfg)
+    try:
+        learner = Learner(cfg)
+    except (RuntimeError, MemoryError) as exc:  # the tables do not fit in memory
+        if given:
+            _check_restart(store, cfg)  # a size the restart refuses anyway: say that
+        raise CheckpointError(f"{store.path}: the model of this config cannot be built here ({exc})") from exc
     with store.snapshot():  # one checkpoint: counters, rows, blobs and kv agree
         meta = _read_meta(store)
         check_format(learner, meta.format, store)
@@ -348,8 +354,8 @@ def read_full(store, cfg: Config | None = None) -> Learner:
         row_optim = _read_row_optim(store)
         misfits = _misfits(learner, store, dense) + _rule_misfit(learner, row_optim)
         if misfits:
-            raise _mismatch(store, learner.cfg, misfits, compare=cfg is not None)
-        if cfg is not None:
+            raise _mismatch(store, learner.cfg, misfits, compare=given)
+        if given:
             _check_restart(store, cfg)
         _load_rows(learner, store)
         learner.load_dense_state(dense)

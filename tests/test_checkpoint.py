@@ -253,6 +253,23 @@ def test_open_learner_calls_a_mismatch_a_mismatch_with_the_config_diff(store):
     assert "same --config/--set" in message and "table E is 256x16 stored" in message
 
 
+def test_a_refused_size_too_large_to_build_is_refused_not_a_traceback(store, monkeypatch):
+    """A model key set far larger than the stored one (embedding.K=2^32: 34 GB) failed to
+    allocate before the restart check could refuse it: a traceback, exit 1. The tables of
+    such a size cannot be allocated in a test, so the allocation's failure stands in."""
+    commit(trained(), store)
+
+    def cannot_allocate(cfg):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 34359738368 bytes")
+
+    monkeypatch.setattr(checkpoint, "Learner", cannot_allocate)
+    with pytest.raises(CheckpointMismatchError) as exc:
+        open_learner(store, config("embedding.K=4294967296"))
+    assert "embedding.K 2000 -> 4294967296" in one_line(exc) and "same --config/--set" in one_line(exc)
+    with pytest.raises(CheckpointError, match="cannot be built here .*can't allocate memory"):
+        open_learner(store, config())
+
+
 def test_open_learner_calls_corruption_corruption_even_with_a_changed_config(store):
     lrn = trained()
     commit(lrn, store)
