@@ -723,8 +723,12 @@ def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     known = Config().to_dict()
     out = []
     for variable, value in sorted(environ.items()):
-        if variable.startswith("STREAMLEARN__") and variable.count("__") == 2:
-            _, section, name = variable.split("__")
+        if variable.startswith("STREAMLEARN__"):
+            parts = variable.split("__")
+            if len(parts) != 3 or not all(parts):  # a setting meant, and lost to a typo: say so
+                raise ConfigError(f"environment variable {variable} is not a setting: name one as "
+                                  "STREAMLEARN__SECTION__KEY (two underscores each), e.g. STREAMLEARN__OPTIM__DENSE_LR")
+            _, section, name = parts
             section = section.lower()
             if name not in known.get(section, {}):
                 name = name.lower()

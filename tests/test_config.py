@@ -78,6 +78,14 @@ def test_environment_overrides():
     assert Config().override(*env_overrides(env)).embedding.K == 99
 
 
+@pytest.mark.parametrize("variable", ["STREAMLEARN__OPTIM_DENSE_LR", "STREAMLEARN__OPTIM__DENSE_LR__X",
+                                      "STREAMLEARN__OPTIM", "STREAMLEARN____DENSE_LR"])
+def test_a_malformed_setting_variable_is_refused_not_ignored(variable):
+    """Was: ignored, so the run went on with the default the user meant to change."""
+    with pytest.raises(ConfigError, match=f"environment variable {variable} is not a setting.*STREAMLEARN__SECTION__KEY"):
+        env_overrides({variable: "-1"})
+
+
 def test_round_trip_through_dict():
     cfg = Config().override("model.layers=2", "hashing.seed=7")
     assert Config.from_dict(cfg.to_dict()) == cfg
