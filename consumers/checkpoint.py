@@ -82,9 +82,18 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
         learner.sizing = sizing
         log.info("new model: %s", sizing)
         return learner
+    stored = stored_config(store)
+    if cfg.learner.task != stored.learner.task and (given is None or "learner.task" in given):
+        # said first: the other task's defaults would otherwise fail the config's own rules
+        # against the stored model keys (model.counts of the stored task), one key at a time
+        raise CheckpointMismatchError(
+            f"the state at {store.path} holds a {stored.learner.task} model, and this run asks for "
+            f"learner.task={cfg.learner.task}: run it as --task {stored.learner.task}, or use a new --state "
+            "directory", (f"learner.task: stored {stored.learner.task!r}, now {cfg.learner.task!r}",),
+            f"learner.task {stored.learner.task!r} -> {cfg.learner.task!r}")
     if given is not None:
         # a derived size (model.out_B=0) is read_full's to take from the store, as before
-        cfg, kept = keep_stored(stored_config(store), cfg, {*given, *derived_keys(cfg)})
+        cfg, kept = keep_stored(stored, cfg, {*given, *derived_keys(cfg)})
         if kept:
             log.info("kept the stored model config where this run sets nothing: %s", "; ".join(kept))
     try:

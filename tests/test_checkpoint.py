@@ -270,6 +270,18 @@ def test_a_refused_size_too_large_to_build_is_refused_not_a_traceback(store, mon
         open_learner(store, config())
 
 
+def test_another_task_on_a_stored_model_is_refused_in_one_message_naming_the_task(store):
+    """Was: the new task's defaults against the stored model keys, one rule at a time
+    (model.counts='kn4' is a count part of task next-token ..., then model.recent_pairs)."""
+    commit(trained(), store)
+    for given in ({"learner.task"}, None):
+        with pytest.raises(CheckpointMismatchError) as exc:
+            open_learner(store, config("learner.task=mlm"), given=given)
+        assert one_line(exc) == (f"the state at {store.path} holds a classify model, and this run asks for "
+                                 "learner.task=mlm: run it as --task classify, or use a new --state directory")
+    assert open_learner(store, config(), given=set()).task.name == "classify"
+
+
 def test_open_learner_calls_corruption_corruption_even_with_a_changed_config(store):
     lrn = trained()
     commit(lrn, store)
