@@ -273,6 +273,7 @@ class DatasetReader:
     # ---- plain text
     def _text(self) -> Iterator[Row]:
         words: list[str] = []
+        lineno = 0
         for lineno, line in self._lines():
             words += line.split()
             while len(words) >= TEXT_WORDS:
@@ -280,6 +281,7 @@ class DatasetReader:
                 yield Row(None, {"text": " ".join(words[:TEXT_WORDS])}, None)
                 del words[:TEXT_WORDS]
         if words:
+            self.line = lineno
             yield Row(None, {"text": " ".join(words)}, None)
 
     # ---- csv / tsv
