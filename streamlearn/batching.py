@@ -181,8 +181,15 @@ class Preparer:
     def cut(self, tokens: list[str]) -> list[str]:
         return tokens[: self.cfg.hashing.max_tokens]
 
+    def query_cut(self, tokens: list[str]) -> list[str]:
+        """A query's tokens cut to ``hashing.max_tokens``: its first ones here, as a record
+        is read; a task whose answer follows from a query's end (next-token, next-item) or
+        from its [MASK] (mlm) keeps those."""
+        return self.cut(tokens)
+
     def query_tokens(self, obj: Any, i: int) -> list[str]:
-        """Query ``i``'s tokens (``tokens``, or ``text`` tokenized), cut; RecordError."""
+        """Query ``i``'s tokens (``tokens``, or ``text`` tokenized), cut (:meth:`query_cut`);
+        RecordError."""
         fields = fields_of(obj)
         text, tokens = fields.get("text"), fields.get("tokens")
         try:
@@ -191,9 +198,9 @@ class Preparer:
                 if not isinstance(tokens, (list, tuple)) and (isinstance(tokens, (str, bytes))
                                                               or not isinstance(tokens, Sequence)):
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
-                return self.cut([canonical_id(t) for t in tokens])
+                return self.query_cut([canonical_id(t) for t in tokens])
             if isinstance(text, str):
-                return self.cut(self.query_text(text))
+                return self.query_cut(self.query_text(text))
         except TypeError as exc:
             raise RecordError(f"wrong-type: query {i}: {exc}") from exc
         raise RecordError(f"missing-field: query {i} needs text (str) or tokens (task {self.task})")

@@ -317,14 +317,19 @@ class Learner(river_base.Classifier):
         the record's ``tokens``, if given). Candidates are the tokens the stream has shown;
         ``exclude``: per record, candidate ids to leave out (``index.ids(tokens)``).
         ``TopK.exact`` is Superbloom's certificate (always True for T-Free and classify).
+        ``beam`` (the hashed head's search width): ``learner.beam``, or k if larger; a
+        beam given below k can list fewer than k answers.
         """
         return self.topk_batch(self.prepare(records, train=False), k, beam, exclude)
 
     def topk_batch(self, batch: Batch, k: int = 10, beam: int | None = None,
                    exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
         """:meth:`topk_many` of an already prepared query batch."""
+        # the default beam goes at least k deep: a beam search narrower than k lists fewer than
+        # k answers where more candidates exist; a beam given is taken as given
+        beam = beam or max(self.cfg.learner.beam, k)
         with self._inference():
-            return self.task.topk(self.model, batch, self.dev, k, beam or self.cfg.learner.beam, exclude)
+            return self.task.topk(self.model, batch, self.dev, k, beam, exclude)
 
     def predict_proba_batch(self, batch: Batch) -> np.ndarray:
         """classify: label probabilities (N, n_labels) of an already prepared batch, a

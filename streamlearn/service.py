@@ -122,7 +122,8 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
     the exception for an explicit ``"tokens": []``: an empty prefix asks next-token for
     a record's first token (a keyboard's suggestions before anything is typed), an empty
     history asks next-item what a new key starts with, as an unknown ``key`` does."""
-    Text = text_field(cfg.max_tokens * CHARS_PER_TOKEN, ' (top-k from an empty prefix or history: "tokens": [])')
+    Text = text_field(cfg.max_tokens * CHARS_PER_TOKEN,
+                      ' (/v1/topk asks for a first token or a new key\'s first item with "tokens": [])')
     Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
     Context = Annotated[list[Token], Field(min_length=0, max_length=cfg.max_tokens)]  # top-k's: may be empty
     forbid = ConfigDict(extra="forbid")

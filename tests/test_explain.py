@@ -247,3 +247,44 @@ def test_bad_explain_requests_are_422_saying_why(state, body, code, says):
     r = TestClient(create_app(Settings(state=state))).post("/v1/explain", json=body)
     assert r.status_code == 422 and r.json()["error"] == code
     assert says in r.text, r.text
+
+
+def test_next_item_explains_a_history_longer_than_its_input_giving_older_items_no_weights():
+    """Was: a 500 (IndexError) for 24 or more items: the input holds the last learner.history."""
+    lrn = token_learner("next-item")
+    items = [f"i{j % 7}" for j in range(30)]
+    e = lrn.explain_many([{"tokens": items}])[0]
+    read = lrn.cfg.learner.history
+    assert e.tokens == items and all(w is None for w in e.importance[:-read])
+    feats = lrn.featurizer.featurize([items[-read:]], 128)
+    assert e.rows[-read:] == feats["buckets"][0][:read].tolist()
+
+
+@pytest.mark.parametrize("task", ["next-token", "next-item"])
+def test_a_query_longer_than_the_input_is_answered_from_its_end(task):
+    """Was: from its first hashing.max_tokens tokens, so the prefix's end (what comes next
+    follows from it) or the newest items of a history were dropped without a word."""
+    lrn = token_learner(task, "hashing.max_tokens=16")
+    words = ["i1", "i2", "i3", "i4", "i5", "i6"] if task == "next-item" else ["free", "prize", "see", "you", "at"]
+    long = [words[j % len(words)] for j in range(40)] + ["noon" if task == "next-token" else "i0"]
+    got, end = lrn.topk_many([{"tokens": long}, {"tokens": long[-16:]}], k=5)
+    assert got.tokens == end.tokens and got.scores == pytest.approx(end.scores)
+
+
+def test_mlm_reads_a_window_around_the_mask_of_a_long_query_and_takes_mask_in_any_case():
+    lrn = token_learner("mlm", "hashing.max_tokens=16")
+    long = ["see", "you", "at", "noon"] * 10 + ["free", "[MASK]", "now"] + ["lunch", "at", "the", "usual", "place"] * 6
+    at = long.index("[MASK]")
+    window = long[at - 8:at + 8]
+    got, near = lrn.topk_many([{"tokens": long}, {"tokens": window}], k=5)
+    assert got.tokens == near.tokens and got.scores == pytest.approx(near.scores)
+    upper, lower = lrn.topk_many([{"text": "claim your [MASK] prize"}, {"text": "claim your [mask] prize"}], k=5)
+    assert upper.tokens == lower.tokens
+
+
+def test_next_item_lists_k_answers_when_k_is_above_the_default_beam():
+    """Was: 125 of k=300 with 300 items known (the beam search stopped at learner.beam)."""
+    lrn = Learner(Config().override(*SMALL, "learner.task=next-item", "learner.beam=4"))
+    lrn.learn_many([{"key": f"u{i % 5}", "item": f"i{i % 40}"} for i in range(400)])
+    top = lrn.topk_many([{"key": "u1"}], k=30)[0]
+    assert len(top.tokens) == 30 and len(set(top.tokens)) == 30

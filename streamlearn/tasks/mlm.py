@@ -13,6 +13,8 @@ word2vec's CBOW does.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 import xxhash
@@ -28,6 +30,8 @@ from ..records import Record
 from .base import ClosedForm, Event, TokenPreparer, TokenTask
 
 __all__ = ["MaskedToken", "MaskedTokenPreparer"]
+
+_MASK_ANY_CASE = re.compile(re.escape(QUERY_MASK), re.IGNORECASE)  # [mask] is asked as [MASK]
 
 
 class MaskedTokenPreparer(TokenPreparer):
@@ -67,8 +71,21 @@ class MaskedTokenPreparer(TokenPreparer):
         if self.count_seed is not None:
             batch.counts = {"ctx": contexts(lists, batch.rows, batch.cols, self.count_seed)}
 
+    def query_cut(self, tokens: list[str]) -> list[str]:
+        """A window of ``hashing.max_tokens`` around the first [MASK] (the position asked
+        about), or, without one, the last tokens before the [MASK] appended at the end."""
+        m = self.cfg.hashing.max_tokens
+        if len(tokens) <= m:
+            return tokens
+        if QUERY_MASK not in tokens:
+            return tokens[-(m - 1):]
+        start = min(max(0, tokens.index(QUERY_MASK) - m // 2), len(tokens) - m)
+        return tokens[start:start + m]
+
     def query_text(self, text: str) -> list[str]:
-        """Text tokenized around each literal ``[MASK]``, which stays one token."""
+        """Text tokenized around each literal ``[MASK]`` (any case: the tokenizer lowers the
+        rest), which stays one token."""
+        text = _MASK_ANY_CASE.sub(QUERY_MASK, text)
         if QUERY_MASK not in text:
             return self.tokens(Record(text=text))
         parts = [self.tokens(Record(text=p)) for p in text.split(QUERY_MASK)]

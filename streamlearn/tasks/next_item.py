@@ -107,6 +107,16 @@ class NextItemPreparer(TokenPreparer):
         if self.count_seed is not None:
             batch.counts = {"ctx": context_keys(histories, self.count_seed)}
 
+    def query_cut(self, tokens: list[str]) -> list[str]:
+        """A history given as tokens is read from its most recent items: its end is kept."""
+        return tokens[-self.cfg.hashing.max_tokens:]
+
+    def query_columns(self, batch: Batch, i: int, n: int) -> tuple[int, list[int | None]]:
+        """A history's last ``learner.history`` items are the input's first columns
+        (:meth:`model_input`); older ones are not read."""
+        read = min(n, self.cfg.learner.history)
+        return i, [None] * (n - read) + list(range(read))
+
     def places(self, lengths: Sequence[int], keyed: Sequence[bool], width: int) -> np.ndarray:
         """The place of each token of :meth:`model_input`'s lists (N, ``width``) for
         histories of ``lengths`` items, with the key's token where ``keyed`` (and

@@ -80,6 +80,10 @@ class NextTokenPreparer(TokenPreparer):
             last = [[*[BOS_TOKEN] * (width - 1), *t][-width:] for t in lists]
             batch.counts = {"ctx": hash64([x for ctx in last for x in ctx], self.count_seed).reshape(-1, width)}
 
+    def query_cut(self, tokens: list[str]) -> list[str]:
+        """What comes next follows from the prefix's end: its last tokens are kept."""
+        return tokens[-self.cfg.hashing.max_tokens:]
+
     def query_columns(self, batch: Batch, i: int, n: int) -> tuple[int, list[int | None]]:
         """The sequence holding query ``i`` (a longer query's, when it is a prefix of one)
         and its tokens' columns after [BOS]; a prefix longer than the input keeps its
