@@ -21,6 +21,7 @@ Two ways to wait for the thread:
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
 import threading
@@ -56,6 +57,10 @@ def start_loading() -> None:
             _loading = threading.Thread(target=_load_or_keep_failure, args=(_skip_blas_probe,),
                                         name="streamlearn-compile", daemon=True)
             _loading.start()
+            # a program that exits while the thread is in numba's compiler (it built a
+            # learner and stopped) was aborted at shutdown ("terminate called without an
+            # active exception", SIGABRT): the interpreter waits for it first
+            atexit.register(settle)
 
 
 def start_loading_for(cfg) -> None:

@@ -268,3 +268,22 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+EXITS_AT_ONCE = """
+import atexit, threading
+# registered first, so it runs last at exit (atexit is last in, first out): what is alive then
+atexit.register(lambda: print("alive at exit:", sorted(t.name for t in threading.enumerate())))
+from streamlearn.config import Config
+from streamlearn.learner import Learner
+Learner(Config().override("embedding.K=1000", "embedding.B=100", "learner.nb_cells=4096", "model.max_labels=8"))
+"""
+
+
+def test_a_program_that_builds_a_learner_and_exits_waits_for_the_kernels_loading_thread():
+    """Was: the daemon thread still in numba's compiler when the interpreter shut down,
+    which sometimes aborted the process ("terminate called without an active exception",
+    SIGABRT: a CI run of tests/test_device.py's probe)."""
+    out = subprocess.run([sys.executable, "-c", EXITS_AT_ONCE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "alive at exit: ['MainThread']" in out.stdout, out.stdout
