@@ -594,19 +594,23 @@ def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tupl
     # A key the user set to the default of the task they run as (the default task, when a
     # stored next-token model is restarted without --task) is not "set" for override, which
     # would give it the stored task's default: such keys are assigned again, as given.
-    restored = {line.partition(":")[0] for line in changes}
-    clobbered = sorted({a.partition("=")[0] for a in task_defaults(stored.learner.task)} & set(given) - restored)
-    assignments = [*stored_values(stored, changes), *stored_values(new, [f"{dotted}:" for dotted in clobbered])]
+    restored = [line.partition(":")[0] for line in changes]
+    clobbered = sorted({a.partition("=")[0] for a in task_defaults(stored.learner.task)} & set(given) - set(restored))
+    assignments = [*values_of(stored, restored), *values_of(new, clobbered)]
     return new.override(*(f"{dotted}={value}" for dotted, value in assignments)), changes
 
 
 def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:
     """``(dotted key, value as a --set writes it)`` of the stored config for each of
     :func:`model_changes`' lines, for an error message to offer."""
-    data = stored.to_dict()
+    return values_of(stored, [line.partition(":")[0] for line in changes])
+
+
+def values_of(cfg: "Config", keys: Iterable[str]) -> list[tuple[str, str]]:
+    """``(dotted key, value as a --set writes it)`` of ``cfg`` for each dotted key."""
+    data = cfg.to_dict()
     out = []
-    for line in changes:
-        dotted = line.partition(":")[0]
+    for dotted in keys:
         section, name = dotted.split(".")
         value = data[section][name]
         out.append((dotted, str(value).lower() if isinstance(value, bool) else str(value)))

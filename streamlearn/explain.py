@@ -140,13 +140,16 @@ class _Explainer:
         hold that token (next-token's sit after [BOS], in a covering sequence); a token the
         model does not read gets None; Nones for schemes without p."""
         n = len(plan.tokens)
-        found = self.learner.model.embedding.importance(self.learner.dev.tensors(plan.batch.feats))
+        places = [self.learner.prep.query_columns(plan.batch, i, len(t)) for i, t in enumerate(plan.tokens)]
+        read = sorted({r for r, _ in places})  # the queries' own rows, not their leave-one-out variants
+        at = {r: j for j, r in enumerate(read)}
+        feats = self.learner.dev.tensors({key: a[read] for key, a in plan.batch.feats.items()})
+        found = self.learner.model.embedding.importance(feats)
         if found is None:
             return [None] * n, [None] * n
-        weights, rows = found[0].float().cpu().numpy(), found[1].cpu().numpy()  # (N', T, k) each
-        places = [self.learner.prep.query_columns(plan.batch, i, len(t)) for i, t in enumerate(plan.tokens)]
-        return ([[None if c is None else [_num(v) for v in weights[r, c]] for c in cols] for r, cols in places],
-                [[None if c is None else rows[r, c].tolist() for c in cols] for r, cols in places])
+        weights, rows = found[0].float().cpu().numpy(), found[1].cpu().numpy()  # (len(read), T, k) each
+        return ([[None if c is None else [_num(v) for v in weights[at[r], c]] for c in cols] for r, cols in places],
+                [[None if c is None else rows[at[r], c].tolist() for c in cols] for r, cols in places])
 
 
 class _LabelExplainer(_Explainer):

@@ -175,7 +175,7 @@ class Snapshot:
     def predict(self, records: Iterable) -> Answer:
         """classify: each record's most probable label (None before any label)."""
         self._need_labels("predict")
-        answer = self.predict_proba(records)
+        answer = self._answer(records, self._probs, prepare=self._query_batch)
         labels = [max(p, key=p.get) if p else None for p in answer.values]
         return dataclasses.replace(answer, values=labels)
 
