@@ -198,12 +198,17 @@ class Preparer:
                 if not isinstance(tokens, (list, tuple)) and (isinstance(tokens, (str, bytes))
                                                               or not isinstance(tokens, Sequence)):
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
-                return self.query_cut([canonical_id(t) for t in tokens])
+                return self.query_cut(self.query_list([canonical_id(t) for t in tokens]))
             if isinstance(text, str):
                 return self.query_cut(self.query_text(text))
         except TypeError as exc:
             raise RecordError(f"wrong-type: query {i}: {exc}") from exc
         raise RecordError(f"missing-field: query {i} needs text (str) or tokens (task {self.task})")
+
+    def query_list(self, tokens: list[str]) -> list[str]:
+        """A query's explicit ``tokens`` as the model reads them (a task may read markers
+        such as [MASK] in them)."""
+        return tokens
 
     def query_text(self, text: str) -> list[str]:
         """A query's text tokenized (a task may keep markers such as [MASK])."""

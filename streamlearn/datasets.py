@@ -131,7 +131,7 @@ def detect_format(path: str | Path) -> str:
     if name == "u.data":
         return "movielens"
     first = _first_line(path)
-    if name.endswith(".txt") and "\t" not in first:
+    if name.endswith(".txt") and not _tab_table(path):
         return "text"
     if name == "ratings.csv" or _split_csv_header(first) == _MOVIELENS_CSV_HEADER:
         return "movielens-csv"
@@ -149,15 +149,32 @@ def detect_format(path: str | Path) -> str:
     raise DatasetError(f"cannot tell the format of {path}: pass --input-format, one of {', '.join(FORMATS)}")
 
 
-def _first_line(path: Path) -> str:
+def _first_lines(path: Path, n: int) -> list[str]:
+    """The first ``n`` non-blank lines of ``path`` (fewer if it has fewer)."""
+    lines: list[str] = []
     try:
         with path.open("rb") as f:
             for raw in f:
                 if raw.strip():
-                    return raw.decode("utf-8", "replace").rstrip("\r\n")
+                    lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                    if len(lines) == n:
+                        break
     except OSError as exc:
         raise DatasetError(f"cannot read {path}: {exc.strerror}") from exc
-    return ""
+    return lines
+
+
+def _first_line(path: Path) -> str:
+    return next(iter(_first_lines(path, 1)), "")
+
+
+def _tab_table(path: Path, sample: int = 20) -> bool:
+    """Whether a ``.txt`` file is a table of tab-separated columns: each of its first
+    non-blank lines holds the same number of tabs (at least one). A book whose title line
+    holds a tab, or whose lines are indented with one, is running text."""
+    lines = _first_lines(path, sample)
+    tabs = {line.count("\t") for line in lines}
+    return len(tabs) == 1 and tabs != {0} and not any(line.startswith("\t") for line in lines)
 
 
 def _split_csv_header(line: str) -> list[str]:
@@ -537,6 +554,7 @@ def _by_content(data: list[list[str]], shown: tuple[str, ...], path: Path) -> tu
     """Rule 3: the label is the one short column whose values repeat, the text every other
     wordy non-numeric column. DatasetError (asking for the columns) when undecidable."""
     width = max((len(r) for r in data), default=0)
+    shown = shown + tuple(f"column {i}" for i in range(len(shown), width))  # rows wider than the first
     rows = [r for r in data if len(r) >= width] or data
     n = max(len(rows), 1)
     cols = [[r[i].strip() for r in rows if i < len(r)] for i in range(width)]
@@ -567,7 +585,8 @@ def _ask(path: Path, shown: tuple[str, ...], rows: list[list[str]], why: str) ->
     preview = " | ".join(c[:30] for c in rows[0]) if rows else ""
     return DatasetError(f"{path}: cannot tell the text and label columns ({why}). Columns: {', '.join(shown)}; "
                         f"first row: {preview!r}. Pass --text-column and --label-column (names or 0-based "
-                        "indices; see streamlearn produce --help)")
+                        "indices; see streamlearn produce --help), or --input-format text if the file is "
+                        "running text (a token stream)")
 
 
 def _indices(spec: str, names: list[str], path: Path) -> tuple[int, ...]:

@@ -34,6 +34,10 @@ def rows(path, **options) -> list[Row]:
     ("notes", "a,b\n", "csv"),
     ("book.txt", "Well, Prince, so Genoa\n", "text"),
     ("labels.txt", "ham\tHi there\n", "tsv"),  # a .txt of tab-separated columns is a table
+    ("labels.txt", "ham\tHi there\nspam\tWin now\n\nham\tok then\n", "tsv"),
+    # a book whose title line holds a tab, or whose lines are indented with one, is running text
+    ("book.txt", "BOOK ONE\t1805\nWell, Prince, so Genoa and Lucca\nare now just family estates\n", "text"),
+    ("book.txt", "\tCHAPTER I\n\tWell, Prince\n", "text"),
 ])
 def test_detect_format(tmp_path, name, text, fmt):
     assert detect_format(write(tmp_path, name, text)) == fmt
@@ -172,6 +176,16 @@ def test_an_undecidable_layout_stops_and_lists_the_columns(tmp_path, text, why):
     path = write(tmp_path, "a.tsv", text)
     with pytest.raises(DatasetError, match=rf"cannot tell the text and label columns \({why}.*Columns: column 0, "
                                            r"column 1.*--text-column and --label-column"):
+        rows(path)
+
+
+def test_prose_read_as_a_table_asks_for_columns_or_text_not_a_traceback(tmp_path):
+    # the first line has fewer commas than the lines under it: columns past the first row's
+    # width must still be named in the question
+    path = write(tmp_path, "mybook", "Hello, world and more\nA line, with, many, commas, here, and, there\n"
+                                     "third line plain\n")
+    with pytest.raises(DatasetError, match=r"cannot tell the text and label columns .*Columns: column 0, "
+                                           r"column 1.*column 6.*--input-format text"):
         rows(path)
 
 

@@ -230,6 +230,21 @@ def test_the_snapshot_service_and_cli_agree_with_the_restored_learner(state):
     assert "importance p_w" in text and "prize" in text and "exact" in text
 
 
+def test_inspect_explains_text_as_the_model_reads_it_and_notes_upper_case_tokens(state):
+    with Snapshot.open(state) as snap:
+        want = snap.explain([{"text": "FREE Prize noon"}], k=2).values[0]
+    cli = [sys.executable, "-m", "streamlearn.cli", "inspect", "--state", state, "-k", "2", "--json"]
+    got = json.loads(subprocess.run(cli + ["--text", "FREE Prize noon"], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert got["tokens"] == want.tokens and got["contributions"] == pytest.approx(want.contributions)
+    upper = subprocess.run(cli + ["--tokens", "FREE prize"], capture_output=True, text=True, check=True)
+    assert "'FREE'" in upper.stderr and "--text" in upper.stderr
+    quiet = subprocess.run(cli + ["--tokens", "free prize"], capture_output=True, text=True, check=True)
+    assert quiet.stderr == ""
+    both = subprocess.run(cli + ["--tokens", "a", "--text", "a"], capture_output=True, text=True)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
 BLANK = "text is empty or only whitespace"
 
 
@@ -280,6 +295,10 @@ def test_mlm_reads_a_window_around_the_mask_of_a_long_query_and_takes_mask_in_an
     assert got.tokens == near.tokens and got.scores == pytest.approx(near.scores)
     upper, lower = lrn.topk_many([{"text": "claim your [MASK] prize"}, {"text": "claim your [mask] prize"}], k=5)
     assert upper.tokens == lower.tokens
+    # explicit tokens too: [mask] there is the position to fill, not a word (was: a mask appended at the end)
+    listed = lrn.topk_many([{"tokens": ["claim", "your", m, "prize"]} for m in ("[MASK]", "[mask]", "[Mask]")], k=5)
+    assert listed[0].tokens == upper.tokens
+    assert all(t.tokens == listed[0].tokens and t.scores == pytest.approx(listed[0].scores) for t in listed)
 
 
 def test_next_item_lists_k_answers_when_k_is_above_the_default_beam():

@@ -1,7 +1,7 @@
 """``streamlearn inspect --state DIR [--json] [--verify]``: the snapshot's manifest, tables
 and sizes; with ``--verify``, a scan of every stored value for damage. ``--tokens "w1 w2"``
-explains instead: each token's contribution to the model's answer for those tokens and
-its importance weights (what ``POST /v1/explain`` answers; :mod:`streamlearn.explain`).
+(or ``--text "..."``, tokenized as the model reads records) explains instead: each token's
+contribution to the model's answer for those tokens and its importance weights (what ``POST /v1/explain`` answers; :mod:`streamlearn.explain`).
 
 Opens the directory read-only (a consistent snapshot while a worker keeps writing). With
 ``--json`` it prints one JSON object: ``step``, ``offsets`` and ``records_applied`` (keyed
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -37,9 +38,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tokens", metavar='"W1 W2 ..."', default=None,
                         help="explain the model's answer for these space-separated tokens: each token's "
                         "contribution and its learned importance weights (see docs/serving.md, /v1/explain)")
+    parser.add_argument("--text", metavar='"TEXT"', default=None,
+                        help="explain the model's answer for this text, tokenized as the model tokenizes "
+                        "records (lowercased, bigrams formed, as the dashboard's try-it box does)")
     parser.add_argument("--output", default=None, metavar="ANSWER",
-                        help="with --tokens: the label or token to explain (default: the best answer)")
-    parser.add_argument("-k", type=int, default=5, help="with --tokens: how many best answers to list (default: 5)")
+                        help="with --tokens or --text: the label or token to explain (default: the best answer)")
+    parser.add_argument("-k", type=int, default=5,
+                        help="with --tokens or --text: how many best answers to list (default: 5)")
     parser.set_defaults(func=run)
 
 
@@ -47,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..state import open_store  # the CLI imports the store only when it is used
     from ..state.verify import verify_in_child
 
-    if args.tokens is not None:
+    if args.tokens is not None or args.text is not None:
         return explain_tokens(args)
 
     from ..checkpoint import stored_sizing
@@ -170,18 +175,31 @@ def _size(n: int) -> str:
 # ---------------------------------------------------------------------------- --tokens
 
 def explain_tokens(args: argparse.Namespace) -> int:
-    """``--tokens``: the snapshot's explanation of one query of those tokens."""
+    """``--tokens`` or ``--text``: the snapshot's explanation of one query."""
     from ..exceptions import StreamlearnError
     from ..service_explain import explanation_json
     from ..snapshot import Snapshot
 
-    tokens = args.tokens.split()
-    if not tokens:
-        raise StreamlearnError('--tokens needs at least one token, e.g. --tokens "free prize now"')
+    if args.tokens is not None and args.text is not None:
+        raise StreamlearnError("give --tokens or --text, not both")
+    if args.text is not None:
+        if not args.text.strip():
+            raise StreamlearnError('--text needs some text, e.g. --text "win a free prize"')
+        query = {"text": args.text}
+    else:
+        query = {"tokens": args.tokens.split()}
+        if not query["tokens"]:
+            raise StreamlearnError('--tokens needs at least one token, e.g. --tokens "free prize now"')
     if not 1 <= args.k <= 1000:
         raise StreamlearnError(f"-k must be in [1, 1000], got {args.k}")
     with Snapshot.open(args.state) as snap:
-        answer = snap.explain([{"tokens": tokens}], [args.output], k=args.k)
+        if "tokens" in query and snap.config.hashing.lowercase:
+            upper = [t for t in query["tokens"] if t != t.lower() and t.upper() != "[MASK]"]
+            if upper:
+                print(f"note: --tokens are taken as they are, and this model's tokenizer lowercases its "
+                      f"records, so {', '.join(map(repr, upper[:3]))} may never have been seen; "
+                      f"--text explains text as the model reads it", file=sys.stderr)
+        answer = snap.explain([query], [args.output], k=args.k)
     body = {"snapshot_step": answer.step, **explanation_json(answer.values[0])}
     print(json.dumps(body, sort_keys=True) if args.json else format_explanation(body))
     return 0

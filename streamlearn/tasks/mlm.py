@@ -82,6 +82,10 @@ class MaskedTokenPreparer(TokenPreparer):
         start = min(max(0, tokens.index(QUERY_MASK) - m // 2), len(tokens) - m)
         return tokens[start:start + m]
 
+    def query_list(self, tokens: list[str]) -> list[str]:
+        """Explicit tokens with ``[MASK]`` in any case read as the position to fill, as in text."""
+        return [QUERY_MASK if len(t) == len(QUERY_MASK) and t.upper() == QUERY_MASK else t for t in tokens]
+
     def query_text(self, text: str) -> list[str]:
         """Text tokenized around each literal ``[MASK]`` (any case: the tokenizer lowers the
         rest), which stays one token."""
