@@ -86,10 +86,13 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     if cfg.learner.task != stored.learner.task and (given is None or "learner.task" in given):
         # said first: the other task's defaults would otherwise fail the config's own rules
         # against the stored model keys (model.counts of the stored task), one key at a time
+        fresh = store.manifest().step == 0
         raise CheckpointMismatchError(
             f"the state at {store.path} holds a {stored.learner.task} model, and this run asks for "
             f"learner.task={cfg.learner.task}: run it as --task {stored.learner.task}, or use a new --state "
-            "directory", (f"learner.task: stored {stored.learner.task!r}, now {cfg.learner.task!r}",),
+            "directory" + (f" (it has learned nothing yet: --reset discards it and starts a {cfg.learner.task} "
+                           "model that reads the topic from the start)" if fresh else ""),
+            (f"learner.task: stored {stored.learner.task!r}, now {cfg.learner.task!r}",),
             f"learner.task {stored.learner.task!r} -> {cfg.learner.task!r}")
     if given is not None:
         # a derived size (model.out_B=0) is read_full's to take from the store, as before

@@ -112,6 +112,7 @@ class Fetcher(threading.Thread):
         self._closing = False
         self._backoff = Backoff(cfg.retry_max_s)
         self._partitions = 0  # the topic's partition count at start-up
+        self._dead_codes: set[tuple[str, str]] = set()  # (reason code, hint) already logged once
 
     @property
     def dlq_topic(self) -> str:
@@ -379,7 +380,13 @@ class Fetcher(threading.Thread):
 
     def _dead_letter(self, message: Any, reason: str) -> str:
         self._dlq.send(message, reason)
-        return reason_code(reason)
+        code, hint = reason_code(reason), _hint(reason)
+        if (code, hint) not in self._dead_codes:  # the first of each reason says why; the rest are counted
+            self._dead_codes.add((code, hint))
+            log.warning("dead-lettered partition %s offset %s to %r: %s%s (later records with reason %r go there "
+                        "too without a line; dead_letters_total counts them)", message.partition, message.offset,
+                        self.dlq_topic, reason, hint, code)
+        return code
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self, reason: str, blocking_commit: bool = False, kafka_commit: bool = True) -> bool:
@@ -467,6 +474,14 @@ def _with_event_time(record: Record, message: Any) -> Record:
     if record.ts is not None or getattr(message, "timestamp", None) is None or message.timestamp < 0:
         return record
     return dataclasses.replace(record, ts=int(message.timestamp))
+
+
+def _hint(reason: str) -> str:
+    """What to change when a reason says the worker runs the wrong task for the stream."""
+    if reason.startswith("missing-field: label (task classify)"):
+        return ("; if the topic is running text (a token stream), run the worker with --task next-token or "
+                "--task mlm on a new --state directory")
+    return ""
 
 
 def _spans(chunk: list[Any]) -> dict[int, tuple[int, int, int]]:

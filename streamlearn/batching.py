@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Iterable
 
@@ -28,9 +29,10 @@ from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
 from .records import Record, from_dict
 
-__all__ = ["Batch", "Preparer", "QUERY_MASK", "Schedule", "seed_of"]
+__all__ = ["Batch", "Preparer", "QUERY_MASK", "QUERY_MASK_ANY_CASE", "Schedule", "seed_of"]
 
 QUERY_MASK = "[MASK]"  # in a query's tokens or text: the position to fill (mlm)
+QUERY_MASK_ANY_CASE = re.compile(re.escape(QUERY_MASK), re.IGNORECASE)  # [mask] is asked as [MASK]
 _FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
 
 

@@ -282,6 +282,17 @@ def test_another_task_on_a_stored_model_is_refused_in_one_message_naming_the_tas
     assert open_learner(store, config(), given=set()).task.name == "classify"
 
 
+def test_another_task_on_a_model_that_learned_nothing_points_to_reset(tmp_path):
+    """A worker run without --task on a token stream dead-letters every record and leaves
+    a classify model at step 0 with offsets: the refusal says --reset starts it again."""
+    with open_store(tmp_path / "s") as fresh:
+        commit(Learner(config()), fresh)
+        assert fresh.manifest().step == 0
+        with pytest.raises(CheckpointMismatchError, match=r"learned nothing yet: --reset discards it and starts "
+                                                          r"a next-token model"):
+            open_learner(fresh, config("learner.task=next-token"), given={"learner.task"})
+
+
 def test_open_learner_calls_corruption_corruption_even_with_a_changed_config(store):
     lrn = trained()
     commit(lrn, store)

@@ -230,6 +230,16 @@ def test_the_snapshot_service_and_cli_agree_with_the_restored_learner(state):
     assert "importance p_w" in text and "prize" in text and "exact" in text
 
 
+def test_a_reader_that_closes_the_pipe_stops_the_command_without_a_traceback(state):
+    """Was: ``streamlearn inspect --state DIR | head -1`` ended in a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "inspect", "--state", state],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command (still importing) writes a line
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_inspect_explains_text_as_the_model_reads_it_and_notes_upper_case_tokens(state):
     with Snapshot.open(state) as snap:
         want = snap.explain([{"text": "FREE Prize noon"}], k=2).values[0]
@@ -299,6 +309,17 @@ def test_mlm_reads_a_window_around_the_mask_of_a_long_query_and_takes_mask_in_an
     listed = lrn.topk_many([{"tokens": ["claim", "your", m, "prize"]} for m in ("[MASK]", "[mask]", "[Mask]")], k=5)
     assert listed[0].tokens == upper.tokens
     assert all(t.tokens == listed[0].tokens and t.scores == pytest.approx(listed[0].scores) for t in listed)
+
+
+@pytest.mark.parametrize("query", [{"text": "claim your [MASK] prize"}, {"text": "claim your [mask]"}])
+def test_a_mask_asked_of_a_next_token_model_says_it_is_for_mlm(query):
+    """Was: answered 200 with what follows "[", "mask", "]", another question than the one asked."""
+    lrn = token_learner("next-token")
+    with pytest.raises(RecordError, match=r"bad-value: \[MASK\] marks a position for an mlm model"):
+        lrn.topk_many([query], k=5)
+    with pytest.raises(RecordError, match="mlm model"):
+        lrn.explain_many([query], k=5)
+    assert len(lrn.topk_many([{"text": "claim your mask"}], k=5)[0].tokens) == 5  # the word alone is a word
 
 
 def test_next_item_lists_k_answers_when_k_is_above_the_default_beam():

@@ -344,6 +344,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_cli_on_a_port_in_use_says_so_in_one_line_before_claiming_to_serve(states, workers):
+    """Was: INFO "serving ... on http://127.0.0.1:PORT", then uvicorn's [Errno 98] and exit 3."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "streamlearn.cli", "serve", "--state", states["classify"],
+                              "--port", str(port), "--workers", workers], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "serving" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"streamlearn serve: error: cannot listen on 127.0.0.1:{port}: Address already in use: choose another "
+        "--port (or --host), or stop what holds it")
+
+
 def test_cli_serves_with_two_workers_and_merges_their_metrics(states):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "streamlearn.cli", "serve", "--state", states["classify"],

@@ -75,7 +75,7 @@ def produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> list[
 
 
 def test_bad_records_go_to_the_dlq_with_their_reason_and_valid_ones_are_learned(
-        broker, make_topic, group, tmp_path, consume):
+        broker, make_topic, group, tmp_path, consume, caplog):
     rng = random.Random(11)
     good = valid(300, rng)
     mixed = [(v, None) for v in good] + BAD
@@ -88,7 +88,14 @@ def test_bad_records_go_to_the_dlq_with_their_reason_and_valid_ones_are_learned(
     ends = {p: sum(1 for q, _ in placed if q == p) for p in (0, 1)}
 
     cfg = Config().override(*SETTINGS, f"worker.bootstrap={broker}", f"worker.group={group}")
-    summary = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.5)).run()
+    with caplog.at_level("WARNING", logger="streamlearn.consumers.fetcher"):
+        summary = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.5)).run()
+
+    # the log says why once per reason (a text without a label once more, with what to change)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dead-lettered")]
+    codes = sorted({code for _, code in BAD})
+    assert sorted(m.split(": ", 1)[1].split(":")[0] for m in said) == sorted([*codes, "missing-field"])
+    assert sum("run the worker with --task next-token or --task mlm" in m for m in said) == 1
 
     n_bad = len(BAD)
     assert summary.saved and summary.records == len(mixed)

@@ -16,7 +16,6 @@ from .._version import __version__
 from ..exceptions import StreamlearnError
 
 
-
 def command_modules() -> list[str]:
     """Subcommand module names, sorted (``--help`` lists them in this order)."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
@@ -50,9 +49,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
+        return code
     except StreamlearnError as exc:
         print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (``streamlearn inspect ... | head``): stop as a
+        # shell tool does, without a traceback, and without a second one at exit when
+        # Python flushes the dead pipe
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

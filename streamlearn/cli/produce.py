@@ -16,9 +16,12 @@ _SHOW_BAD_LINES = 5
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "produce",
-        help="load a dataset file (JSON lines, CSV/TSV, MovieLens ratings) into a topic",
+        help="load a dataset file (JSON lines, CSV/TSV, MovieLens ratings, or plain text as a token "
+        "stream) into a topic",
         description="Read FILE as stream records and write them to --topic (created with "
-        "--partitions if missing). Message keys: the user for MovieLens, a record's `key` for "
+        "--partitions if missing). Plain text (a .txt file, or --input-format text) becomes records "
+        "{\"text\": ...} of 32 words in file order, a token stream for --task next-token or mlm; a .txt "
+        "file is a table only when each of its first 20 lines holds the same number of tabs. Message keys: the user for MovieLens, a record's `key` for "
         "JSON lines, else the record's ordinal; the partition is xxhash(key) mod partitions. "
         "Records with a time (MovieLens, a JSON `ts`) carry it as the Kafka timestamp. "
         "The first record as read is shown before anything is written.\n\n" + COLUMN_RULES,

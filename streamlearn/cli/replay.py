@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Baselines run side by side on the same records. See docs/evaluation.md.",
     )
     src = parser.add_argument_group("source (one of --file or --topic)")
-    src.add_argument("--file", metavar="FILE", help="log file: JSON lines, CSV/TSV, MovieLens, or a msgpack stream")
+    src.add_argument("--file", metavar="FILE", help="log file: JSON lines, CSV/TSV, MovieLens, plain text (a token stream: "
+                     "records of 32 words), or a msgpack stream")
     src.add_argument("--input-format", choices=_file_formats(), help="file format (default: detected)")
     src.add_argument("--text-column", help="CSV/TSV text column (name or 0-based index; 'a,b' joins)")
     src.add_argument("--label-column", help="CSV/TSV label column (name or 0-based index)")

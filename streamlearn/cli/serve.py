@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -101,12 +102,30 @@ class _Factory:
 def _serve_one(settings, access_log: bool) -> int:
     import uvicorn
 
-    app = _Factory(settings)()  # opens the snapshot: a bad --state fails here, before binding
-    log.info("serving %s (task %s, step %d) on http://%s:%d%s", settings.state, app.state.snapshot.task,
-             app.state.snapshot.step, settings.service.host, settings.service.port, _auth_note(settings))
-    uvicorn.run(app, host=settings.service.host, port=settings.service.port, access_log=access_log,
-                log_level="info")
+    sock = _listen(settings.service.host, settings.service.port)
+    with sock:
+        app = _Factory(settings)()  # opens the snapshot (a bad --state fails here)
+        log.info("serving %s (task %s, step %d) on http://%s:%d%s", settings.state, app.state.snapshot.task,
+                 app.state.snapshot.step, settings.service.host, sock.getsockname()[1], _auth_note(settings))
+        config = uvicorn.Config(app, host=settings.service.host, port=sock.getsockname()[1], access_log=access_log,
+                                log_level="info")
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for uvicorn, or one line saying why not (uvicorn's
+    own bind logs the error and exits after the service said it was serving)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StreamlearnError(f"cannot listen on {host}:{port}: {exc.strerror or exc}: choose another --port "
+                               "(or --host), or stop what holds it") from exc
+    sock.set_inheritable(True)  # uvicorn's worker processes take it over
+    return sock
 
 
 def _serve_many(settings, workers: int, access_log: bool) -> int:
@@ -123,10 +142,11 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
         factory = _Factory(dataclasses.replace(settings, metrics_dir=metrics_dir))
         config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,
                                 workers=workers, access_log=access_log, log_level="info")
-        sock = config.bind_socket()
+        sock = _listen(settings.service.host, settings.service.port)
         log.info("serving %s with %d workers on http://%s:%d%s", settings.state, workers,
-                 settings.service.host, settings.service.port, _auth_note(settings))
-        Multiprocess(config, sockets=[sock]).run()
+                 settings.service.host, sock.getsockname()[1], _auth_note(settings))
+        with sock:
+            Multiprocess(config, sockets=[sock]).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

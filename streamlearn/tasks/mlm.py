@@ -13,13 +13,11 @@ word2vec's CBOW does.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import torch
 import xxhash
 
-from ..batching import QUERY_MASK, Batch
+from ..batching import QUERY_MASK, QUERY_MASK_ANY_CASE, Batch
 from ..counts.part import contexts, trigrams
 from ..hashing import derive_seed, hash64
 from ..heads import SampledHead
@@ -31,7 +29,6 @@ from .base import ClosedForm, Event, TokenPreparer, TokenTask
 
 __all__ = ["MaskedToken", "MaskedTokenPreparer"]
 
-_MASK_ANY_CASE = re.compile(re.escape(QUERY_MASK), re.IGNORECASE)  # [mask] is asked as [MASK]
 
 
 class MaskedTokenPreparer(TokenPreparer):
@@ -89,7 +86,7 @@ class MaskedTokenPreparer(TokenPreparer):
     def query_text(self, text: str) -> list[str]:
         """Text tokenized around each literal ``[MASK]`` (any case: the tokenizer lowers the
         rest), which stays one token."""
-        text = _MASK_ANY_CASE.sub(QUERY_MASK, text)
+        text = QUERY_MASK_ANY_CASE.sub(QUERY_MASK, text)
         if QUERY_MASK not in text:
             return self.tokens(Record(text=text))
         parts = [self.tokens(Record(text=p)) for p in text.split(QUERY_MASK)]

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..batching import Batch
+from ..batching import QUERY_MASK_ANY_CASE, Batch
 from ..counts.part import ngrams
+from ..exceptions import RecordError
 from ..featurize import add_ngram_inputs
 from ..hashing import hash64
 from ..model import HashedTransformer
@@ -29,6 +30,13 @@ from ..records import Record
 from .base import Event, TokenPreparer, TokenTask
 
 __all__ = ["NextToken", "NextTokenPreparer"]
+
+
+# a next-token query whose text holds a [MASK] (the tokenizer would read "[", "mask", "]")
+# was almost surely meant for an mlm model: say so rather than answer another question.
+# Explicit tokens are taken as they are (a replay's events are prefixes of records' tokens)
+_MASK_ASKED = ("bad-value: [MASK] marks a position for an mlm model to fill; this model's task is next-token, "
+               "which answers what comes after the text: ask with the text before the position")
 
 
 class NextTokenPreparer(TokenPreparer):
@@ -79,6 +87,11 @@ class NextTokenPreparer(TokenPreparer):
             width = self.count_order - 1  # the tokens before the answer, BOS-padded (t starts with one)
             last = [[*[BOS_TOKEN] * (width - 1), *t][-width:] for t in lists]
             batch.counts = {"ctx": hash64([x for ctx in last for x in ctx], self.count_seed).reshape(-1, width)}
+
+    def query_text(self, text: str) -> list[str]:
+        if QUERY_MASK_ANY_CASE.search(text):
+            raise RecordError(_MASK_ASKED)
+        return super().query_text(text)
 
     def query_cut(self, tokens: list[str]) -> list[str]:
         """What comes next follows from the prefix's end: its last tokens are kept."""
