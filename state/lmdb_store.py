@@ -434,9 +434,11 @@ class LmdbStore(Store):
 
     # -- operations ---------------------------------------------------------------------
     def stats(self) -> dict:
-        """The contract's sizes and counts, plus LMDB's: ``map_size``, ``used_bytes``,
-        ``file_bytes`` and ``sync`` (whether a commit flushes to disk, from ``store.sync``;
-        False: a machine crash can lose the last commits, a killed process loses nothing)."""
+        """The contract's sizes and counts, plus LMDB's: ``map_size``, ``used_bytes`` (the
+        pages the data holds now), ``file_bytes`` (the file, never shrunk: their difference
+        is free pages, which a compacted copy drops) and ``sync`` (whether a commit flushes
+        to disk, from ``store.sync``; False: a machine crash can lose the last commits, a
+        killed process loses nothing)."""
         env = self._env
         with self._read_txn() as txn:
             info, stat = env.info(), env.stat()
@@ -444,10 +446,12 @@ class LmdbStore(Store):
             overhead = self._codec.overhead
             blobs = {bytes(k).decode(): len(v) - overhead for k, v in txn.cursor(db=self._shared.db(BLOBS))}
             kv = _kv_counts(txn, self._shared.db(KV))
+            names = [bytes(name) for name, _ in txn.cursor()]  # the main database lists the named ones
+            pages = 2 + _pages(stat) + sum(_pages(txn.stat(self._shared.db(name))) for name in names)  # 2: meta
         return {
             "backend": self.backend, "path": self.path, "shards": self.shards,
             "schema_version": self._meta.schema_version, "encoding": self._codec.name,
-            "map_size": info["map_size"], "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
+            "map_size": info["map_size"], "used_bytes": pages * stat["psize"],
             "file_bytes": os.path.getsize(os.path.join(self.path, DATA)),
             "sync": bool(env.flags()["sync"]), "tables": tables, "blobs": blobs, "kv": kv,
         }
@@ -457,7 +461,7 @@ class LmdbStore(Store):
         for s in range(self.shards):
             st = txn.stat(self._shared.db(row_db_name(spec.name, s)))
             rows.append(st["entries"])
-            sizes.append((st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * psize)
+            sizes.append(_pages(st) * psize)
         return {
             "rows": spec.rows, "width": spec.width, "dtype": spec.dtype, "stored": sum(rows),
             "shard_rows": rows, "shard_bytes": sizes,
@@ -568,6 +572,11 @@ def _scan(
     if len(pairs) < batch:
         return pairs, None
     return pairs, bytes(pairs[-1][0]) + b"\x00"  # the smallest key after the last one
+
+
+def _pages(stat: dict) -> int:
+    """Pages a database's tree holds (LMDB's ``mdb_stat``)."""
+    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
 
 
 def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
