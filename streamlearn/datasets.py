@@ -203,6 +203,36 @@ def task_of(path: str | Path, fmt: str | None = None) -> str:
     return task
 
 
+def task_of_records(path: str | Path, fmt: str | None = None, sample: int = 20) -> str | None:
+    """The task a file says by its format or its first records, for a new model given none:
+    MovieLens and JSON lines of ``key``/``item`` are next-item; None where the file does
+    not say (tables and msgpack streams are read as classify). Running text, and JSON
+    lines of text without labels, raise :class:`DatasetError` asking which token task."""
+    if fmt == "msgpack" or not Path(path).is_file():
+        return None  # the reader says what is wrong with a missing file
+    fmt = fmt or detect_format(path)
+    if fmt in ("movielens", "movielens-csv", "text"):
+        return task_of(path, fmt)
+    if fmt != "jsonl":
+        return None
+    objects = []
+    for line in _first_lines(Path(path), sample):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            objects.append(obj)
+    if not objects or any("label" in o for o in objects):
+        return None
+    if all("item" in o for o in objects):
+        return "next-item"
+    if all("text" in o or "tokens" in o for o in objects):
+        raise DatasetError(f"{path}: its records hold text without labels, a token stream; pass --task next-token "
+                           "or --task mlm (or --task classify to score them as labelled records)")
+    return None
+
+
 # ---------------------------------------------------------------------------- the reader
 
 class DatasetReader:
@@ -284,8 +314,15 @@ class DatasetReader:
 
     # ---- jsonl
     def _jsonl(self) -> Iterator[Row]:
-        numbered = ((n, line) for n, line in self._lines() if line.strip())
-        return self._guarded(numbered, _jsonl_row)
+        return self._guarded(self._nonblank(), _jsonl_row)
+
+    def _nonblank(self) -> Iterator[tuple[int, str]]:
+        """:meth:`_lines` without the blank ones, which are counted (``notes.blank_lines``)."""
+        for n, line in self._lines():
+            if line.strip():
+                yield n, line
+            else:
+                self.notes.blank_lines += 1
 
     # ---- plain text
     def _text(self) -> Iterator[Row]:
@@ -323,11 +360,7 @@ class DatasetReader:
             yield row
 
     def _tsv_rows(self) -> Iterator[tuple[int, list[str]]]:
-        for n, line in self._lines():
-            if line.strip():
-                yield n, line.split("\t")
-            else:
-                self.notes.blank_lines += 1
+        return ((n, line.split("\t")) for n, line in self._nonblank())
 
     def _csv_rows(self) -> Iterator[tuple[int, list[str]]]:
         numbered = self._lines()

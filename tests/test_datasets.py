@@ -65,6 +65,9 @@ def test_jsonl_rows_take_key_and_ts_from_the_record(tmp_path):
         Row(b"7", {"key": "7", "item": "b", "ts": 1500}, 1500),
         Row(None, {"tokens": [1, "x"], "weight": 2.0}, None),
     ]
+    reader = DatasetReader(path)
+    list(reader)
+    assert reader.notes.blank_lines == 1  # counted and reported, as in a table (was: skipped silently)
 
 
 @pytest.mark.parametrize("line,reason", [

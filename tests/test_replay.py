@@ -302,6 +302,27 @@ def test_the_task_of_a_file_brings_its_defaults_and_replays_it(tmp_path):
         task_of(write_jsonl(tmp_path / "r.jsonl", [{"text": "a", "label": "b"}]))
 
 
+def test_cli_takes_the_task_a_file_says_and_learner_seed_from_set(tmp_path, capsys):
+    """Was: a MovieLens or key/item file without --task replayed as classify, every record
+    bad and exit status 0; --set learner.seed was overridden by --seed's default 0."""
+    sets = [a for s in [*TINY, "model.out_B=256", "learner.history=4"] for a in ("--set", s)]
+    items = write_jsonl(tmp_path / "items.jsonl", [{"key": f"u{i % 4}", "item": f"i{(i * 3) % 11}"} for i in range(48)])
+    for path in (movielens(tmp_path / "u.data"), items):
+        assert run_cli("--file", path, *sets, "--report", str(tmp_path / "r.json")) == 0
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["task"] == "next-item" and report["bad_records"]["total"] == 0 and report["evaluated"] > 0
+        assert report["config"]["model"]["hashing"]["tokenizer"] == "ids"  # next-item's own defaults
+    path = write_jsonl(tmp_path / "s.jsonl", words_stream(64))
+    sets = [a for s in TINY for a in ("--set", s)]
+    runs = {}
+    for name, seed in (("set", ["--set", "learner.seed=3"]), ("flag", ["--seed", "3"]), ("none", [])):
+        assert run_cli("--file", path, *sets, *seed, "--report", str(tmp_path / f"{name}.json")) == 0
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert runs["set"]["config"]["replay"]["seed"] == runs["flag"]["config"]["replay"]["seed"] == 3
+    assert runs["none"]["config"]["replay"]["seed"] == 0
+    assert runs["set"]["series"] == runs["flag"]["series"]
+
+
 def test_mlm_file_replay(tmp_path):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(64))
     report = replay(FileSource(path), ReplayOptions(k=5, baselines=("popularity", "markov")),
@@ -444,9 +465,17 @@ def test_compare_plot_and_summary_name_the_two_directories(tmp_path, capsys):
     (["--file", "{tmp}/missing.jsonl"], "no such file"),
     (["--topic", "t", "--start-offset", "x"], "offset 'x'"),
     (["--topic", "t", "--start-offset", "1", "--end-time", "5"], "not both"),
+    # checked before the replay runs (was: after it, and the run's results were lost)
+    (["--file", "{path}", "--report", "{tmp}/no-dir/r.json"], "no directory"),
+    (["--file", "{path}", "--plot", "{tmp}"], "is a directory"),
+    (["--file", "{path}", "--seed", "3", "--set", "learner.seed=1"], "--seed 3 and learner.seed=1 disagree"),
+    (["--file", "{tmp}/book.txt"], "a token stream; pass --task next-token or --task mlm"),
+    (["--file", "{tmp}/unlabelled.jsonl"], "text without labels, a token stream"),
 ])
 def test_cli_bad_arguments_are_clear_errors(tmp_path, capsys, args, message):
     path = write_jsonl(tmp_path / "s.jsonl", words_stream(4))
+    (tmp_path / "book.txt").write_text("Well, Prince, so Genoa and Lucca are now just family estates\n")
+    write_jsonl(tmp_path / "unlabelled.jsonl", [{"text": r["text"]} for r in words_stream(4)])
     args = [a.format(path=path, tmp=tmp_path) for a in args]
     assert run_cli(*args, "--set", "model.layers=0") == 2
     assert message in capsys.readouterr().err

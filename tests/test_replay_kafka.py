@@ -114,3 +114,7 @@ def test_cli_kafka_range_with_report(broker, make_topic, tmp_path, capsys):
     assert report["records"] == (ends["0"] - 1) + 4
     assert main(["replay", "--no-progress", "--topic", topic, "--bootstrap", broker, "--partitions", "7"]) == 2
     assert "no partition 7" in capsys.readouterr().err
+    # an offset for a partition the replay does not read (was: ignored, the whole topic replayed)
+    for extra in (["--start-offset", "3:0", "--end-offset", "3:10"], ["--partitions", "0", "--end-offset", "1:4"]):
+        assert main(["replay", "--no-progress", "--topic", topic, "--bootstrap", broker, *extra]) == 2
+        assert "which this replay does not read" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config
+from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config, load_config_given
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
 
@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--window", type=int, default=1000, help="rolling window, in scored events: a record each for classify, mlm and next-item, "
                          "a position each for next-token (default: %(default)s)")
     ev.add_argument("--delay", type=int, default=0, help="labels arrive this many records late (default: %(default)s)")
-    ev.add_argument("--seed", type=int, default=0, help="learner.seed and the mlm masking seed (default: %(default)s)")
+    ev.add_argument("--seed", type=int, default=None,
+                    help="learner.seed and the mlm masking seed (default: learner.seed from --set/--config, else 0)")
     ev.add_argument("--report", metavar="FILE", help="write the JSON report here")
     ev.add_argument("--plot", metavar="FILE", help="write a PNG of the rolling metrics here")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,7 +76,9 @@ def _file_formats() -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    config = load_config(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    config, given = load_config_given(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    config = _file_task(args, config, given)
+    args.seed = _seed(args, config, given)
     from ..compiled_loading import in_a_command, start_loading_for
     in_a_command()
     start_loading_for(config)  # numba's start-up in a thread while torch imports
@@ -96,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
               disable=True if args.no_progress else None, file=sys.stderr) as bar:
         report = replay(source, options, state=args.state, compare=tuple(args.compare) if args.compare else None,
                         config=config, overrides=args.set, save=args.save, progress=bar)
-    _write(args, report)
-    print(summary(report))
-    for line in _written(args, report):
+    print(summary(report))  # first: a file that cannot be written loses nothing the terminal shows
+    failed = _write(args, report)
+    for line in _written(args, report, failed):
         print(line)
     for line in report["source"].get("notes", []):
         print(f"note: {line}", file=sys.stderr)
@@ -106,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         from ..sizing import Sizing
 
         print(f"note: new model, {Sizing.from_dict(report['config']['sizing'])}", file=sys.stderr)
+    if failed:
+        raise StreamlearnError("; ".join(failed.values()))
     return 0
 
 
@@ -120,10 +125,36 @@ def _check_args(args: argparse.Namespace) -> None:
     if (args.start_offset or args.end_offset) and (args.start_time or args.end_time):
         raise StreamlearnError("give an offset range (--start-offset/--end-offset) or a time range "
                                "(--start-time/--end-time), not both")
+    _check_output("report", args.report)
+    _check_output("plot", args.plot)
     if (args.state or args.compare) and (args.task or (args.config and not _kafka_only(args.config))):
         raise StreamlearnError("--config/--task build a model from scratch; a snapshot keeps its own config "
                                "(use --set for overrides that keep its tables; a --config with only a [kafka] "
                                "table is fine)")
+
+
+def _file_task(args: argparse.Namespace, config: Config, given: frozenset[str]) -> Config:
+    """A new model on a file whose format or records say its task (MovieLens: next-item;
+    JSON lines of key and item: next-item) takes that task when none is given; running
+    text asks which token task (:func:`~streamlearn.datasets.task_of_records`). Was: every
+    such record scored as a bad classify record, exit status 0."""
+    if args.file is None or args.state or args.compare or "learner.task" in given:
+        return config
+    from ..datasets import task_of_records
+
+    task = task_of_records(args.file, args.input_format)
+    if task is None or task == config.learner.task:
+        return config
+    return load_config(args.config, [*args.set, f"learner.task={task}"])  # the task's own defaults
+
+
+def _seed(args: argparse.Namespace, config: Config, given: frozenset[str]) -> int:
+    """``--seed``, else ``learner.seed`` as --set/--config/the environment give it."""
+    if args.seed is None:
+        return config.learner.seed
+    if "learner.seed" in given and config.learner.seed != args.seed:
+        raise StreamlearnError(f"--seed {args.seed} and learner.seed={config.learner.seed} disagree: give one")
+    return args.seed
 
 
 def _kafka_only(path: str) -> bool:
@@ -184,22 +215,40 @@ def _options(args: argparse.Namespace, baselines: list[str]):
                          baselines=tuple(baselines), seed=args.seed, limit=args.limit)
 
 
-def _write(args: argparse.Namespace, report: dict) -> None:
+def _write(args: argparse.Namespace, report: dict) -> dict[str, str]:
+    """Write the report and the plot, each on its own; ``{option: error}`` of those that failed."""
     from ..replay import plot_report, write_report
 
-    if args.report:
-        write_report(report, args.report)
-    if args.plot:
-        plot_report(report, args.plot)
+    failed = {}
+    for option, path, write in (("report", args.report, write_report), ("plot", args.plot, plot_report)):
+        if path:
+            try:
+                write(report, path)
+            except StreamlearnError as exc:
+                failed[option] = str(exc)
+    return failed
 
 
-def _written(args: argparse.Namespace, report: dict) -> list[str]:
+def _check_output(option: str, path: str | None) -> None:
+    """Before a replay that may run for long: its --report/--plot can be written."""
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise StreamlearnError(f"--{option} {path} is a directory: name a file")
+    if not os.path.isdir(parent):
+        raise StreamlearnError(f"--{option} {path}: no directory {parent}; create it first")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise StreamlearnError(f"--{option} {path}: not writable here")
+
+
+def _written(args: argparse.Namespace, report: dict, failed: dict[str, str]) -> list[str]:
     """Where this run wrote its files, one line each (absolute paths: the user may have
     given a relative one from another directory's habit)."""
     lines = []
-    if args.report:
+    if args.report and "report" not in failed:
         lines.append(f"report written to {os.path.abspath(args.report)}")
-    if args.plot:
+    if args.plot and "plot" not in failed:
         lines.append(f"plot written to {os.path.abspath(args.plot)}")
     if args.save:
         lines.append(f"learner saved to {os.path.abspath(args.save)} (step {report['saved_step']}): "

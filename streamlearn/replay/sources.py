@@ -223,6 +223,13 @@ class KafkaSource:
         bad = [p for p in parts if not 0 <= p < n]
         if bad:
             raise ReplaySourceError(f"topic {rng.topic!r} has partitions 0..{n - 1}; no partition {bad[0]}")
+        for option, spec in (("--start-offset", rng.start), ("--end-offset", rng.end)):
+            named = sorted(spec) if isinstance(spec, dict) else []
+            outside = [p for p in named if p not in parts]
+            if outside:  # was: ignored, and the whole topic replayed
+                raise ReplaySourceError(f"{option} names partition {outside[0]}, which this replay does not read "
+                                        f"(topic {rng.topic!r}: partitions "
+                                        f"{', '.join(map(str, sorted(parts))) or 'none'})")
         self.partitions = tuple(sorted(parts))
         self._bounds: dict[int, tuple[int, int]] | None = None
         self.notes: list[str] = []
