@@ -133,6 +133,17 @@ def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
     pa, pb = params(fast), params(slow)
     for name in pb:
         assert torch.equal(pa[name], pb[name]), name
+    # queries too (frozen replay, predict, the service): the same arrays and answers
+    queries = [{k: v for k, v in r.items() if k != "label"} for r in records]
+    for i in range(0, len(queries), 16):
+        a, b = fast.prepare(queries[i:i + 16], train=False), slow.prepare(queries[i:i + 16], train=False)
+        for key in b.feats:
+            np.testing.assert_array_equal(a.feats[key], b.feats[key], err_msg=key)
+        if b.nb_tokens is None:
+            assert a.nb_tokens is None
+        else:
+            np.testing.assert_array_equal(a.nb_tokens, b.nb_tokens)
+    assert fast.predict_proba_many(queries) == slow.predict_proba_many(queries)
 
 
 @pytest.mark.parametrize("overrides", [("learner.compiled=false",), ("embedding.scheme=bloom",),

@@ -135,11 +135,26 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     for c in contestants:
         c.series = {name: [] for name in c.metrics.names}
     bags = any(b.reads_tokens for b in baselines)  # else classify's events need no tokens
-    loop = _Loop(result, task.events(options.seed, bags), first.schedule, progress, first.steps)
+    loop = _Loop(result, task.events(options.seed, bags), _schedule(first, learning), progress, first.steps)
     started = time.perf_counter()
     loop.run(items)
     result.wall_s = time.perf_counter() - started
     return result
+
+
+FROZEN_BATCH = 256  # records a frozen classify model predicts per call
+
+
+def _schedule(learner: Learner, learning: bool) -> Schedule:
+    """The learner's own mini-batches when it learns. A frozen classifier's answers do not
+    depend on how the records are grouped, so it predicts FROZEN_BATCH records a call: at
+    the learner's 8 a call's fixed costs (preparing, the forward's set-up) made frozen
+    replay slower than prequential, whose step is one compiled call. The token tasks keep
+    their batches: each record of theirs holds many events, each scored over every
+    candidate."""
+    if learning or learner.task.answers != "labels":
+        return learner.schedule
+    return Schedule(max(FROZEN_BATCH, learner.schedule.batch_size), ramp=False)
 
 
 def _metrics(answers: str, options: ReplayOptions) -> MetricSet:

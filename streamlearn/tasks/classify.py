@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -119,8 +119,8 @@ class ClassifyPreparer(Preparer):
         lists = [t for _, t in accepted]
         hasher = self.text_hasher() if self.text_hasher is not None else None
         if hasher is not None:  # one compiled call for the features and the Naive Bayes ids
-            batch.feats, nb = hasher.batch(lists, self._word_counts(accepted), self.cfg.hashing.max_tokens,
-                                           self.nb_span)
+            words = self._word_counts(lists, [r.tokens is None for r, _ in accepted])
+            batch.feats, nb = hasher.batch(lists, words, self.cfg.hashing.max_tokens, self.nb_span)
             batch.nb_tokens = nb if self.nb_span else None
         else:
             batch.feats = self.featurize(lists)
@@ -131,9 +131,25 @@ class ClassifyPreparer(Preparer):
 
     def fill_query(self, batch: Batch, records: list) -> None:
         batch.n_labels = len(self.label_table)
+        from_text = [fields_of(obj).get("tokens") is None for obj in records]
+        hasher = self.text_hasher() if self.text_hasher is not None else None
+        if hasher is not None:  # as a training batch: a query's text hashed in one compiled call
+            lists = [self._query_hashed(hasher, obj, i) for i, obj in enumerate(records)]
+            batch.feats, nb = hasher.batch(lists, self._word_counts(lists, from_text), self.cfg.hashing.max_tokens,
+                                           self.nb_span)
+            batch.nb_tokens = nb if self.nb_span else None
+            return
         lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
         batch.feats = self.featurize(lists, grow=False)
-        batch.nb_tokens = self.nb_tokens(lists, batch.feats, [fields_of(obj).get("tokens") is None for obj in records])
+        batch.nb_tokens = self.nb_tokens(lists, batch.feats, from_text)
+
+    def _query_hashed(self, hasher: TextHasher, obj: Any, i: int) -> list[str] | HashedText:
+        """Query ``i``'s text hashed by the compiled tokenizer, else its tokens
+        (:meth:`query_tokens`: given ones, a text it leaves to Python, an empty one)."""
+        fields = fields_of(obj)
+        text = fields.get("text") if fields.get("tokens") is None else None
+        hashed = hasher(text) if isinstance(text, str) else None
+        return hashed if hashed is not None and len(hashed) else self.query_tokens(obj, i)
 
     def nb_tokens(self, token_lists: Sequence[Sequence[str]], feats: dict[str, np.ndarray],
                   from_text: Sequence[bool]) -> np.ndarray | None:
@@ -160,15 +176,15 @@ class ClassifyPreparer(Preparer):
             out[~self._words(token_lists, from_text, out.shape[1])] = -1
         return out
 
-    def _word_counts(self, accepted: list) -> np.ndarray:
+    def _word_counts(self, lists: list, from_text: Sequence[bool]) -> np.ndarray:
         """(N,) how many of each record's tokens the Naive Bayes part counts, from its
         first: a hashed text's words, a tokenized text's words
         (:func:`text_words`), every token of a list given as ``tokens``."""
         h = self.cfg.hashing
         texts = h.tokenizer == "words" and (h.ngrams > 1 or h.shapes)
         return np.fromiter((tokens.words if type(tokens) is HashedText
-                            else text_words(tokens) if texts and rec.tokens is None else len(tokens)
-                            for rec, tokens in accepted), dtype=np.int64, count=len(accepted))
+                            else text_words(tokens) if texts and text else len(tokens)
+                            for tokens, text in zip(lists, from_text)), dtype=np.int64, count=len(lists))
 
     @staticmethod
     def _words(token_lists: Sequence[Sequence[str]], from_text: Sequence[bool], T: int) -> np.ndarray:
