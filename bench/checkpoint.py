@@ -37,7 +37,8 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
-from streamlearn.config import StoreConfig
+from options import at_least, between, parser_for, positive_int
+from streamlearn.config import MAX_SHARDS, StoreConfig
 from streamlearn.state import Checkpoint, TableSpec, open_store
 
 
@@ -81,11 +82,14 @@ def timed(fn, batches) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--shards", type=int, default=8)
+    ap = parser_for(__doc__)
+    ap.add_argument("--rows", type=at_least(100), default=1_000_000,
+                    help="rows in the table, at least 100 so that 1%% is a row (default %(default)s)")
+    ap.add_argument("--width", type=positive_int, default=64, help="float32 values per row (default %(default)s)")
+    ap.add_argument("--reps", type=positive_int, default=5, help="timed runs of each measure, the median kept "
+                    "(default %(default)s)")
+    ap.add_argument("--shards", type=between(1, MAX_SHARDS), default=8,
+                    help="the store's shards, store.shards (default %(default)s)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))

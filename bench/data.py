@@ -34,19 +34,27 @@ FILES = {  # dataset name -> its file under the datasets folder
 }
 SIZES = {"sms": 5_574, "ag-news-5000": 5_000, "ag-news-581": 581, "movielens": 100_000, "yelp": 1_000}  # stand-ins
 CLASSES = {"sms": 2, "ag-news-5000": 4, "ag-news-581": 4, "yelp": 2}
+_NO_DIR = f"no such directory (leave --data out to use {DEFAULT} or synthetic streams)"
 
 
 def add_data_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=None,
+    parser.add_argument("--data", type=folder, default=None,
                         help=f"the datasets folder (default: ../shared/data beside the repository, {DEFAULT}); "
                              "datasets missing from it are replaced by labelled synthetic streams")
+
+
+def folder(text: str) -> Path:
+    """``--data``'s type: a folder that exists, checked as the command line is read (a
+    usage error before any work, not a failure minutes into a run)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {_NO_DIR}")
+    return Path(text)
 
 
 def data_dir(option: Path | None) -> Path:
     """The datasets folder: ``--data`` (which must exist), else :data:`DEFAULT` (which may not)."""
     if option is not None and not option.is_dir():
-        raise SystemExit(f"--data {option}: no such directory (leave --data out to use {DEFAULT} "
-                         "or synthetic streams)")
+        raise SystemExit(f"--data {option}: {_NO_DIR}")
     return option if option is not None else DEFAULT
 
 

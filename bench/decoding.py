@@ -14,10 +14,10 @@ against exhaustive_topk_many, and the index's own costs: adding the n ids in bat
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
+from options import parser_for, positive_int
 
 from streamlearn.decoding import CandidateIndex, beam_topk, beam_topk_many, exhaustive_topk, exhaustive_topk_many
 
@@ -55,9 +55,10 @@ def ms(seconds: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1_000_000, help="candidates in the index")
-    parser.add_argument("--reps", type=int, default=5)
+    parser = parser_for(__doc__)
+    parser.add_argument("--n", type=positive_int, default=1_000_000, help="candidates in the index (default %(default)s)")
+    parser.add_argument("--reps", type=positive_int, default=5, help="runs of each search, the best kept "
+                        "(default %(default)s)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
 

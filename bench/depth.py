@@ -40,7 +40,6 @@ Prints a markdown table with each depth's ratio to 1 layer; --out writes JSON.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import platform
@@ -54,6 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from options import at_least, parser_for, positive_int
 from quality_streams import SetStream, cluster_sets, partner_sets
 
 from streamlearn.config import load_config
@@ -262,19 +262,29 @@ def table(results: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--stream", choices=("partners", "clusters"), default="partners",
-                        help="the set stream (module docstring; default partners)")
+                        help="the set stream (module docstring; default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 150,000 sets, 1 and 2 layers")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--ids", type=int, default=2_000)
-    parser.add_argument("--cluster", type=int, default=8)
-    parser.add_argument("--sets", type=int, help="sets per run (default 400,000; --quick 150,000)")
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--ids", type=at_least(IDS_PER_ROW), default=2_000,
+                        help="distinct ids in the stream (partners: even; clusters: a multiple of --cluster; "
+                        "default %(default)s)")
+    parser.add_argument("--cluster", type=at_least(SIZES["clusters"][1]), default=8,
+                        help="ids per cluster of --stream clusters (default %(default)s)")
+    parser.add_argument("--sets", type=at_least(5 * BATCH), help="sets per run, at least 640 so that every "
+                        "quarter of a run is measured (default 400,000; --quick 150,000)")
+    parser.add_argument("--seeds", type=positive_int, default=2, help="runs per depth, learner.seed 0, 1, ... "
+                        "(default %(default)s; --quick 1)")
     parser.add_argument("--layers", type=int, nargs="*", choices=sorted(FFN), help="depths (default 0 1 2 3)")
     parser.add_argument("--control", action="store_true", help="also the depths up to 2 without heavy hashing")
-    parser.add_argument("--jobs", type=int, default=2, help="models trained in parallel, 1 torch thread each")
+    parser.add_argument("--jobs", type=positive_int, default=2,
+                        help="models trained in parallel, 1 torch thread each (default %(default)s)")
     args = parser.parse_args()
+    try:  # the stream's own checks of --ids and --cluster, before any process starts
+        make_stream(Run(0, 0, args.ids, args.cluster, 1, 1, args.stream))
+    except ValueError as exc:
+        parser.error(f"--stream {args.stream} --ids {args.ids} --cluster {args.cluster}: {exc}")
     sets = args.sets or (150_000 if args.quick else 400_000)
     seeds = list(range(1 if args.quick else args.seeds))
     depths = args.layers or ([1, 2] if args.quick else sorted(FFN))

@@ -17,7 +17,6 @@ counted from real modules (the 200M table on the meta device, so nothing is allo
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from streamlearn.embeddings import HashEmbedding, HashEmbeddingConfig, build_emb
 from streamlearn.hashing import tokenize
 
 from data import add_data_option, data_dir, text_stream
+from options import parser_for, positive_int
 
 N, T, D = 256, 64, 64
 TARGET = 1.5
@@ -145,10 +145,11 @@ def memory_section() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--threads", type=int, default=1,
+    parser = parser_for(__doc__)
+    parser.add_argument("--repeats", type=positive_int, default=20,
+                        help="timed steps of each module, the median kept (default %(default)s)")
+    parser.add_argument("--skip-memory", action="store_true", help="leave out the memory section")
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads (default 1: the 2 cores are shared, and a busy core "
                              "stalls a 2-thread kernel on its barrier)")
     add_data_option(parser)

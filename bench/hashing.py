@@ -17,7 +17,6 @@ costing a third of the xxhash pass.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import xxhash
 
 from data import add_data_option, data_dir, text_stream
+from options import parser_for, positive_int
 from streamlearn.hashing import TokenHasher, tokenize
 
 TARGET = 0.4
@@ -49,8 +49,9 @@ def timed(fn, *args) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = parser_for(__doc__)
+    parser.add_argument("--repeats", type=positive_int, default=7,
+                        help="interleaved runs of each method over the tokens, the median kept (default %(default)s)")
     add_data_option(parser)
     args = parser.parse_args()
     tokens, source = token_stream(data_dir(args.data))

@@ -8,12 +8,12 @@ Streams: the SMS Spam Collection and the AG News 5000 sample from the datasets f
 of its size when absent (bench/data.py). Each mini-batch of 32 is predicted, then
 learned; one torch thread. ``--quick``: SMS only, 1 layer. Prints a markdown table.
 """
-import argparse
 import time
 
 import torch
 
 from data import add_data_option, data_dir, text_stream
+from options import parser_for
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
@@ -29,7 +29,7 @@ def prequential(records: list[dict], overrides: list[str]) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="SMS only, 1 layer")
     add_data_option(parser)
     args = parser.parse_args()

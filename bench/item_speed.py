@@ -15,7 +15,6 @@ set's.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
 from data import add_data_option, data_dir, events_stream
+from options import parser_for, positive_int
 
 
 def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
@@ -40,15 +40,20 @@ def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     add_data_option(parser)
-    parser.add_argument("--limit", type=int, default=40_000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--limit", type=positive_int, default=40_000,
+                        help="the first N events of MovieLens, learned by every set (default %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=2,
+                        help="timed passes of every set, taking turns; the best counts (default %(default)s)")
     # the defaults; with the 2 output hashes they had before 2026-11-26's third session; and
     # with the input and batch of that day's morning too
     parser.add_argument("--sets", nargs="+", default=["", "model.out_m=2",
                                                       "model.out_m=2 learner.batch_size=256 learner.history=10 "
-                                                      "learner.recency=1 learner.key_token=false learner.place_weights=false"])
+                                                      "learner.recency=1 learner.key_token=false learner.place_weights=false"],
+                        metavar="OVERRIDES", help="the configurations, each a quoted string of space-separated "
+                        "KEY=VALUE overrides on next-item's defaults (\"\": the defaults); ratios are to the first "
+                        "(default: the defaults, then two earlier configurations)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     stream = events_stream(data_dir(args.data), args.limit)

@@ -18,7 +18,6 @@ mlm War and Peace in records of 32 words (bench/tokens.py), next-item MovieLens 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, data_dir, events_stream, text_stream
+from options import nonneg_int, parser_for, positive_int
 from tokens import stream as book
 
 from streamlearn.config import load_config
@@ -61,18 +61,25 @@ def learn(learner: Learner, batches: list[list[dict]]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     add_data_option(parser)
-    parser.add_argument("--task", default="classify", choices=("classify", "next-token", "mlm", "next-item"))
-    parser.add_argument("--warm", type=int, default=200, help="mini-batches learned before any timing")
-    parser.add_argument("--steps", type=int, default=200, help="mini-batches timed, then profiled (as many again)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
-    parser.add_argument("--top", type=int, default=15, help="operators listed")
+    parser.add_argument("--task", default="classify", choices=("classify", "next-token", "mlm", "next-item"),
+                        help="the task, at its defaults (default %(default)s)")
+    parser.add_argument("--warm", type=nonneg_int, default=200,
+                        help="mini-batches learned before any timing (default %(default)s)")
+    parser.add_argument("--steps", type=positive_int, default=200,
+                        help="mini-batches timed, then profiled (as many again; default %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override (repeatable)")
+    parser.add_argument("--top", type=positive_int, default=15, help="operators listed (default %(default)s)")
     args = parser.parse_args()
     learner = Learner(load_config(None, [f"learner.task={args.task}", *args.set], use_env=False))
     size = learner.cfg.learner.batch_size
     records, source = records_of(args.task, data_dir(args.data), (args.warm + 2 * args.steps) * size)
     batches = [records[i:i + size] for i in range(0, len(records), size)]
+    if len(batches) < args.warm + 2 * args.steps:
+        parser.error(f"the stream ({source}) holds {len(batches)} batches of {size}, fewer than --warm {args.warm} "
+                     f"+ 2 x --steps {args.steps}: lower them")
     warm, timed, profiled = (batches[:args.warm], batches[args.warm:args.warm + args.steps],
                              batches[args.warm + args.steps:])
     learn(learner, warm)
@@ -81,7 +88,7 @@ def main() -> int:
     with profile(activities=activities) as prof:
         under = learn(learner, profiled)
     events = prof.key_averages()
-    steps = max(1, len(profiled))
+    steps = len(profiled)
     per_step = {what: sum(e.count for e in events if named(e.key)) / steps for what, named in RUNTIME.items()}
     print(f"{args.task} at its defaults{' + ' + ' '.join(args.set) if args.set else ''} on "
           f"{learner.dev.describe()}, torch {torch.__version__}; stream {source}, batch {size}")

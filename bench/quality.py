@@ -30,7 +30,6 @@ Prints a markdown table; --out writes every figure as JSON.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -46,6 +45,7 @@ import quality_eval as ev
 from streamlearn.config import Config, LearnerConfig
 import quality_streams as streams
 from data import Stream, add_data_option, ag_news, data_dir, events_stream, text_stream
+from options import parser_for, positive_int
 
 TEXT_BATCH = LearnerConfig.batch_size  # the default learner.batch_size
 # on top of the library defaults (depth 0, bigrams and digit shapes, Naive Bayes part 0.1;
@@ -144,12 +144,13 @@ def load_streams(data: Path, quick: bool) -> dict[str, Stream]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="1 seed, 30k MovieLens events")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads (default %(default)s)")
     add_data_option(parser)
-    parser.add_argument("--only", nargs="*", choices=("sms", "ag_news", "movielens", "step_cost"))
+    parser.add_argument("--only", nargs="*", choices=("sms", "ag_news", "movielens", "step_cost"),
+                        help="these parts only (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     want = set(args.only or ("sms", "ag_news", "movielens", "step_cost"))

@@ -1,7 +1,7 @@
 """Run the benchmarks one after another and print a summary: `make bench`.
 
-    python bench/run_all.py                 # every benchmark in its quick form (about 9 minutes)
-    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about an hour)
+    python bench/run_all.py                 # every benchmark in its quick form (about 12 minutes)
+    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about 285 minutes)
     python bench/run_all.py --only hashing worker --data ../shared/data
     python bench/run_all.py --list          # what would run, with the commands and the usual times
 
@@ -13,7 +13,11 @@ targets); the exit status is 1 if any failed.
 
 Data: every script finds the datasets through ``--data`` or ``../shared/data`` beside the
 repository, and replaces a missing dataset by a synthetic stream it labels SYNTHETIC
-(bench/data.py); ``--data`` here is passed to every script that reads datasets.
+(bench/data.py); ``--data`` here is passed to every script that reads datasets, and a
+folder that does not exist stops the run before any script starts.
+
+The times are the sums of each benchmark's usual seconds (:class:`Benchmark`), as
+``--list`` prints them; of the full run's, bench/tokens.py takes 180 minutes.
 
 A script under bench/ that is neither listed in :data:`BENCHMARKS` nor a helper module
 (:data:`HELPERS`) is reported at the start and the end of every run, so a new benchmark
@@ -21,7 +25,6 @@ is not silently left out (tests/test_bench_run_all.py checks the same).
 """
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -29,9 +32,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from data import folder
+from options import parser_for, positive_float
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-HELPERS = {"data.py", "peers.py", "quality_eval.py", "quality_streams.py", "run_all.py", "synthetic_items.py"}  # imported by the scripts, not run
+HELPERS = {"data.py", "options.py", "peers.py", "quality_eval.py", "quality_streams.py", "run_all.py", "synthetic_items.py"}  # imported by the scripts, not run
 
 
 @dataclass(frozen=True)
@@ -193,14 +199,15 @@ def listing(selected: list[Benchmark], full: bool, data: Path | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--full", action="store_true", help="the full commands of docs/benchmarks.md instead of the "
                         "quick ones (bench/streams.py then rewrites its table in docs/benchmarks.md)")
     parser.add_argument("--only", nargs="+", choices=sorted(BY_NAME), metavar="NAME", help="these benchmarks only")
-    parser.add_argument("--data", type=Path, help="the datasets folder, passed to every script that reads one "
+    parser.add_argument("--data", type=folder, help="the datasets folder, passed to every script that reads one "
                         "(default: each script's own, ../shared/data beside the repository)")
-    parser.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench", help="where each output is kept")
-    parser.add_argument("--timeout", type=float, help="seconds per benchmark before it is killed "
+    parser.add_argument("--logs", type=Path, default=ROOT / "runs" / "bench",
+                        help="where each output is kept (default runs/bench)")
+    parser.add_argument("--timeout", type=positive_float, help="seconds per benchmark before it is killed "
                         "(default: 4 x its usual time, at least 10 minutes)")
     parser.add_argument("--list", action="store_true", help="print what would run, and run nothing")
     args = parser.parse_args(argv)

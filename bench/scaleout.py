@@ -26,7 +26,6 @@ step) and per record of the stream.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -45,6 +44,7 @@ from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import add_data_option, ag_news, data_dir, text_stream  # bench/data.py: the datasets folder
+from options import at_least, parser_for, positive_int
 
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
          "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")
@@ -196,16 +196,23 @@ def quality(broker: EmbeddedBroker, args, workdir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=40_000)
-    parser.add_argument("--repeat", type=int, default=3, help="speed runs per mode, interleaved")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--checkpoint-every", type=int, default=2000, help="speed runs: records per sync per worker")
-    parser.add_argument("--quality-every", type=int, default=500, help="quality runs: records per sync per worker")
+    parser = parser_for(__doc__)
+    parser.add_argument("--records", type=positive_int, default=40_000,
+                        help="synthetic records of the speed runs, at least 4 x --checkpoint-every (default %(default)s)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="speed runs per mode, interleaved, the median kept (default %(default)s)")
+    parser.add_argument("--partitions", type=at_least(2), default=4,
+                        help="partitions of each topic, shared by the 2 workers (default %(default)s)")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=2000,
+                        help="speed runs: records per sync per worker (default %(default)s)")
+    parser.add_argument("--quality-every", type=positive_int, default=500,
+                        help="quality runs: records per sync per worker (default %(default)s)")
     add_data_option(parser)
-    parser.add_argument("--quality-seeds", type=int, default=2, help="quality runs per mode (learner.seed 0, 1, ...)")
-    parser.add_argument("--skip-quality", action="store_true")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--quality-seeds", type=positive_int, default=2,
+                        help="quality runs per mode, learner.seed 0, 1, ... (default %(default)s)")
+    parser.add_argument("--skip-quality", action="store_true", help="the speed runs only")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every worker (repeatable)")
     args = parser.parse_args()
     if args.records < 4 * args.checkpoint_every:  # the rate runs from the first sync to the last: 2 a worker
         parser.error(f"--records {args.records} leaves 2 workers under two syncs each at --checkpoint-every "

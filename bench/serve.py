@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from options import between, parser_for, positive_float, positive_int
 
 P99_TARGET_MS, DROP_TARGET, FRESH_TARGET_S = 20.0, 0.20, 1.0
 
@@ -490,19 +491,33 @@ def report(args, samples, off_windows, on_windows, lags, inproc, commit_s, pin) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--role", choices=("orchestrate", "trainer", "load"), default="orchestrate")
-    parser.add_argument("--trainer", choices=("worker", "loop"), default="worker")
-    parser.add_argument("--state")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--windows", type=int, default=3)
-    parser.add_argument("--window-seconds", type=float, default=6.0)
-    parser.add_argument("--checkpoint-every", type=int, default=2000)
-    parser.add_argument("--no-pin", action="store_true")
-    parser.add_argument("--worst-case-reload", action="store_true")
+    parser = parser_for(__doc__)
+    parser.add_argument("--role", choices=("orchestrate", "trainer", "load"), default="orchestrate",
+                        help="orchestrate: the benchmark; trainer and load: the processes it starts "
+                        "(default %(default)s)")
+    parser.add_argument("--trainer", choices=("worker", "loop"), default="worker",
+                        help="worker: `streamlearn worker` from the embedded broker; loop: a Learner loop "
+                        "without Kafka (default %(default)s)")
+    parser.add_argument("--state", help="--role trainer: the state directory it commits into")
+    parser.add_argument("--port", type=between(1, 65535), help="--role load: the service's port")
+    parser.add_argument("--seconds", type=positive_float, default=5.0,
+                        help="--role load: seconds of load (default %(default)s)")
+    parser.add_argument("--clients", type=positive_int, default=16,
+                        help="concurrent closed-loop clients, one request in flight each (default %(default)s)")
+    parser.add_argument("--windows", type=positive_int, default=3,
+                        help="windows of each kind, load off and load on, alternating (default %(default)s)")
+    parser.add_argument("--window-seconds", type=positive_float, default=6.0,
+                        help="seconds per window (default %(default)s)")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=2000,
+                        help="the trainer's records per checkpoint (default %(default)s)")
+    parser.add_argument("--no-pin", action="store_true", help="let the OS place the processes (default: the "
+                        "trainer on CPU 0, the server and the load generator on CPU 1)")
+    parser.add_argument("--worst-case-reload", action="store_true",
+                        help="also time a full reload of every row, once every row is stored")
     args = parser.parse_args()
+    needs = {"trainer": ("state", "--state"), "load": ("port", "--port")}.get(args.role)
+    if needs and getattr(args, needs[0]) is None:
+        parser.error(f"--role {args.role} needs {needs[1]}")
     {"orchestrate": orchestrate, "trainer": trainer, "load": load}[args.role](args)
 
 

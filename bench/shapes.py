@@ -19,7 +19,6 @@ as a JSON line. Peers are cached in ``--cache`` (they are deterministic).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -38,6 +37,7 @@ from streamlearn.sizing import sized_config
 
 import peers
 from data import add_data_option, data_dir
+from options import nonneg_int, parser_for, positive_int
 import synthetic_items as synth
 
 DATA = data_dir(None)  # main() sets --data's folder before any stream is read
@@ -255,18 +255,31 @@ def run(task: str, names: list[str], overrides: list[str], seeds: list[int], cac
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", choices=("text", "next-item", "all"), default="all")
-    ap.add_argument("--streams", nargs="*")
-    ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    ap = parser_for(__doc__)
+    ap.add_argument("--task", choices=("text", "next-item", "all"), default="all",
+                    help="the streams of this task (default %(default)s)")
+    ap.add_argument("--streams", nargs="*", metavar="NAME",
+                    help=f"these streams of --task only; text: {', '.join(TEXT_STREAMS)}; "
+                    f"next-item: {', '.join(ITEM_STREAMS)} (default: all of --task's)")
+    ap.add_argument("--seeds", nargs="+", type=nonneg_int, default=[0, 1, 2],
+                    help="learner.seed and hashing.seed of the model's runs (default 0 1 2)")
     ap.add_argument("--set", nargs="*", default=[], dest="overrides", help="config overrides (dotted)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--limit", type=int, default=None, help="the first N records of each stream (short runs)")
-    ap.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent / "out" / "peers.json")
-    ap.add_argument("--log", type=Path, default=None)
-    ap.add_argument("--tag", default="")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads (default %(default)s)")
+    ap.add_argument("--limit", type=positive_int, default=None,
+                    help="the first N records of each stream (short runs; default: all)")
+    ap.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent / "out" / "peers.json",
+                    help="the peers' results, computed once (default bench/out/peers.json)")
+    ap.add_argument("--log", type=Path, default=None, help="append every run to this file as a JSON line")
+    ap.add_argument("--tag", default="", help="a tag for the runs in --log")
     add_data_option(ap)
     args = ap.parse_args()
+    tasks = {"text": TEXT_STREAMS, "next-item": ITEM_STREAMS}
+    known = {name for task, streams in tasks.items() if args.task in (task, "all") for name in streams}
+    unknown = [name for name in args.streams or () if name not in known]
+    if unknown:
+        ap.error(f"--streams {' '.join(unknown)}: not a stream of --task {args.task}; "
+                 + "; ".join(f"{task}: {', '.join(streams)}" for task, streams in tasks.items()
+                             if args.task in (task, "all")))
     global DATA
     DATA = data_dir(args.data)
     torch.set_num_threads(args.threads)

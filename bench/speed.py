@@ -39,7 +39,6 @@ between ``<!-- bench/speed.py:begin -->`` and ``<!-- bench/speed.py:end -->``.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import textwrap
@@ -56,6 +55,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, ag_news, data_dir, text_stream, write_between_markers
+from options import nonneg_int, parser_for, positive_int
 import quality_streams as qs
 import startup
 
@@ -335,14 +335,16 @@ def section(results: dict[str, tuple[int, dict[str, Rate]]], vw: bool, command: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     add_data_option(parser)
-    parser.add_argument("--passes", type=int, default=3, help="passes per contestant; the best counts")
-    parser.add_argument("--records", type=int, default=0, help="first N records of each stream (0: all)")
+    parser.add_argument("--passes", type=positive_int, default=3,
+                        help="passes per contestant; the best counts (default %(default)s)")
+    parser.add_argument("--records", type=nonneg_int, default=0,
+                        help="first N records of each stream (0: all; default %(default)s)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                        help="markdown file whose marked section receives the table")
-    parser.add_argument("--startup-runs", type=int, default=3,
-                        help="worker start-ups to time after a warm-up (0: none)")
+                        help="markdown file whose marked section receives the table (default docs/benchmarks.md)")
+    parser.add_argument("--startup-runs", type=nonneg_int, default=3,
+                        help="worker start-ups to time after a warm-up (0: none; default %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
     vw = qs.vw_oaa([{"text": "a b", "label": "x"}]) is not None
@@ -354,12 +356,12 @@ def main() -> int:
         records = records[:args.records] if args.records else records
         warm_up(records, first=i == 0)
         print(f"{name}: {len(records):,} records", file=sys.stderr, flush=True)
-        results[name] = (len(records), measure(records, max(1, args.passes), vw))
+        results[name] = (len(records), measure(records, args.passes, vw))
     starts = []
     if args.startup_runs > 0:
         print("worker start-up", file=sys.stderr, flush=True)
         starts = startup.measure(STARTUP_RECORDS, STARTUP_PARTITIONS, args.startup_runs, {"manual": []})["manual"]
-    text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), max(1, args.passes), starts)
+    text = section(results, vw, " ".join(["python bench/speed.py", *sys.argv[1:]]), args.passes, starts)
     if not args.dry_run:
         write_between_markers(args.out, BEGIN, END, text)
     print(text)

@@ -25,7 +25,6 @@ timestamps (``%(asctime)s``), so each figure is +-1 ms plus the clock reads.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -37,6 +36,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from options import parser_for, positive_int
 from streamlearn.broker import EmbeddedBroker, create_topic, produce_rows
 from streamlearn.datasets import DatasetReader, bundled_path
 
@@ -102,11 +102,15 @@ def measure(records: int, partitions: int, repeats: int, paths: dict[str, list[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=2000)
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser = parser_for(__doc__)
+    parser.add_argument("--records", type=positive_int, default=2000,
+                        help="SMS records in the topic, all learned by each worker process (default %(default)s)")
+    parser.add_argument("--partitions", type=positive_int, default=3,
+                        help="partitions of the topic (default %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="timed runs of each path after the warm-up, the median kept (default %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every worker (repeatable)")
     args = parser.parse_args()
     extra = [item for kv in args.set for item in ("--set", kv)]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; {args.records} SMS records on "

@@ -16,7 +16,6 @@ Prints one line per kill, a summary, and exits 1 if any kill found a wrong state
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -25,18 +24,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from options import nonneg_float, nonneg_int, parser_for, positive_float, positive_int
 from streamlearn.state.faultcheck import Reference, kill_once
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kills", type=int, default=60)
-    ap.add_argument("--chain", type=int, default=6, help="kills per directory")
-    ap.add_argument("--scale", type=int, default=20_000, help="rows per table per checkpoint (about)")
-    ap.add_argument("--max-delay", type=float, default=1.5, help="seconds after the child is ready")
-    ap.add_argument("--map-mb", type=float, default=4.0, help="initial map (it grows)")
-    ap.add_argument("--sync", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser_for(__doc__)
+    ap.add_argument("--kills", type=positive_int, default=60, help="SIGKILLs in all (default %(default)s)")
+    ap.add_argument("--chain", type=positive_int, default=6, help="kills per directory (default %(default)s)")
+    ap.add_argument("--scale", type=positive_int, default=20_000,
+                    help="rows per table per checkpoint, about (default %(default)s)")
+    ap.add_argument("--max-delay", type=nonneg_float, default=1.5,
+                    help="the longest wait after the child is ready before the kill, seconds (default %(default)s)")
+    ap.add_argument("--map-mb", type=positive_float, default=4.0,
+                    help="the store's initial map in MB; it grows (default %(default)s)")
+    ap.add_argument("--sync", type=int, choices=(0, 1), default=1,
+                    help="1: the child's commits are durable (store.sync); 0: not (default %(default)s)")
+    ap.add_argument("--seed", type=nonneg_int, default=0,
+                    help="seeds the kill delays and the checkpoints' contents (default %(default)s)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
     rng = random.Random(args.seed)

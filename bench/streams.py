@@ -23,7 +23,6 @@ docs/benchmarks.md.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import sys
@@ -40,6 +39,7 @@ from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
 from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text, write_between_markers
+from options import at_least, names, nonneg_int, parser_for, positive_int
 
 DATASETS = [("sms-spam", "sms"), ("ag-news-5000", "ag-news-5000"), ("ag-news-581", "ag-news-581"),
             ("movielens-100k", "movielens")]  # table name, bench/data.py name
@@ -148,18 +148,23 @@ def section(rows: list[dict], command: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     add_data_option(parser)
-    parser.add_argument("--movielens-limit", type=int, default=0, help="events of MovieLens (0: all)")
-    parser.add_argument("--window", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--movielens-limit", type=nonneg_int, default=0,
+                        help="events of MovieLens (0: all; default %(default)s)")
+    parser.add_argument("--window", type=at_least(10), default=1000,
+                        help="replay's rolling metrics' window, in evaluated events (default %(default)s)")
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads (default 1: on a shared 2-core machine, 2 threads spin against "
                         "other processes and run many times slower)")
-    parser.add_argument("--passes", type=int, default=2,
-                        help="passes per mode for the model's throughput (the best counts; 1: no repeat)")
-    parser.add_argument("--only", help="comma-separated dataset names")
+    parser.add_argument("--passes", type=positive_int, default=2,
+                        help="passes per mode for the model's throughput (the best counts; 1: no repeat; "
+                        "default %(default)s)")
+    parser.add_argument("--only", type=names(name for name, _ in DATASETS), metavar="NAMES",
+                        help=f"comma-separated dataset names, of {', '.join(name for name, _ in DATASETS)} "
+                        "(default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                        help="markdown file whose marked section receives the table")
+                        help="markdown file whose marked section receives the table (default docs/benchmarks.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -167,13 +172,13 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name, key in DATASETS:
-            if args.only and name not in args.only.split(","):
+            if args.only and name not in args.only:
                 continue
             file = path(key, data)
             if file is None:
                 print(f"{name}: {data} has no {key}; replaying a SYNTHETIC stand-in of its shape", file=sys.stderr)
             limit = (args.movielens_limit or None) if name.startswith("movielens") else None
-            r = run(name, file or stand_in(key, Path(scratch)), limit, args.window, max(1, args.passes))
+            r = run(name, file or stand_in(key, Path(scratch)), limit, args.window, args.passes)
             r["synthetic"] = file is None
             rows.append(r)
             print(f"{name}: {r['pre']['records']} records, {r['wall']:.0f} s; model {r['pre']['metrics']}; "

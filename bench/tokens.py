@@ -58,7 +58,6 @@ in docs/benchmarks.md unless --dry-run.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import os
@@ -76,6 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
+from options import names, nonneg_int, parser_for, positive_int, whole_numbers
 
 from streamlearn.config import load_config
 from streamlearn.device import Device
@@ -448,30 +448,35 @@ def _quality_lines(task: str, q: dict) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     add_data_option(parser)
     parser.add_argument("--stream", choices=sorted(STREAMS), default="war-and-peace",
                         help="the token stream (the table is written for war-and-peace only)")
-    parser.add_argument("--records", type=int, default=0, help="first N records (0: the whole stream)")
-    parser.add_argument("--seeds", type=int, default=3, help="learner.seed 0..N-1 per depth")
-    parser.add_argument("--depths", default="0,1,2", help="comma-separated model.layers values")
-    parser.add_argument("--tasks", default="next-token,mlm")
-    parser.add_argument("--rss-records", type=int, default=500_000, help="records for the memory curve (0: skip)")
+    parser.add_argument("--records", type=nonneg_int, default=0,
+                        help="first N records (0: the whole stream; default %(default)s)")
+    parser.add_argument("--seeds", type=positive_int, default=3,
+                        help="learner.seed 0..N-1 per depth (default %(default)s)")
+    parser.add_argument("--depths", type=whole_numbers(0), default="0,1,2",
+                        help="comma-separated model.layers values (default %(default)s)")
+    parser.add_argument("--tasks", type=names(("next-token", "mlm")), default="next-token,mlm",
+                        help="comma-separated token tasks to run (default %(default)s)")
+    parser.add_argument("--rss-records", type=nonneg_int, default=500_000,
+                        help="records for the memory curve (0: skip; default %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every model run (on top of the task's defaults)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    parser.add_argument("--parts", default="quality,speed,rss", help="which of quality, speed, rss to run")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                        help="markdown file whose marked section receives the table (default docs/benchmarks.md)")
+    parser.add_argument("--parts", type=names(("quality", "speed", "rss")), default="quality,speed,rss",
+                        help="comma-separated parts to run (default %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
-    parts = set(args.parts.split(","))
-    if not parts <= {"quality", "speed", "rss"}:
-        parser.error(f"--parts takes quality, speed, rss; got {args.parts}")
+    parts = set(args.parts)
     torch.set_num_threads(1)
     records, source = stream(data_dir(args.data), args.records, args.stream)
-    depths = [int(d) for d in args.depths.split(",")]
+    depths = args.depths
     seeds = list(range(args.seeds))
     extra = tuple(args.set)
-    tasks = args.tasks.split(",")
+    tasks = args.tasks
     results = {task: {} for task in tasks}
     # the timed parts first, before the long quality runs: a shared machine is as quiet as
     # it gets at a run's start, and the quality figures do not depend on its load

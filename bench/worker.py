@@ -35,7 +35,6 @@ Printed per round and as medians over rounds:
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import tempfile
@@ -55,6 +54,7 @@ from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 
 from data import add_data_option, data_dir, path
+from options import parser_for, positive_int
 
 
 def load_records(n: int, data: Path) -> tuple[list[dict], Path]:
@@ -144,11 +144,14 @@ def describe(row: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=15_000)
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser = parser_for(__doc__)
+    parser.add_argument("--records", type=positive_int, default=15_000,
+                        help="SMS records, the file repeated up to N, learned in every run (default %(default)s)")
+    parser.add_argument("--partitions", type=positive_int, default=3, help="partitions of the topic (default %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="rounds of the three runs, the medians kept (default %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override (repeatable)")
     add_data_option(parser)
     args = parser.parse_args()
     cfg = Config().override(*args.set)
