@@ -12,6 +12,12 @@ of the wall time that torch's operators take on the CPU, the operators by self C
 (and by self CUDA time on a GPU), and per step: the kernels launched, the host-device
 copies and the explicit synchronizations.
 
+Classify at its defaults on the CPU runs a step as one compiled call
+(``learner.compiled``, streamlearn.compiled), which torch's profiler cannot see into: the
+script says so and prints no operator table; ``--set learner.compiled=false`` profiles
+the same step as torch's operators (the reference the compiled step is tested against,
+several times slower).
+
 Streams (from --data, default ../shared/data beside the repository; a labelled synthetic
 stand-in when absent, bench/data.py): classify the SMS Spam Collection, next-token and
 mlm War and Peace in records of 32 words (bench/tokens.py), next-item MovieLens 100K.
@@ -62,6 +68,8 @@ def learn(learner: Learner, batches: list[list[dict]]) -> float:
 
 def main() -> int:
     parser = parser_for(__doc__)
+    parser.epilog = ("classify at its defaults runs a step as one compiled call that torch's profiler cannot see "
+                     "into: add --set learner.compiled=false to profile torch's operators")
     add_data_option(parser)
     parser.add_argument("--task", default="classify", choices=("classify", "next-token", "mlm", "next-item"),
                         help="the task, at its defaults (default %(default)s)")
@@ -95,6 +103,11 @@ def main() -> int:
     wall_ms = sum(map(len, profiled)) / under * 1e3
     torch_ms = sum(e.self_cpu_time_total for e in events) / 1e3
     print(f"learn_many: {plain:,.0f} records/s; under the profiler {under:,.0f} ({len(profiled)} steps)")
+    if learner.runs_compiled:
+        print("torch operators: none to show: a step runs as one compiled call (learner.compiled, "
+              "streamlearn.compiled) that torch's profiler cannot see into; --set learner.compiled=false "
+              "profiles the same step as torch's operators")
+        return 0
     print(f"torch operators' own CPU time: {torch_ms:,.1f} ms of {wall_ms:,.1f} ms wall ({torch_ms / wall_ms:.0%}; "
           "the rest is Python, numpy and waits)")
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
