@@ -46,6 +46,8 @@ import json
 import logging
 import operator
 import os
+import shutil
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -148,7 +150,7 @@ class LmdbStore(Store):
         if self.shards != self._cfg.shards:
             raise StateError(
                 f"{self.path} was created with store.shards={self.shards}; set store.shards={self.shards} "
-                "to use it (or compact it into a new directory)"
+                "to use it (a state keeps its shard count; a compacted copy too)"
             )
 
     def _db_or_damaged(self, name: bytes) -> Any:
@@ -500,15 +502,30 @@ class LmdbStore(Store):
             report.problems.append(f"database {db_name.decode()}: {exc}")
 
     def compact(self, dest_path: str) -> None:
+        """The copy is written in a hidden folder of ``dest`` and its ``data.mdb`` moved
+        into place whole, so a failed or killed copy never leaves a file that reads as a
+        damaged state (a failure removes the folder; a kill leaves it, and ``dest`` is then
+        refused as not empty)."""
         dest = empty_dest(dest_path)
-        env = self._env
+        partial = tempfile.mkdtemp(prefix=".compacting-", dir=dest)
         try:
-            with self._shared.gate.shared():
-                env.copy(dest, compact=True)
+            while True:
+                with self._shared.gate.shared():
+                    try:
+                        self._env.copy(partial, compact=True)
+                        break
+                    except lmdb.MapResizedError:
+                        pass  # another process grew the map: take its size, copy again
+                self._shared.adopt_map_size()
+                for name in os.listdir(partial):  # what the failed attempt began
+                    os.remove(os.path.join(partial, name))
+            os.replace(os.path.join(partial, DATA), os.path.join(dest, DATA))
         except lmdb.Error as exc:
             raise wrap_lmdb(exc, dest, "write a compacted copy to") from exc
         except OSError as exc:
             raise wrap_os(exc, dest, "write a compacted copy to") from exc
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
 
     def close(self) -> None:
         if self._shared is not None:

@@ -3,6 +3,7 @@ task mismatches are JSON 4xx; fuzzed bodies never get a 5xx; metrics; start erro
 the CLI with several workers."""
 import asyncio
 import json
+import pickle
 import random
 import signal
 import socket
@@ -358,6 +359,34 @@ def test_cli_on_a_port_in_use_says_so_in_one_line_before_claiming_to_serve(state
     assert run.stderr.strip().splitlines()[-1] == (
         f"streamlearn serve: error: cannot listen on 127.0.0.1:{port}: Address already in use: choose another "
         "--port (or --host), or stop what holds it")
+
+
+def test_cli_with_workers_refuses_a_bad_device_in_one_line(states):
+    """Was: each server process died with a ConfigError traceback and was restarted without end."""
+    run = subprocess.run([sys.executable, "-m", "streamlearn.cli", "serve", "--state", states["classify"],
+                          "--port", "0", "--workers", "2", "--device", "nonsense"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == ("streamlearn serve: error: learner.device='nonsense' is not a "
+                                                    "device: use auto, cpu or cuda[:N]")
+
+
+def test_a_server_process_that_cannot_start_says_why_and_exits_as_a_startup_failure(tmp_path, capsys):
+    """uvicorn's supervisor stops on its STARTUP_FAILURE status (3); any other exit is
+    restarted, so a process that can never start must exit 3, in one line."""
+    from uvicorn.config import STARTUP_FAILURE
+
+    from streamlearn.cli.serve import _Factory
+
+    factory = pickle.loads(pickle.dumps(_Factory(Settings(state=str(tmp_path / "gone")), child=True)))
+    with pytest.raises(SystemExit) as exited:
+        factory()
+    assert exited.value.code == STARTUP_FAILURE
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"streamlearn serve: error: state directory {tmp_path / 'gone'} does not exist; a worker creates it "
+        f"(--state {tmp_path / 'gone'})"]
+    with pytest.raises(NotAStoreError):  # in the one-process server the error is the command's own
+        _Factory(Settings(state=str(tmp_path / "gone")))()
 
 
 def test_cli_serves_with_two_workers_and_merges_their_metrics(states):

@@ -3,6 +3,7 @@ plus snapshot consistency under a concurrent writer, compaction and ``streamlear
 Crash, map, disk and permission faults are in test_state_faults.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -407,6 +408,34 @@ def test_compact_copies_the_whole_state(store, tmp_path):
             assert before["used_bytes"] < before["file_bytes"] - 10 * 4096
     with pytest.raises(StateError, match="empty directory"):
         store.compact(str(dest))
+
+
+def test_compact_takes_a_map_another_process_grew(tmp_path):
+    """Was: MDB_MAP_RESIZED, and a 0-byte data.mdb that read as a damaged state and
+    blocked a retry ("must be a new or empty directory"). The copy is written aside and
+    moved into place whole."""
+    cfg = dataclasses.replace(CFG, map_size_gb=0.01, grow_map=True)
+    path = tmp_path / "s"
+    with open_store(path, cfg) as w:
+        w.declare_tables([TableSpec("E", rows=200_000, width=64)])
+        w.commit(Checkpoint(step=1, rows={"E": (np.arange(100), np.ones((100, 64), np.float32))}))
+    reader = open_store(path, readonly=True)
+    try:
+        grow = ("import dataclasses, sys, numpy as np\n"
+                "from streamlearn.state import open_store, Checkpoint\n"
+                "from streamlearn.config import StoreConfig\n"
+                "cfg = dataclasses.replace(StoreConfig(shards=%d), map_size_gb=0.01, grow_map=True)\n"
+                "with open_store(sys.argv[1], cfg) as w:\n"
+                "    w.commit(Checkpoint(step=2, rows={'E': (np.arange(60000), np.ones((60000, 64), np.float32))}))\n"
+                % CFG.shards)
+        subprocess.run([sys.executable, "-c", grow, str(path)], check=True, capture_output=True)
+        reader.compact(str(tmp_path / "copy"))
+        with open_store(tmp_path / "copy", readonly=True) as copy:
+            assert copy.manifest().step == 2 and copy.stats()["tables"]["E"]["stored"] == 60_000
+        assert sorted(os.listdir(tmp_path / "copy")) == ["data.mdb", "lock.mdb"]  # no partial folder left
+    finally:
+        reader.close()
+
 
 
 def test_open_errors_are_clear(tmp_path):

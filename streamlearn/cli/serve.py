@@ -15,8 +15,10 @@ import dataclasses
 import gc
 import logging
 import os
+import pickle
 import shutil
 import socket
+import sys
 import tempfile
 from typing import Any
 
@@ -53,8 +55,9 @@ def register(subparsers: Any) -> None:
                         "asks a browser for it once. Default: no token")
     parser.add_argument("--device", default=None, help="torch device for queries (default: the stored learner.device)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per process; 0 keeps torch's default (default: %(default)s: "
-                        "single queries are too small to split, and the worker needs the other cores)")
+                        help="torch threads per process; 0: the stored worker.torch_threads, as the library "
+                        "sets them (docs/operations.md, 'Torch threads in your own program') (default: "
+                        "%(default)s: single queries are too small to split, and the worker needs the other cores)")
     parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU per request)")
     parser.set_defaults(func=run)
 
@@ -85,15 +88,36 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
 class _Factory:
     """``create_app(settings)``, then ``gc.freeze()``: the model and the app live as long
     as the process, so the collector need not walk them again (fewer long GC pauses in
-    the latency tail). Picklable, for uvicorn's worker processes."""
+    the latency tail).
 
-    def __init__(self, settings) -> None:
-        self.settings = settings
+    Picklable, for uvicorn's worker processes (``child=True``). There the settings travel
+    as bytes, unpickled when the app is built: unpickling them imports the service and
+    torch (1.4 s on a busy machine), which in the child's start-up ran before uvicorn
+    answered its supervisor's health pings or caught Ctrl-C. And a child that cannot
+    build the app says why in one line and exits with uvicorn's start-up failure
+    status, which stops the parent, instead of dying with a traceback to be restarted
+    without end."""
+
+    def __init__(self, settings, child: bool = False) -> None:
+        self._settings = pickle.dumps(settings)
+        self.child = child
+
+    @property
+    def settings(self):
+        return pickle.loads(self._settings)
 
     def __call__(self):
         from ..service import create_app
 
-        app = create_app(self.settings)
+        try:
+            app = create_app(self.settings)
+        except StreamlearnError as exc:
+            if not self.child:
+                raise
+            print(f"streamlearn serve: error: {exc}", file=sys.stderr, flush=True)
+            from uvicorn.config import STARTUP_FAILURE
+
+            sys.exit(STARTUP_FAILURE)
         gc.collect()
         gc.freeze()
         return app
@@ -128,27 +152,41 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+HEALTHCHECK_S = 15.0  # uvicorn's supervisor: how long a server process may take to answer (default 5)
+
+
 def _serve_many(settings, workers: int, access_log: bool) -> int:
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     from ..snapshot import open_ready_store
 
     open_ready_store(settings.state, settings.wait).close()  # fail before the workers start
+    if settings.device is not None:
+        from ..device import pick_device
+
+        pick_device(settings.device)  # as the processes will (a child's failure is found in seconds, not at once)
     metrics_dir = tempfile.mkdtemp(prefix="streamlearn-metrics-")
     # prometheus_client reads this in each worker process when it is first imported there.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        factory = _Factory(dataclasses.replace(settings, metrics_dir=metrics_dir))
+        factory = _Factory(dataclasses.replace(settings, metrics_dir=metrics_dir), child=True)
+        # a process builds its app (the model from the state) before it serves; on a busy
+        # machine that took longer than uvicorn's 5 s health check, which killed it
         config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,
-                                workers=workers, access_log=access_log, log_level="info")
+                                workers=workers, access_log=access_log, log_level="info",
+                                timeout_worker_healthcheck=HEALTHCHECK_S)
         sock = _listen(settings.service.host, settings.service.port)
         log.info("serving %s with %d workers on http://%s:%d%s", settings.state, workers,
                  settings.service.host, sock.getsockname()[1], _auth_note(settings))
+        supervisor = Multiprocess(config, sockets=[sock])
         with sock:
-            Multiprocess(config, sockets=[sock]).run()
+            supervisor.run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        raise StreamlearnError("a server process could not start (its error is above); stopped them all")
     return 0
 
 
