@@ -29,6 +29,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from itertools import islice
@@ -37,7 +38,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
-from options import at_least, between, parser_for, positive_int
+from options import at_least, between, parser_for, positive_int, run_main
 from streamlearn.config import MAX_SHARDS, StoreConfig
 from streamlearn.state import Checkpoint, TableSpec, open_store
 
@@ -223,4 +224,4 @@ def bare_scan(env: lmdb.Environment, db, out: np.ndarray, batch: int = 65536) ->
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -14,10 +14,11 @@ against exhaustive_topk_many, and the index's own costs: adding the n ids in bat
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 
 from streamlearn.decoding import CandidateIndex, beam_topk, beam_topk_many, exhaustive_topk, exhaustive_topk_many
 
@@ -97,4 +98,4 @@ def main() -> None:
           f"max(2,048, merged / 32): {ms(merge_s)}")
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

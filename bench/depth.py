@@ -53,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from options import at_least, parser_for, positive_int
+from options import at_least, parser_for, positive_int, run_main
 from quality_streams import SetStream, cluster_sets, partner_sets
 
 from streamlearn.config import load_config
@@ -316,4 +316,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -18,6 +18,7 @@ counted from real modules (the 200M table on the meta device, so nothing is allo
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from streamlearn.embeddings import HashEmbedding, HashEmbeddingConfig, build_emb
 from streamlearn.hashing import tokenize
 
 from data import add_data_option, data_dir, text_stream
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 
 N, T, D = 256, 64, 64
 TARGET = 1.5
@@ -163,4 +164,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -18,13 +18,14 @@ costing a third of the xxhash pass.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import xxhash
 
 from data import add_data_option, data_dir, text_stream
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 from streamlearn.hashing import TokenHasher, tokenize
 
 TARGET = 0.4
@@ -77,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

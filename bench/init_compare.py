@@ -8,12 +8,13 @@ Streams: the SMS Spam Collection and the AG News 5000 sample from the datasets f
 of its size when absent (bench/data.py). Each mini-batch of 32 is predicted, then
 learned; one torch thread. ``--quick``: SMS only, 1 layer. Prints a markdown table.
 """
+import sys
 import time
 
 import torch
 
 from data import add_data_option, data_dir, text_stream
-from options import parser_for
+from options import parser_for, run_main
 from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
@@ -48,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

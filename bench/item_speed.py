@@ -27,7 +27,7 @@ from streamlearn.config import load_config
 from streamlearn.learner import Learner
 
 from data import add_data_option, data_dir, events_stream
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 
 
 def rate(overrides: list[str], records: list[dict]) -> tuple[float, float]:
@@ -75,4 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

@@ -14,9 +14,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
+
+
+def run_main(main: Callable[[], int | None]) -> int:
+    """A script's ``main()``, with streamlearn's refusals (a bad ``--set KEY=VALUE``, a
+    config rule) as one line and exit status 2, as the ``streamlearn`` command has them."""
+    from streamlearn.exceptions import StreamlearnError
+
+    try:
+        return int(main() or 0)
+    except StreamlearnError as exc:
+        print(f"{sys.argv[0]}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def parser_for(doc: str) -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, data_dir, events_stream, text_stream
-from options import nonneg_int, parser_for, positive_int
+from options import nonneg_int, parser_for, positive_int, run_main
 from tokens import stream as book
 
 from streamlearn.config import load_config
@@ -118,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

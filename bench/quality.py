@@ -45,7 +45,7 @@ import quality_eval as ev
 from streamlearn.config import Config, LearnerConfig
 import quality_streams as streams
 from data import Stream, add_data_option, ag_news, data_dir, events_stream, text_stream
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 
 TEXT_BATCH = LearnerConfig.batch_size  # the default learner.batch_size
 # on top of the library defaults (depth 0, bigrams and digit shapes, Naive Bayes part 0.1;
@@ -186,4 +186,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

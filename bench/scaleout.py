@@ -44,7 +44,7 @@ from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import add_data_option, ag_news, data_dir, text_stream  # bench/data.py: the datasets folder
-from options import at_least, parser_for, positive_int
+from options import at_least, parser_for, positive_int, run_main
 
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
          "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")
@@ -240,4 +240,4 @@ def main() -> None:
         print(f"{key:8s} prequential / held-out, mean of {args.quality_seeds} seeds (vs 1 worker): " + "   ".join(cells))
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from options import between, parser_for, positive_float, positive_int
+from options import between, parser_for, positive_float, positive_int, run_main
 
 P99_TARGET_MS, DROP_TARGET, FRESH_TARGET_S = 20.0, 0.20, 1.0
 
@@ -522,4 +522,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

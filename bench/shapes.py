@@ -37,7 +37,7 @@ from streamlearn.sizing import sized_config
 
 import peers
 from data import add_data_option, data_dir
-from options import nonneg_int, parser_for, positive_int
+from options import nonneg_int, parser_for, positive_int, run_main
 import synthetic_items as synth
 
 DATA = data_dir(None)  # main() sets --data's folder before any stream is read
@@ -296,4 +296,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -55,7 +55,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, ag_news, data_dir, text_stream, write_between_markers
-from options import nonneg_int, parser_for, positive_int
+from options import nonneg_int, parser_for, positive_int, run_main
 import quality_streams as qs
 import startup
 
@@ -369,4 +369,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -36,7 +36,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 from streamlearn.broker import EmbeddedBroker, create_topic, produce_rows
 from streamlearn.datasets import DatasetReader, bundled_path
 
@@ -126,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

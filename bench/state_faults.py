@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from options import nonneg_float, nonneg_int, parser_for, positive_float, positive_int
+from options import nonneg_float, nonneg_int, parser_for, positive_float, positive_int, run_main
 from streamlearn.state.faultcheck import Reference, kill_once
 
 
@@ -75,4 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

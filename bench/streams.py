@@ -39,7 +39,7 @@ from streamlearn.replay import FileSource, ReplayOptions, replay
 from streamlearn.replay.baselines import parse_baselines
 
 from data import ROOT, SIZES, add_data_option, data_dir, path, synthetic_events, synthetic_text, write_between_markers
-from options import at_least, names, nonneg_int, parser_for, positive_int
+from options import at_least, names, nonneg_int, parser_for, positive_int, run_main
 
 DATASETS = [("sms-spam", "sms"), ("ag-news-5000", "ag-news-5000"), ("ag-news-581", "ag-news-581"),
             ("movielens-100k", "movielens")]  # table name, bench/data.py name
@@ -198,4 +198,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
-from options import names, nonneg_int, parser_for, positive_int, whole_numbers
+from options import names, nonneg_int, parser_for, positive_int, run_main, whole_numbers
 
 from streamlearn.config import load_config
 from streamlearn.device import Device
@@ -508,4 +508,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -54,7 +55,7 @@ from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 
 from data import add_data_option, data_dir, path
-from options import parser_for, positive_int
+from options import parser_for, positive_int, run_main
 
 
 def load_records(n: int, data: Path) -> tuple[list[dict], Path]:
@@ -178,4 +179,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))
