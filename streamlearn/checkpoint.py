@@ -242,6 +242,21 @@ def stored_config(store) -> Config:
         return _config_of(_config_bytes(store), store)
 
 
+def stored_task(path) -> str | None:
+    """The task of the model checkpointed in the state directory at ``path``; None where
+    there is none to read (no directory, no checkpoint yet, damage: the command that
+    opens the state for its work says why). A command given no task builds its config
+    on this one, so a ``--set`` of a key only that task takes is checked against it."""
+    from .exceptions import StreamlearnError
+    from .state import open_store
+
+    try:
+        with open_store(path, readonly=True, backend="lmdb") as store:
+            return stored_config(store).learner.task if has_checkpoint(store) else None
+    except StreamlearnError:
+        return None
+
+
 def stored_word_tables(store) -> list[str]:
     """The stored model's row tables whose float32 words hold bits (hashed keys, output
     codes), not numbers, as its task declares them (:meth:`Task.word_tables

@@ -215,7 +215,7 @@ class LearnerConfig:
     # records/s (docs/choosing-a-configuration.md)
     double_batch_after: int = key(0, at_least(0))
     # "auto" picks CUDA when available, else CPU
-    device: str = key("auto", matches(r"auto|[a-z]+(:[0-9]+)?", "'auto' or a torch device (cpu, cuda, cuda:N)"))
+    device: str = key("auto", matches(r"auto|cpu|cuda(:[0-9]+)?", "'auto', 'cpu', 'cuda' or 'cuda:N'"))
     # classify at depth 0 on the CPU: the step runs as one compiled function (streamlearn.compiled),
     # 2.0-2.3x learn_many's records/s against torch's ops, and a training text's tokens go straight
     # to their hashes (streamlearn.compiled_text); false: torch's ops and Python's tokenizer, the
@@ -723,7 +723,8 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> list[str]:
 def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """(variable, ``section.key=value``) for each ``STREAMLEARN__SECTION__KEY``, sorted."""
     # Variable names are upper case by convention, keys mostly lower case; the paper's
-    # K and B are both, and K differs from k, so an exact key match wins over lowering.
+    # K and B are both, and K differs from k, so an exact key match wins over matching
+    # without case (STREAMLEARN__EMBEDDING__K is embedding.K, __k is embedding.k).
     known = Config().to_dict()
     out = []
     for variable, value in sorted(environ.items()):
@@ -734,8 +735,9 @@ def _env_items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
                                   "STREAMLEARN__SECTION__KEY (two underscores each), e.g. STREAMLEARN__OPTIM__DENSE_LR")
             _, section, name = parts
             section = section.lower()
-            if name not in known.get(section, {}):
-                name = name.lower()
+            keys = known.get(section, {})
+            if name not in keys:  # OUT_B is model.out_B; an unknown name is refused under its lower case
+                name = next((k for k in keys if k.lower() == name.lower()), name.lower())
             out.append((variable, f"{section}.{name}={value}"))
     return out
 
@@ -748,10 +750,12 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), u
 
 
 def load_config_given(path: str | Path | None = None, overrides: Iterable[str] = (),
-                      use_env: bool = True) -> tuple[Config, frozenset[str]]:
+                      use_env: bool = True, default_task: str | None = None) -> tuple[Config, frozenset[str]]:
     """:func:`load_config`'s config and the dotted keys its file, environment and
     ``overrides`` set: every key not left at its default. A restarted worker keeps the
     stored value of each model key outside these (:func:`keep_stored`).
+    ``default_task``: the task when no source sets ``learner.task`` (a stored model's),
+    so its defaults and rules apply; it is not among the keys given.
 
     >>> cfg, given = load_config_given(None, ["learner.task=next-item", "optim.sparse_lr = 0.1"], use_env=False)
     >>> sorted(given), cfg.optim.sparse_lr
@@ -766,8 +770,10 @@ def load_config_given(path: str | Path | None = None, overrides: Iterable[str] =
     typed = {assignment.partition("=")[0].strip() for assignment in overrides}
     for dotted in typed:
         origins.pop(dotted, None)  # the user just typed it
+    task = ([f"learner.task={default_task}"] if default_task is not None and "learner.task" not in origins
+            and "learner.task" not in typed else [])
     try:
-        config = Config.from_dict(_assign(data, [*(assignment for _, assignment in env), *overrides]))
+        config = Config.from_dict(_assign(data, [*task, *(assignment for _, assignment in env), *overrides]))
     except ConfigError as exc:
         if exc.key not in origins:
             raise

@@ -76,6 +76,20 @@ def test_environment_overrides():
     env = {"STREAMLEARN__MODEL__LAYERS": "4", "STREAMLEARN__EMBEDDING__K": "99", "STREAMLEARN_OTHER": "x"}
     assert env_overrides(env) == ["embedding.K=99", "model.layers=4"]
     assert Config().override(*env_overrides(env)).embedding.K == 99
+    # the exact name first (K and k are two keys), then the name without case (was: OUT_B -> out_b, unknown)
+    assert env_overrides({"STREAMLEARN__MODEL__OUT_B": "4096", "STREAMLEARN__EMBEDDING__k": "3",
+                          "STREAMLEARN__EMBEDDING__B": "512"}) == ["embedding.B=512", "embedding.k=3",
+                                                                   "model.out_B=4096"]
+    with pytest.raises(ConfigError, match="model.no_such"):
+        Config().override(*env_overrides({"STREAMLEARN__MODEL__NO_SUCH": "1"}))
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "mps", "CPU"])
+def test_a_device_torch_does_not_have_is_refused_when_the_config_is_built(device):
+    """Was: any lower-case word passed, and was refused only when the model was built,
+    after a worker had created its state directory."""
+    with pytest.raises(ConfigError, match="learner.device"):
+        Config().override(f"learner.device={device}")
 
 
 @pytest.mark.parametrize("variable", ["STREAMLEARN__OPTIM_DENSE_LR", "STREAMLEARN__OPTIM__DENSE_LR__X",

@@ -540,6 +540,44 @@ def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, co
     assert report["saved_step"] == 3 and report["evaluated"] == 60
 
 
+def test_cli_on_a_next_token_snapshot_checks_set_and_the_environment_against_its_own_task(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """Was: --set was checked against classify's defaults before the snapshot was read (a
+    loop: the refusal's own advice refused), and STREAMLEARN__* variables never reached a
+    snapshot (a model key among them was neither applied nor refused)."""
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(24)])
+    sets = [a for s in (*TINY, "learner.task=next-token", "model.count_slots=1024", "model.negatives=8")
+            for a in ("--set", s)]
+    assert run_cli("--file", path, *sets, "--save", str(tmp_path / "nt")) == 0
+    capsys.readouterr()
+    state = ["--file", path, "--state", str(tmp_path / "nt"), "--report", str(tmp_path / "r.json")]
+    assert run_cli(*state, "--set", "model.recent_pairs=1000") == 0  # next-token's own key, its stored value
+    monkeypatch.setenv("STREAMLEARN__LEARNER__BATCH_SIZE", "4")
+    assert run_cli(*state) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["replay"]["batch_size"] == 4
+    assert "note: new model" not in capsys.readouterr().err  # a snapshot is not sized again
+    monkeypatch.setenv("STREAMLEARN__HASHING__SEED", "5")
+    assert run_cli(*state) == 2
+    assert "hashing.seed: stored 0, now 5" in capsys.readouterr().err
+
+
+def test_worker_config_on_a_stored_model_takes_its_task(tmp_path):
+    from streamlearn.checkpoint import stored_task
+    from streamlearn.cli import build_parser
+    from streamlearn.cli.worker import _config
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(12)])
+    replay(FileSource(path), ReplayOptions(), config=cfg("learner.task=next-token", "model.count_slots=1024"),
+           save=tmp_path / "nt")
+    assert stored_task(tmp_path / "nt") == "next-token" and stored_task(tmp_path / "none") is None
+    args = build_parser().parse_args(["worker", "--topic", "t", "--state", str(tmp_path / "nt"),
+                                      "--set", "model.recent_pairs=1000"])
+    config, given = _config(args)
+    assert config.learner.task == "next-token" and given == {"model.recent_pairs"}
+    args = build_parser().parse_args(["worker", "--topic", "t", "--state", str(tmp_path / "new")])
+    assert _config(args)[0].learner.task == "classify"
+
+
 def _next_token_predictions(fused: bool, batch_size: int) -> list[list[str]]:
     """Every event's top 5 from a next-token model replayed by hand, mini-batch by
     mini-batch, predicted from its training batch (``fused``) or from queries."""

@@ -76,9 +76,11 @@ def _file_formats() -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    config, given = load_config_given(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])])
+    config, given = load_config_given(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])],
+                                      default_task=_stored_task(args))
     config = _file_task(args, config, given)
     args.seed = _seed(args, config, given)
+    overrides = _snapshot_overrides(config, given)
     from ..compiled_loading import in_a_command, start_loading_for
     in_a_command()
     start_loading_for(config)  # numba's start-up in a thread while torch imports
@@ -94,18 +96,18 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None:
         print(source.preview(), file=sys.stderr)
     torch.set_num_threads(intra_op_threads(config))
-    options = _options(args, parse_baselines(args.baselines, _task(args, config)))
+    options = _options(args, parse_baselines(args.baselines, config.learner.task))  # a snapshot's task: _stored_task
     with tqdm(total=source.estimate() if args.limit is None else args.limit, unit="rec", desc="replay",
               disable=True if args.no_progress else None, file=sys.stderr) as bar:
         report = replay(source, options, state=args.state, compare=tuple(args.compare) if args.compare else None,
-                        config=config, overrides=args.set, save=args.save, progress=bar)
+                        config=config, overrides=overrides, save=args.save, progress=bar)
     print(summary(report))  # first: a file that cannot be written loses nothing the terminal shows
     failed = _write(args, report)
     for line in _written(args, report, failed):
         print(line)
     for line in report["source"].get("notes", []):
         print(f"note: {line}", file=sys.stderr)
-    if report["config"].get("sizing"):
+    if report["config"].get("sizing") and not (args.state or args.compare):  # a snapshot is never sized again
         from ..sizing import Sizing
 
         print(f"note: new model, {Sizing.from_dict(report['config']['sizing'])}", file=sys.stderr)
@@ -131,6 +133,25 @@ def _check_args(args: argparse.Namespace) -> None:
         raise StreamlearnError("--config/--task build a model from scratch; a snapshot keeps its own config "
                                "(use --set for overrides that keep its tables; a --config with only a [kafka] "
                                "table is fine)")
+
+
+def _stored_task(args: argparse.Namespace) -> str | None:
+    """The snapshot's task (``--state``, ``--compare``'s first): --set is checked with its
+    defaults and rules, not classify's."""
+    if not (args.state or args.compare):
+        return None
+    from ..checkpoint import stored_task
+
+    return stored_task(args.state or args.compare[0])
+
+
+def _snapshot_overrides(config: Config, given: frozenset[str]) -> list[str]:
+    """What --set and the environment change on a snapshot's stored config (a model key
+    changed is refused there, naming it). The [kafka] keys only connect the source."""
+    from ..config import values_of
+
+    keys = sorted(k for k in given if k != "learner.task" and not k.startswith("kafka."))
+    return [f"{k}={v}" for k, v in values_of(config, keys)]
 
 
 def _file_task(args: argparse.Namespace, config: Config, given: frozenset[str]) -> Config:
@@ -163,21 +184,6 @@ def _kafka_only(path: str) -> bool:
 
     file_config = load_config(path, use_env=False)
     return dataclasses.replace(file_config, kafka=KafkaConfig()) == Config()
-
-
-def _task(args: argparse.Namespace, config) -> str:
-    """The task, known before the snapshot is loaded (to validate --baselines early)."""
-    if args.state or args.compare:
-        from ..checkpoint import stored_config
-        from ..state import open_store
-
-        path = args.state or args.compare[0]
-        try:
-            with open_store(path, readonly=True, backend="lmdb") as store:
-                return stored_config(store).learner.task
-        except StreamlearnError:
-            return config.learner.task  # load_learner raises the precise error
-    return config.learner.task
 
 
 def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int):

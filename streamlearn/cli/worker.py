@@ -82,7 +82,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, given = load_config_given(args.config, overrides(args))
+    cfg, given = _config(args)
     from ..compiled_loading import in_a_command, settle
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
@@ -99,6 +99,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"streamlearn worker: {summary}", flush=True)
     settle()  # a short run's kernels still loading: numba's cache filled before the process exits
     return 0 if summary.saved else 1
+
+
+def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
+    """The run's config and the keys the user gave. With no task given, a state that holds
+    a model lends its task, so the task's defaults and its keys' rules apply (was: classify's,
+    which refused --set model.recent_pairs=1000 for a next-token state)."""
+    from ..checkpoint import stored_task
+
+    task = None if args.reset else stored_task(args.state)
+    cfg, given = load_config_given(args.config, overrides(args), default_task=task)
+    if task is not None and "learner.task" not in given:
+        log.info("no task given: %s holds a %s model, so this run is %s", args.state, task, task)
+    return cfg, given
 
 
 def _check_kafka(cfg: Config) -> None:
