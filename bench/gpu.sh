@@ -15,10 +15,13 @@
 # never over the CPU tables.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu.sh OUT_DIR [DATA_DIR]}
+# both made absolute before the cd below, so relative ones mean the caller's directory
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 1
 data=()
-[ -n "${2:-}" ] && data=(--data "$2")
+if [ -n "${2:-}" ]; then
+    data=(--data "$(cd "$2" && pwd)") || exit 1
+fi
 py=${PYTHON:-python3}
-mkdir -p "$out"
 cd "$(dirname "$0")/.."
 
 "$py" -c '

@@ -140,8 +140,11 @@ class Group:
         self.settings = settings
         host, _, port = settings.url[len("tcp://"):].rpartition(":")
         timeout = timedelta(seconds=settings.timeout_s)
-        if settings.backend == "nccl":  # one GPU per rank on a host (backend_for): torchrun's LOCAL_RANK, else the rank
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", settings.rank % torch.cuda.device_count())))
+        if torch.cuda.is_available():
+            # NCCL: one GPU per rank on a host (backend_for). gloo with GPUs (more ranks than
+            # GPUs): the ranks spread over them, not all on cuda:0. torchrun's LOCAL_RANK, else the rank.
+            local = int(os.environ.get("LOCAL_RANK", settings.rank))
+            torch.cuda.set_device(local % torch.cuda.device_count())
         log.info("joining the process group at %s as rank %d of %d (--dist-timeout %g s)", settings.url,
                  settings.rank, settings.world_size, settings.timeout_s)
         started = time.monotonic()

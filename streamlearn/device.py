@@ -61,7 +61,7 @@ class Device:
         # Seeds only this device's generator: torch.manual_seed would also queue a seed
         # for every CUDA device, which records a stack trace on each call.
         with torch.random.fork_rng(devices=[self.torch] if self.cuda else []):
-            gen = torch.cuda.default_generators[self.torch.index or 0] if self.cuda else torch.default_generator
+            gen = torch.cuda.default_generators[self.torch.index] if self.cuda else torch.default_generator
             gen.manual_seed(seed)
             yield
 
@@ -82,16 +82,25 @@ class Device:
 
 
 def pick_device(name: str) -> torch.device:
-    """"auto" -> CUDA when available, else CPU; otherwise the named device."""
+    """"auto" -> CUDA when available, else CPU; otherwise the named device. A CUDA device
+    always carries its index ("cuda" and "auto" are the current device, as torch's own
+    ops take them): the seeded dropout generator (:meth:`Device.seeded`) must be the one
+    the ops draw from, which for a process whose current device is not 0 (an NCCL rank)
+    it was not."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ConfigError(f"learner.device={name!r} is not a device: use auto, cpu or cuda[:N]") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ConfigError("learner.device asks for CUDA but none is available: set learner.device=auto or cpu")
-    return device
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"learner.device={name!r}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
 
 
 def intra_op_threads(cfg: Config) -> int:

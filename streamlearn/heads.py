@@ -430,9 +430,11 @@ class SampledHead(nn.Module):
         own = (z * o[answer]).sum(1) + b[answer] - logq[answer]  # (n,)
         other = z @ o[neg].t() + (b[neg] - logq[neg])[None]  # (n, k)
         if "counts" in targets:
-            g = self._count_weights(x).to(z.dtype)  # (n, F)
-            own = own + (g * targets["own_counts"].to(z.dtype)).sum(1)
-            other = other + torch.einsum("nf,nfk->nk", g, targets["counts"].to(z.dtype))
+            g = self._count_weights(x)  # (n, F)
+            with torch.autocast(z.device.type, enabled=False):  # a loss's terms stay float32 (docs/gpu.md)
+                g = g.float()
+                own = own.float() + (g * targets["own_counts"].float()).sum(1)
+                other = other.float() + torch.einsum("nf,nfk->nk", g, targets["counts"].float())
         other = other.masked_fill(neg[None] == answer[:, None], float("-inf"))
         return torch.cat([own[:, None], other], 1).float()
 

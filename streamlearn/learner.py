@@ -179,8 +179,8 @@ class Learner(river_base.Classifier):
         adopt_threads(c)  # torch's intra-op threads, unless the program chose a count (device.adopt_threads)
         self.featurizer, embedding = build_embedding(c.embedding, c.hashing.seed)
         self.task = build_task(c, self.featurizer)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed_of(c.learner.seed, "dense-init"))
+        with torch.random.fork_rng(devices=[]):  # the model is built on the CPU: its generator alone, put back
+            torch.default_generator.manual_seed(seed_of(c.learner.seed, "dense-init"))
             model = HashedTransformer(c, embedding, lambda: self.task.make_head(c.model.d_model, embedding))
         self.model = model.to(self.dev.torch)
         head_rows = frozenset(self.model.head.row_tables()) if self.model.head is not None else frozenset()

@@ -288,8 +288,7 @@ class Snapshot:
     @torch.inference_mode()
     def _embed(self, records: list, context: tuple) -> list[TokenVectors]:
         lists, feats = context
-        device = self._learner.device
-        tensors = {n: torch.from_numpy(np.ascontiguousarray(a)).to(device) for n, a in feats.items()}
+        tensors = self._learner.dev.tensors(feats)  # pinned, non-blocking on CUDA, as every query batch
         out = self._learner.model.embedding(tensors).float().cpu().numpy()  # (N, T, e)
         return [TokenVectors(tokens, out[i, :len(tokens)]) for i, tokens in enumerate(lists)]
 

@@ -34,8 +34,9 @@ def learner(task: str, extra: tuple[str, ...], device: str) -> Learner:
 
 
 def assert_close(task: str, got: list, want: list) -> None:
-    """Answers of one model computed in bf16 on a GPU and in float32 on the CPU: the same
-    probabilities to 0.05, the same top scores to 5% (ranks may swap where scores tie)."""
+    """Answers of two learners trained alike, one on a GPU (its forward passes in bf16) and
+    one on the CPU: the same probabilities to 0.05, the same top scores to 5% (the
+    trainings' rounding differs; ranks may swap where scores tie)."""
     assert len(got) == len(want)
     for g, w in zip(got, want):
         if task == "classify":
@@ -57,6 +58,19 @@ def test_batches_are_copied_to_the_gpu_and_forward_passes_autocast_to_bf16():
     with dev.autocast():
         assert (x @ x).dtype == torch.bfloat16
     assert Device.pick("auto").cuda and "CUDA on" in dev.describe()
+
+
+def test_the_seeded_generator_is_the_one_the_current_device_draws_from():
+    """Was: "cuda" had no index, so seeded() seeded cuda:0's generator while a process whose
+    current device is another (an NCCL rank) drew its dropout from that one's, unseeded and
+    put back after each step: the same masks every batch."""
+    dev = Device.pick("cuda")
+    assert dev.torch.index == torch.cuda.current_device()
+    draws = []
+    for seed in (1, 2, 1):
+        with dev.seeded(seed):
+            draws.append(torch.rand(8, device=dev.torch).tolist())
+    assert draws[0] == draws[2] != draws[1]
 
 
 @pytest.mark.parametrize("task,extra", CASES, ids=IDS)

@@ -66,3 +66,22 @@ def test_a_cpu_device_names_itself_and_its_cores_for_the_benchmarks_tables():
     assert usable_cpus() == len(os.sched_getaffinity(0)) >= 1
     assert dev.describe() == f"CPU, {usable_cpus()} cores" and not dev.cuda
     dev.synchronize()  # what every timed benchmark region ends with: nothing queued on a CPU
+
+
+def test_a_cuda_device_carries_the_index_its_ops_and_generator_use(monkeypatch):
+    """Without a GPU here, torch.cuda is stood in for: a process whose current device is 1
+    (an NCCL rank) seeded cuda:0's generator while dropout drew from cuda:1's, so every
+    batch had the same masks; cuda:5 on a 2-GPU machine failed later as 'invalid device
+    ordinal', read back as tables too large for memory."""
+    import torch
+
+    from streamlearn.device import pick_device
+    from streamlearn.exceptions import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert pick_device("auto") == pick_device("cuda") == torch.device("cuda", 1)
+    assert pick_device("cuda:0") == torch.device("cuda", 0) and pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"learner.device='cuda:5': this machine has 2 GPU\(s\), cuda:0 to cuda:1"):
+        pick_device("cuda:5")

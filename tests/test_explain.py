@@ -253,6 +253,11 @@ def test_inspect_explains_text_as_the_model_reads_it_and_notes_upper_case_tokens
     assert quiet.stderr == ""
     both = subprocess.run(cli + ["--tokens", "a", "--text", "a"], capture_output=True, text=True)
     assert both.returncode == 2 and "not both" in both.stderr
+    on_cpu = json.loads(subprocess.run(cli + ["--text", "FREE Prize noon", "--device", "cpu"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert on_cpu["contributions"] == pytest.approx(want.contributions)
+    bad = subprocess.run(cli + ["--text", "a", "--device", "gpu"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "learner.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'" in bad.stderr
 
 
 BLANK = "text is empty or only whitespace"

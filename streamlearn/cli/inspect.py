@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
                         help="with --tokens or --text: the label or token to explain (default: the best answer)")
     parser.add_argument("-k", type=int, default=5,
                         help="with --tokens or --text: how many best answers to list (default: 5)")
+    parser.add_argument("--device", default=None,
+                        help="with --tokens or --text: torch device to answer on (default: the stored "
+                        "learner.device; cpu opens a state trained with learner.device=cuda on a machine without one)")
     parser.set_defaults(func=run)
 
 
@@ -192,7 +195,7 @@ def explain_tokens(args: argparse.Namespace) -> int:
             raise StreamlearnError('--tokens needs at least one token, e.g. --tokens "free prize now"')
     if not 1 <= args.k <= 1000:
         raise StreamlearnError(f"-k must be in [1, 1000], got {args.k}")
-    with Snapshot.open(args.state) as snap:
+    with Snapshot.open(args.state, device=args.device) as snap:
         if "tokens" in query and snap.config.hashing.lowercase:
             upper = [t for t in query["tokens"] if t != t.lower() and t.upper() != "[MASK]"]
             if upper:

@@ -435,7 +435,7 @@ class MixtureHead(HashedHead):
         hit = at == answer[cell]
         counted = torch.zeros(n * m, device=value.device).index_add(0, cell[hit], value[hit]).view(n, m)
         q = base[:, None] * pop.gather(1, hashes.t()).t() + counted  # (n, m) Q at the answers, > 0
-        g = self.gate(evidence.float())  # (n, 1)
+        g = self.gate(evidence.float()).float()  # (n, 1); float32 under a GPU's bf16 autocast too
         logp = torch.logaddexp(F.logsigmoid(g) + net, F.logsigmoid(-g) + torch.log(q))  # (n, m)
         return (-logp.sum(1) * weight).sum() / n
 
