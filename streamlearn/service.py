@@ -595,6 +595,12 @@ def _add_error_handlers(app: FastAPI) -> None:
             reason = (not_json[0].get("ctx") or {}).get("error", "invalid JSON")
             return json_error(400, "bad-request", f"the body is not JSON ({reason} at character "
                           f"{not_json[0]['loc'][-1]}): send a JSON object such as {{\"text\": \"...\"}}")
+        snapshot = getattr(request.app.state, "snapshot", None)
+        if request.url.path == "/v1/predict" and snapshot is not None:
+            try:  # no body fits a model that answers no labels (a next-item {"key": ...} was a 422)
+                snapshot.need_labels("predict")
+            except TaskMismatchError as mismatch:
+                return json_error(409, "wrong-task", str(mismatch))
         detail = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
                    "type": str(e.get("type", ""))} for e in errors]
         return json_error(422, "invalid-request", detail)

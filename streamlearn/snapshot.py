@@ -174,17 +174,18 @@ class Snapshot:
 
     def predict(self, records: Iterable) -> Answer:
         """classify: each record's most probable label (None before any label)."""
-        self._need_labels("predict")
+        self.need_labels("predict")
         answer = self._answer(records, self._probs, prepare=self._query_batch)
         labels = [max(p, key=p.get) if p else None for p in answer.values]
         return dataclasses.replace(answer, values=labels)
 
     def predict_proba(self, records: Iterable) -> Answer:
         """classify: ``{label: probability}`` per record over the labels seen so far."""
-        self._need_labels("predict_proba")
+        self.need_labels("predict_proba")
         return self._answer(records, self._probs, prepare=self._query_batch)
 
-    def _need_labels(self, verb: str) -> None:
+    def need_labels(self, verb: str) -> None:
+        """TaskMismatchError unless the model answers labels (``verb``: what was asked)."""
         if self._learner.task.answers != "labels":
             raise TaskMismatchError(
                 f"{verb} needs a classify model; this model's task is {self.task}: use topk "

@@ -122,6 +122,11 @@ def test_task_mismatch_is_409_and_says_what_to_use(clients):
     assert r.status_code == 409 and r.json()["error"] == "wrong-task" and "/v1/predict" in r.json()["detail"]
     r = clients["mlm"].post("/v1/predict", json={"text": "w1"})
     assert r.status_code == 409 and "/v1/topk" in r.json()["detail"]
+    # whatever the body: a next-item query ({"key"}) sent to /v1/predict was a 422 about the schema
+    for body in ({"key": "u1"}, {}, {"records": [{"key": "u1"}]}):
+        r = clients["next-item"].post("/v1/predict", json=body)
+        assert r.status_code == 409 and r.json()["error"] == "wrong-task" and "/v1/topk" in r.json()["detail"]
+    assert clients["classify"].post("/v1/predict", json={"key": "u1"}).status_code == 422  # classify: the schema's
 
 
 def test_a_query_the_library_rejects_is_a_422_saying_why(clients):
