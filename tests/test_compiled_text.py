@@ -107,6 +107,17 @@ def mixed_stream() -> list[dict]:
     return out
 
 
+def assert_same_arrays(a, b) -> None:
+    """Two prepared batches hold the same features and Naive Bayes ids."""
+    assert a.feats.keys() == b.feats.keys()
+    for key in b.feats:
+        np.testing.assert_array_equal(a.feats[key], b.feats[key], err_msg=key)
+    if b.nb_tokens is None:
+        assert a.nb_tokens is None
+    else:
+        np.testing.assert_array_equal(a.nb_tokens, b.nb_tokens)
+
+
 @pytest.mark.parametrize("overrides", [(), ("hashing.ngrams=3", "hashing.shapes=false"), ("learner.nb_weight=0",),
                                        ("hashing.lowercase=false", "hashing.max_tokens=12")])
 def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
@@ -119,13 +130,7 @@ def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
     records = mixed_stream()
     for i in range(0, len(records), 8):
         a, b = fast.prepare(records[i:i + 8]), slow.prepare(records[i:i + 8])
-        assert a.feats.keys() == b.feats.keys()
-        for key in b.feats:
-            np.testing.assert_array_equal(a.feats[key], b.feats[key], err_msg=key)
-        if b.nb_tokens is None:
-            assert a.nb_tokens is None
-        else:
-            np.testing.assert_array_equal(a.nb_tokens, b.nb_tokens)
+        assert_same_arrays(a, b)
         assert [(j, str(e)) for j, e in a.rejected] == [(j, str(e)) for j, e in b.rejected]
         assert a.truncated == b.truncated and a.records == b.records
         fast.learn_batch(a)
@@ -136,13 +141,7 @@ def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
     # queries too (frozen replay, predict, the service): the same arrays and answers
     queries = [{k: v for k, v in r.items() if k != "label"} for r in records]
     for i in range(0, len(queries), 16):
-        a, b = fast.prepare(queries[i:i + 16], train=False), slow.prepare(queries[i:i + 16], train=False)
-        for key in b.feats:
-            np.testing.assert_array_equal(a.feats[key], b.feats[key], err_msg=key)
-        if b.nb_tokens is None:
-            assert a.nb_tokens is None
-        else:
-            np.testing.assert_array_equal(a.nb_tokens, b.nb_tokens)
+        assert_same_arrays(fast.prepare(queries[i:i + 16], train=False), slow.prepare(queries[i:i + 16], train=False))
     assert fast.predict_proba_many(queries) == slow.predict_proba_many(queries)
 
 
