@@ -30,7 +30,8 @@ Commit protocol (:meth:`LmdbStore.commit`):
    directory reopens at the previous checkpoint with the previous offsets; after it, at
    this one. Nothing in between is ever visible.
 8. If the map filled during 5-6, LMDB aborted the transaction (nothing written): with
-   ``store.grow_map`` the map doubles and 3-7 run again, else :class:`MapFullError` names
+   ``store.grow_map`` the map grows to max(2 x its size, its size + 4 x the checkpoint's
+   bytes) and 3-7 run again, else :class:`MapFullError` names
    ``store.map_size_gb``.
 9. The caller commits the same offsets to Kafka afterwards. That commit is advisory: on
    restart the offsets in the manifest win.
@@ -288,7 +289,7 @@ class LmdbStore(Store):
                 raise wrap_lmdb(exc, self.path, what, need) from exc
             except OSError as exc:
                 raise wrap_os(exc, self.path, what) from exc
-        raise MapFullError(f"the map of {self.path} kept filling after {_GROW_ATTEMPTS} doublings")
+        raise MapFullError(f"the map of {self.path} kept filling after growing {_GROW_ATTEMPTS} times")
 
     def _grow_map(self, exc: lmdb.MapFullError, need: int, attempt: int) -> None:
         size = self._env.info()["map_size"]

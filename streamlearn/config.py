@@ -257,7 +257,7 @@ class StoreConfig:
     backend: str = key("lmdb", one_of("lmdb", "memory"))
     shards: int = key(8, between(1, MAX_SHARDS))
     map_size_gb: float = key(4.0, above(0))
-    grow_map: bool = key(True, flag())  # a full map grows (doubling) instead of failing
+    grow_map: bool = key(True, flag())  # a full map grows (at least doubling) instead of failing
     sync: bool = key(True, flag())  # sync=False: an OS crash or power loss can lose the last commits and may damage the file
 
     def __post_init__(self) -> None:
