@@ -78,7 +78,8 @@ columns with a space) always win. Otherwise:
    command stops and asks for --text-column/--label-column, listing the columns.
 Blank lines, rows with extra columns and records that span several lines (quoted line
 breaks; a stray quote merges lines) are counted and reported."""
-_MAX_SECONDS = ((1 << 63) - 1) // 1000  # the ms timestamp must fit Kafka's int64
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_MAX_SECONDS = _INT64_MAX // 1000  # the ms timestamp must fit Kafka's int64
 
 
 class DatasetError(StreamlearnError):
@@ -450,6 +451,9 @@ def _rating_fields(line: str, sep: str) -> tuple[int, int, int]:
                        f"{line[:80]!r}") from exc
     if not 0 <= ts <= _MAX_SECONDS:
         raise _BadLine(f"bad-value: timestamp {ts} is not unix seconds (0 to {_MAX_SECONDS})")
+    for name, value in (("user", user), ("item", item)):
+        if not _INT64_MIN <= value <= _INT64_MAX:  # the columns are int64 arrays (was: OverflowError)
+            raise _BadLine(f"bad-value: {name} {value} does not fit in 64 bits")
     return user, item, ts
 
 

@@ -258,6 +258,8 @@ def test_movielens_ratings_csv(tmp_path):
     ("196\tx\t3\t881250949", "must be integers"),
     ("196\t242\tgood\t881250949", "rating a number"),
     ("196\t242\t3\t-5", "not unix seconds"),
+    ("99999999999999999999\t20\t4\t881250950", "user 99999999999999999999 does not fit in 64 bits"),
+    ("196\t-9223372036854775809\t4\t881250950", "item -9223372036854775809 does not fit in 64 bits"),
 ])
 def test_movielens_bad_line(tmp_path, line, reason):
     path = write(tmp_path, "u.data", f"1\t2\t3\t4\n{line}\n")
