@@ -241,9 +241,9 @@ def _tokens(value: Any) -> tuple[Token, ...] | None:
     if not value:
         raise RecordError("bad-value: tokens is empty")
     for i, token in enumerate(value):
-        if isinstance(token, str):
-            _utf8(f"tokens[{i}]", token)
-        elif not _is_int(token):
+        if isinstance(token, str) or _is_int(token):
+            _token_field(f"tokens[{i}]", token)  # an int beyond 64 bits: msgpack cannot write it
+        else:
             raise RecordError(f"wrong-type: tokens[{i}] must be str or int, got {type(token).__name__}")
     return tuple(value)
 

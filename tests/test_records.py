@@ -101,6 +101,8 @@ BAD = [
     (js({"text": "x", "label": -(2**63) - 1}), "bad-value"),  # could be written
     (js({"key": 2**64, "item": 1}), "bad-value"),
     (js({"key": "u", "item": 2**64}), "bad-value"),
+    (js({"tokens": [2**64], "label": "x"}), "bad-value"),  # was: valid, then msgpack.packb overflowed
+    (js({"tokens": ["a", -(2**63) - 1]}), "bad-value"),
 ]
 
 
