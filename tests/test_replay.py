@@ -368,6 +368,27 @@ def test_msgpack_stream_with_bad_objects_and_a_truncated_tail(tmp_path):
     assert report["bad_records"]["reasons"] == {"invalid-msgpack": 1, "missing-field": 1, "truncated-msgpack": 1}
 
 
+@pytest.mark.parametrize("bad_at", [(0,), (1, 2), (0, 1, 2, 3, 4, 5, 6)], ids=["first", "second batch", "first batches"])
+@pytest.mark.parametrize("task", ["classify", "next-token"])
+def test_a_mini_batch_of_bad_records_takes_no_step_and_the_replay_goes_on(tmp_path, bad_at, task):
+    """Was: 'a fused batch was not revealed as predicted (internal order error)', exit 2,
+    whenever a whole early mini-batch was bad (a bad first line, a BOM): the chunks kept
+    the schedule's sizes by their index while the reveal split them by the steps taken."""
+    lines = [json.dumps(r) for r in words_stream(40)]
+    for i in bad_at:
+        lines[i] = "not json"
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    extra = ("learner.task=next-token", "model.count_slots=1024", "model.negatives=8") if task == "next-token" else ()
+    report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra))
+    assert report["records"] == 40 and report["bad_records"]["total"] == len(bad_at)
+    if task == "classify":
+        assert report["evaluated"] == 40 - len(bad_at)
+    else:  # an event per position of every good record
+        assert report["evaluated"] == sum(len(r["text"].split()) for i, r in enumerate(words_stream(40))
+                                          if i not in bad_at)
+
+
 def test_labels_beyond_capacity_are_rejected_and_reported(tmp_path):
     records = [{"text": f"word{i} common", "label": f"l{i % 10}"} for i in range(40)]
     path = write_jsonl(tmp_path / "many.jsonl", records)

@@ -178,7 +178,11 @@ class _Loop:
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
             self.pending.extend(arrived)
-            self._reveal_due(self.position - self.r.options.delay)
+            # with no delay a mini-batch is revealed whole, as the model learned it when it was
+            # predicted (fused); the schedule's size for the next step could differ, as a batch
+            # of bad records only takes no step (was: "a fused batch was not revealed as predicted")
+            delay = self.r.options.delay
+            self._reveal_due(self.position - delay, len(chunk) if delay == 0 else None)
             if self.progress is not None:
                 self.progress.update(len(chunk))
                 self._show()
@@ -239,15 +243,16 @@ class _Loop:
                 c.seconds += time.perf_counter() - started
 
     # ---- 4. labels revealed to the model: learn, score
-    def _reveal_due(self, upto: int | None) -> None:
-        """One optimizer step per mini-batch of records (:class:`Schedule`), as arrived.
-        Counted in records, not events: a next-token record brings an event per position,
-        and split across mini-batches it would be learned once per piece."""
+    def _reveal_due(self, upto: int | None, size: int | None = None) -> None:
+        """One optimizer step per mini-batch of records (``size``, else the :class:`Schedule`'s
+        at the model's step), as arrived. Counted in records, not events: a next-token record
+        brings an event per position, and split across mini-batches it would be learned once
+        per piece."""
         due: list[Event] = []
         records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
             new_record = not due or self.pending[0].position != due[-1].position
-            if new_record and records == self.schedule.size(self.steps):
+            if new_record and records == (size or self.schedule.size(self.steps)):
                 self._reveal(due)
                 due, records = [], 0
             records += new_record
