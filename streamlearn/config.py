@@ -179,7 +179,7 @@ class ModelConfig:
         check_keys(self)
         if self.layers > 0 and self.d_model % self.heads:
             raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.heads={self.heads} "
-                              "when model.layers > 0: change one of them")
+                              "when model.layers > 0: change one of them", "model.d_model")
 
 
 @dataclass(frozen=True)
@@ -305,7 +305,8 @@ class WorkerConfig:
         check_keys(self)
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ConfigError(f"worker.heartbeat_interval_ms={self.heartbeat_interval_ms} must be below "
-                              f"worker.session_timeout_ms={self.session_timeout_ms} (a third of it is usual)")
+                              f"worker.session_timeout_ms={self.session_timeout_ms} (a third of it is usual)",
+                              "worker.heartbeat_interval_ms")
 
 
 @dataclass(frozen=True)
@@ -445,22 +446,23 @@ class Config:
         lc, m = self.learner, self.model
         if lc.shuffle_random > 0 and not m.positions:
             raise ConfigError(f"learner.shuffle_random={lc.shuffle_random:g} needs token order to detect shuffled "
-                              "tokens: set model.positions=true (or learner.shuffle_random=0)")
+                              "tokens: set model.positions=true (or learner.shuffle_random=0)", "learner.shuffle_random")
         if m.counts == "transitions" and (lc.task != "next-item" or m.output not in ("auto", "hashed")
                                           or self.embedding.scheme == "tfree"):
             raise ConfigError(f"model.counts='transitions' is a count part of task next-item with the hashed "
                               f"output (now learner.task={lc.task!r}, model.output={m.output!r}, embedding.scheme="
-                              f"{self.embedding.scheme!r}): set those, or model.counts='none'")
+                              f"{self.embedding.scheme!r}): set those, or model.counts='none'", "model.counts")
         if m.counts == "kn4" and lc.task != "next-token":
             raise ConfigError(f"model.counts='kn4' is a count part of task next-token (now learner.task="
-                              f"{lc.task!r}; mlm reads two-sided trigrams): set model.counts='kn3' or 'none'")
+                              f"{lc.task!r}; mlm reads two-sided trigrams): set model.counts='kn3' or 'none'",
+                              "model.counts")
         if m.counts in ("kn3", "kn4") and (lc.task not in COUNT_TASKS or m.output != "sampled"):
             raise ConfigError(f"model.counts={m.counts!r} is a count part of task next-token or mlm with "
                               f"model.output='sampled' (now learner.task={lc.task!r}, model.output={m.output!r}): "
-                              "set those, or model.counts='none'")
+                              "set those, or model.counts='none'", "model.counts")
         if m.recent and m.counts not in ("kn3", "kn4"):
             raise ConfigError(f"model.recent={m.recent} is a feature of the count part: set model.counts='kn3' "
-                              "(or model.recent=0)")
+                              "(or model.recent=0)", "model.recent")
         if m.recent_pairs and lc.task != "next-token":  # with model.counts=none there is no count part to mix into
             raise ConfigError(f"model.recent_pairs={m.recent_pairs} mixes into next-token's count part (now "
                               f"learner.task={lc.task!r}): set model.recent_pairs=0", "model.recent_pairs")
@@ -479,7 +481,7 @@ class Config:
         if lc.nb_weight > 0 and lc.nb_cells < least:
             raise ConfigError(f"learner.nb_cells={lc.nb_cells} leaves no room for the (token, label) cells after "
                               f"the 2 * model.max_labels + 1 label cells: raise it to at least {least} "
-                              f"(default {LearnerConfig.nb_cells}), or set learner.nb_weight=0")
+                              f"(default {LearnerConfig.nb_cells}), or set learner.nb_weight=0", "learner.nb_cells")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Every section as a dict, secrets (:data:`SECRET_KEYS`) replaced by

@@ -346,6 +346,14 @@ def test_bad_values_from_toml_and_environment_are_refused(tmp_path, monkeypatch)
         load_config()
     monkeypatch.setenv("STREAMLEARN__LEARNER__BATCH_SIZE", "32")
     assert load_config().learner.batch_size == 32
+    # a rule across keys names where its key came from too (was: no source for these)
+    monkeypatch.setenv("STREAMLEARN__MODEL__RECENT", "5")
+    with pytest.raises(ConfigError, match=re.escape("(from environment variable STREAMLEARN__MODEL__RECENT)")):
+        load_config()
+    monkeypatch.delenv("STREAMLEARN__MODEL__RECENT")
+    path.write_text("[model]\nlayers = 1\nd_model = 30\nheads = 4\n")
+    with pytest.raises(ConfigError, match=re.escape(f"(from config file {path})")):
+        load_config(path)
 
 
 def test_store_backend_argument_is_checked_as_the_key():
