@@ -114,7 +114,10 @@ class FileSource:
 
     def _msgpack(self) -> Iterator[Item]:
         with self.path.open("rb") as f:
-            unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=64 << 20)
+            # Maps are built by _map, so a map with an unhashable key (a list) is one bad
+            # object instead of a TypeError that leaves the unpacker mid-object.
+            unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=64 << 20,
+                                        object_pairs_hook=_map)
             n = 0
             while True:
                 start = unpacker.tell()
@@ -136,12 +139,31 @@ class FileSource:
 
     @staticmethod
     def _msgpack_item(obj: Any, origin: str) -> Item:
+        if isinstance(obj, _UnhashableKeys):
+            return Item(None, f"invalid-msgpack: a map key is unhashable ({obj.why})", origin)
         if not isinstance(obj, dict):
             return Item(None, f"invalid-msgpack: expected a map, got {type(obj).__name__}", origin)
         try:
             return Item(from_dict(obj), None, origin)
         except RecordError as exc:
             return Item(None, str(exc), origin)
+
+
+class _UnhashableKeys:
+    """A msgpack map whose keys cannot be dict keys (a list, a map)."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"<map with unhashable keys: {self.why}>"
+
+
+def _map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any] | _UnhashableKeys:
+    try:
+        return dict(pairs)
+    except TypeError as exc:
+        return _UnhashableKeys(str(exc))
 
 
 # ---------------------------------------------------------------------------- kafka ranges
