@@ -220,7 +220,7 @@ def task_of_records(path: str | Path, fmt: str | None = None, sample: int = 20) 
     for line in _first_lines(Path(path), sample):
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # the reader reports the line
             continue
         if isinstance(obj, dict):
             objects.append(obj)

@@ -1,10 +1,11 @@
 """Replay's file source (FileSource) and the file-level checks replay makes before it reads
 (task_of_records): odd files give one-line errors or counted bad records, never a traceback."""
+import json
 from pathlib import Path
 
 import msgpack
 
-from streamlearn.datasets import ReadOptions
+from streamlearn.datasets import ReadOptions, task_of_records
 from streamlearn.records import reason_code
 from streamlearn.replay.sources import FileSource
 
@@ -32,3 +33,11 @@ def test_a_msgpack_map_with_an_unhashable_key_is_one_bad_record_and_the_rest_is_
     got = items(write(tmp_path, "dump.msgpack", data))
     assert got == [(None, "dump.msgpack#0"), (None, "dump.msgpack#1"), ("invalid-msgpack", "dump.msgpack#2"),
                    (None, "dump.msgpack#3"), (None, "dump.msgpack#4")]
+
+
+# ---------------------------------------------------------------------------- task_of_records
+
+def test_deeply_nested_json_does_not_stop_the_task_guess(tmp_path):
+    """Was: RecursionError from task_of_records when replay had no --task."""
+    path = write(tmp_path, "deep.jsonl", json.dumps(OK[0]) + "\n" + '{"a":' + "[" * 100_000 + "\n")
+    assert task_of_records(path) is None
