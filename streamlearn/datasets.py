@@ -42,6 +42,7 @@ import itertools
 import json
 import re
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -150,18 +151,33 @@ def detect_format(path: str | Path) -> str:
     raise DatasetError(f"cannot tell the format of {path}: pass --input-format, one of {', '.join(FORMATS)}")
 
 
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a dataset file (missing, a directory, a FIFO), or None."""
+    if not path.exists():
+        return f"no such file: {path}"
+    if not path.is_file():
+        return f"not a regular file: {path}"
+    return None
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """An OSError while opening or reading ``path`` (EIO, permission denied) as a one-line DatasetError."""
+    try:
+        yield
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def _first_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-blank lines of ``path`` (fewer if it has fewer)."""
     lines: list[str] = []
-    try:
-        with path.open("rb") as f:
-            for raw in f:
-                if raw.strip():
-                    lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                    if len(lines) == n:
-                        break
-    except OSError as exc:
-        raise DatasetError(f"cannot read {path}: {exc.strerror}") from exc
+    with _reading(path), path.open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                if len(lines) == n:
+                    break
     return lines
 
 
@@ -241,8 +257,9 @@ class DatasetReader:
 
     def __init__(self, path: str | Path, options: ReadOptions = ReadOptions()):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise DatasetError(f"no such file: {self.path}")
+        problem = file_problem(self.path)
+        if problem:
+            raise DatasetError(problem)
         self.options = options
         self.format = options.format or detect_format(self.path)
         if self.format not in FORMATS:
@@ -275,7 +292,7 @@ class DatasetReader:
         """Data lines in the file (one pass counting line breaks), for progress bars: exact
         but for blank lines, a CSV/TSV header and CSV fields with quoted line breaks."""
         lines, last = 0, b"\n"
-        with self.path.open("rb") as f:
+        with _reading(self.path), self.path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 lines += chunk.count(b"\n")
                 last = chunk[-1:]
@@ -288,7 +305,7 @@ class DatasetReader:
         line is a record (not plain text, whose lines are cut into records), a line over
         ``max_line_bytes`` is a bad line, as the worker refuses such a message."""
         limit = self.options.max_line_bytes if self.format in ("jsonl", "csv", "tsv") else None
-        with self.path.open("rb") as f:
+        with _reading(self.path), self.path.open("rb") as f:
             for lineno, raw in enumerate(f, 1):
                 if limit is not None and len(raw) > limit:
                     self._bad(lineno, f"too-large: {len(raw)} > {limit} bytes (worker.max_record_bytes)")

@@ -1,13 +1,16 @@
 """Replay's file source (FileSource) and the file-level checks replay makes before it reads
 (task_of_records): odd files give one-line errors or counted bad records, never a traceback."""
 import json
+import os
 from pathlib import Path
 
 import msgpack
+import pytest
 
-from streamlearn.datasets import ReadOptions, task_of_records
+from streamlearn.datasets import DatasetError, DatasetReader, ReadOptions, task_of_records
+from streamlearn.exceptions import StreamlearnError
 from streamlearn.records import reason_code
-from streamlearn.replay.sources import FileSource
+from streamlearn.replay.sources import FileSource, ReplaySourceError
 
 
 def write(tmp_path, name: str, data: str | bytes) -> Path:
@@ -41,3 +44,40 @@ def test_deeply_nested_json_does_not_stop_the_task_guess(tmp_path):
     """Was: RecursionError from task_of_records when replay had no --task."""
     path = write(tmp_path, "deep.jsonl", json.dumps(OK[0]) + "\n" + '{"a":' + "[" * 100_000 + "\n")
     assert task_of_records(path) is None
+
+
+# ---------------------------------------------------------------------------- files that cannot be read
+
+def test_a_directory_is_not_a_regular_file(tmp_path):
+    folder = tmp_path / "data.jsonl"
+    folder.mkdir()
+    with pytest.raises(DatasetError, match="not a regular file"):
+        DatasetReader(folder)
+    with pytest.raises(ReplaySourceError, match="not a regular file"):
+        FileSource(folder)
+    with pytest.raises(DatasetError, match="no such file"):
+        DatasetReader(tmp_path / "missing.jsonl")
+
+
+@pytest.fixture
+def eio(tmp_path):
+    """A link to /proc/self/mem: a regular file whose first read fails with EIO."""
+    def link(name: str) -> Path:
+        path = tmp_path / name
+        path.symlink_to("/proc/self/mem")
+        return path
+    if not os.path.exists("/proc/self/mem"):
+        pytest.skip("needs Linux /proc")
+    return link
+
+
+def test_a_read_error_is_one_line_naming_the_file(eio):
+    """Was: OSError [Errno 5] Input/output error, a traceback, from the read, estimate_rows
+    and the msgpack reader."""
+    path = eio("x.jsonl")
+    with pytest.raises(DatasetError, match=r"cannot read .*x.jsonl: Input/output error"):
+        list(DatasetReader(path))
+    with pytest.raises(DatasetError, match=r"cannot read .*x.jsonl: Input/output error"):
+        DatasetReader(path).estimate_rows()
+    with pytest.raises(StreamlearnError, match=r"cannot read .*x.msgpack: Input/output error"):
+        list(FileSource(eio("x.msgpack")))

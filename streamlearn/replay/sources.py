@@ -31,7 +31,7 @@ import msgpack
 from ..broker import BrokerError, client_options, topic_partitions
 from ..config import KafkaConfig
 from ..datasets import FORMATS as DATASET_FORMATS
-from ..datasets import DatasetReader, ReadOptions
+from ..datasets import DatasetError, DatasetReader, ReadOptions, file_problem
 from ..exceptions import RecordError, StreamlearnError
 from ..records import Record, decode, from_dict
 
@@ -64,8 +64,9 @@ class FileSource:
 
     def __init__(self, path: str | Path, options: ReadOptions = ReadOptions()):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ReplaySourceError(f"no such file: {self.path} (--file)")
+        problem = file_problem(self.path)
+        if problem:
+            raise ReplaySourceError(f"{problem} (--file)")
         fmt = options.format
         if fmt is None and self.path.name.lower().endswith(_MSGPACK_SUFFIXES):
             fmt = "msgpack"
@@ -113,6 +114,12 @@ class FileSource:
             yield Item(None, reason, f"{self.path.name}:{lineno}")
 
     def _msgpack(self) -> Iterator[Item]:
+        try:
+            yield from self._msgpack_items()
+        except OSError as exc:  # EIO, permission denied: one line, as DatasetReader has it
+            raise DatasetError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
+
+    def _msgpack_items(self) -> Iterator[Item]:
         with self.path.open("rb") as f:
             # Maps are built by _map, so a map with an unhashable key (a list) is one bad
             # object instead of a TypeError that leaves the unpacker mid-object.
