@@ -63,6 +63,7 @@ TEXT_NAMES = ("text", "message", "msg", "sms", "sentence", "review", "content", 
               "document", "doc", "title", "description", "headline", "question", "utterance", "query")
 LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "target", "tag", "topic", "polarity",
                "intent", "y")
+_CSV_FIELD_LIMIT = 1 << 26  # bytes of one CSV field when no max_line_bytes is given (csv's default: 128 KiB)
 _SAMPLE_ROWS = 1000  # rows read ahead to decide a headerless or unnamed layout
 COLUMN_RULES = """CSV/TSV columns. --text-column/--label-column (names or 0-based indices; 'a,b' joins
 columns with a space) always win. Otherwise:
@@ -99,7 +100,8 @@ class ReadOptions:
     text_column: str | None = None  # csv/tsv: name or 0-based index, "a,b" joins columns
     label_column: str | None = None
     skip_bad_lines: bool = False  # False: the first bad line raises DatasetError
-    max_line_bytes: int | None = None  # jsonl/csv/tsv: a longer line is bad, too-large (None: no limit)
+    max_line_bytes: int | None = None  # jsonl/csv/tsv: a longer line or CSV field is bad, too-large (None: no
+    # limit on a line; a CSV field stops at 64 MiB)
 
 
 class _BadLine(Exception):
@@ -390,14 +392,16 @@ class DatasetReader:
                 yield line + "\n"
 
         reader = csv.reader(text_lines())
+        limit = self.options.max_line_bytes or _CSV_FIELD_LIMIT
         while True:
             mark = len(starts)
+            csv.field_size_limit(limit)  # process-wide: set before each row, for readers that interleave
             try:
                 cells = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                self._bad(starts[mark] if mark < len(starts) else starts[-1], f"bad-value: CSV: {exc}")
+                self._csv_error(exc, starts[mark] if mark < len(starts) else starts[-1], starts[-1], limit)
                 continue
             first, last = starts[mark], starts[-1]
             if last > first:
@@ -406,6 +410,18 @@ class DatasetReader:
                 yield first, cells
             else:
                 self.notes.blank_lines += 1
+
+    def _csv_error(self, exc: csv.Error, first: int, last: int, limit: int) -> None:
+        """A row the csv module refuses, as one bad line that names every line it took:
+        a stray quote can merge thousands of lines into one field (noted as multiline)."""
+        span = f"lines {first}-{last}" if last > first else f"line {first}"
+        if last > first:
+            self.notes.multiline.append((first, last))
+        if "field limit" in str(exc):
+            self._bad(first, f"too-large: a CSV field over {limit} bytes, {span} read as one record "
+                             "(an unclosed quote merges lines until the next quote)")
+        else:
+            self._bad(first, f"bad-value: CSV: {exc} ({span})")
 
     # ---- movielens
     def _movielens(self) -> Iterator[Row]:

@@ -207,6 +207,29 @@ def test_blank_lines_extra_columns_and_multiline_records_are_counted(tmp_path):
     assert [r.record for r in reader][1] == {"text": "good bye now", "label": "b"} and reader.notes.extra_columns == [3]
 
 
+def test_a_stray_quote_that_swallows_more_than_the_field_limit_names_the_lines_it_took(tmp_path):
+    """Was: one bad line 'field larger than field limit (131072)' and the ~4,400 lines the
+    quote merged gone with no note."""
+    body = "".join(f"message number {i} is here,{'ab'[i % 2]}\n" for i in range(6000))
+    path = write(tmp_path, "a.csv", 'text,label\n"stray quote here now,spam\n' + body)
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True, max_line_bytes=100_000))
+    got = list(reader)
+    [(line, reason)] = reader.bad_lines
+    last = reader.notes.multiline[-1][1]
+    assert line == 2 and reason.startswith("too-large:") and f"lines 2-{last}" in reason
+    assert len(got) == 6002 - last  # every line after the merged span is a record
+    assert any(f"lines 2-{last}" in note for note in reader.notes.lines())
+
+
+@pytest.mark.parametrize("max_line_bytes", [None, 1_000_000])
+def test_a_long_quoted_csv_field_is_read_as_a_long_json_line_is(tmp_path, max_line_bytes):
+    """Was: a 200 KB field was a bad line (csv's default field limit of 128 KB)."""
+    text = "word " * 40_000 + "end"
+    path = write(tmp_path, "a.csv", f'text,label\n"{text}",long\nshort one,b\n')
+    got = rows(path, max_line_bytes=max_line_bytes)
+    assert [r.record["label"] for r in got] == ["long", "b"] and got[0].record["text"] == text
+
+
 @pytest.mark.parametrize("line,reason", [
     ("spam", "1 field"),
     ("spam\t   ", "text is empty"),
