@@ -42,6 +42,7 @@ import itertools
 import json
 import re
 from array import array
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,6 +369,7 @@ class DatasetReader:
         self.layout = columns.describe()
         if columns.header:
             sample = sample[1:]
+        self.notes.columns = columns.width
         for lineno, cells in itertools.chain(sample, rows):
             if len(cells) > columns.width:
                 self.notes.extra_columns.append(lineno)
@@ -500,6 +502,7 @@ class ReadNotes:
     line; quoted line breaks, or a stray quote that merged lines)."""
 
     blank_lines: int = 0
+    columns: int = 0  # cells of the layout (the header's, else most rows')
     extra_columns: list[int] = field(default_factory=list)
     multiline: list[tuple[int, int]] = field(default_factory=list)
 
@@ -509,7 +512,7 @@ class ReadNotes:
         if self.blank_lines:
             out.append(f"{self.blank_lines} blank line(s) skipped")
         if self.extra_columns:
-            out.append(f"{len(self.extra_columns)} row(s) with more columns than the first, extra cells ignored "
+            out.append(f"{len(self.extra_columns)} row(s) with more than {self.columns} columns, extra cells ignored "
                        f"(lines {_some(self.extra_columns)})")
         if self.multiline:
             longest = max(self.multiline, key=lambda span: span[1] - span[0])
@@ -529,7 +532,7 @@ class _Columns:
     text: tuple[int, ...]
     label: int | None
     names: tuple[str, ...]  # the header's names, or "column N"
-    width: int  # cells of the first row
+    width: int  # cells of the header, else of most rows; a wider row's extra cells are ignored
     why: str  # how the layout was decided
 
     @classmethod
@@ -542,18 +545,19 @@ class _Columns:
         known = [n for n in names if n in TEXT_NAMES or n in LABEL_NAMES]
         header = by_name or bool(known) or _looks_like_header(first, sample[1:])
         data = sample[1:] if header else sample
-        shown = tuple(first) if header else tuple(f"column {i}" for i in range(len(first)))
+        width = len(first) if header else _common_width(sample)
+        shown = tuple(first) if header else tuple(f"column {i}" for i in range(width))
         if options.text_column:
             text = _indices(options.text_column, names if header else [], path)
             label_spec = options.label_column or (_first_named(names, LABEL_NAMES) if header else None)
             label = _indices(label_spec, names if header else [], path) if label_spec else None
-            return cls._checked(header, text, label, shown, len(first), "--text-column", path)
+            return cls._checked(header, text, label, shown, width, "--text-column", path)
         if header and known:
             return cls._named(names, shown, options, path)
         text, label, why = _by_content(data, shown, path)
         if options.label_column:
             label = _indices(options.label_column, names if header else [], path)
-        return cls._checked(header, text, label, shown, len(first), why, path)
+        return cls._checked(header, text, label, shown, width, why, path)
 
     @classmethod
     def _named(cls, names: list[str], shown: tuple[str, ...], options: ReadOptions, path: Path) -> "_Columns":
@@ -620,12 +624,23 @@ def _looks_like_header(first: list[str], data: list[list[str]]) -> bool:
     return max(mean_words) >= 3 and all(_words(c) < max(mean_words) / 2 for c in first)
 
 
+def _common_width(rows: list[list[str]]) -> int:
+    """The most common number of cells (ties: the earliest row's). Was: the widest row's,
+    so one row with an extra column decided the layout alone and every other row was bad."""
+    counts = Counter(len(r) for r in rows)
+    return counts.most_common(1)[0][0] if counts else 0
+
+
 def _by_content(data: list[list[str]], shown: tuple[str, ...], path: Path) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     """Rule 3: the label is the one short column whose values repeat, the text every other
     wordy non-numeric column. DatasetError (asking for the columns) when undecidable."""
-    width = max((len(r) for r in data), default=0)
-    shown = shown + tuple(f"column {i}" for i in range(len(shown), width))  # rows wider than the first
-    rows = [r for r in data if len(r) >= width] or data
+    width = _common_width(data)
+    widest = max((len(r) for r in data), default=0)
+    if 2 * sum(len(r) == width for r in data) < len(data):  # no width holds most rows: prose, not a table
+        named = shown + tuple(f"column {i}" for i in range(len(shown), widest))
+        raise _ask(path, named, data, "rows differ in their number of cells: not a table?")
+    shown = shown + tuple(f"column {i}" for i in range(len(shown), width))  # most rows wider than the header
+    rows = [r[:width] for r in data if len(r) >= width] or data  # a wider row's extra cells are ignored
     n = max(len(rows), 1)
     cols = [[r[i].strip() for r in rows if i < len(r)] for i in range(width)]
     numeric = [bool(c) and sum(map(_is_number, c)) >= 0.9 * len(c) for c in cols]

@@ -230,6 +230,21 @@ def test_a_long_quoted_csv_field_is_read_as_a_long_json_line_is(tmp_path, max_li
     assert [r.record["label"] for r in got] == ["long", "b"] and got[0].record["text"] == text
 
 
+@pytest.mark.parametrize("odd", [0, 5], ids=["first row", "fifth row"])
+def test_one_row_with_an_extra_column_does_not_decide_the_layout(tmp_path, odd):
+    """Was: the widest row's width decided, on that row alone, and every other row was bad."""
+    words = ["see you at noon then", "win a free prize now", "call me when you land", "lunch at the usual place"]
+    lines = [f"{'ham' if i % 3 else 'spam'}\t{words[i % 4]} {i}" for i in range(12)]
+    lines[odd] += "\tps: sent from my phone"
+    path = write(tmp_path, "sms.tsv", "\n".join(lines) + "\n")
+    reader = DatasetReader(path)
+    got = [r.record for r in reader]
+    assert len(got) == 12 and got[odd] == {"text": f"{words[odd % 4]} {odd}", "label": "ham" if odd % 3 else "spam"}
+    assert reader.layout.startswith("no header row; text: 'column 1'; label: 'column 0'")
+    assert reader.notes.extra_columns == [odd + 1]
+    assert reader.notes.lines() == [f"1 row(s) with more than 2 columns, extra cells ignored (lines {odd + 1})"]
+
+
 @pytest.mark.parametrize("line,reason", [
     ("spam", "1 field"),
     ("spam\t   ", "text is empty"),
