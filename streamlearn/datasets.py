@@ -271,11 +271,13 @@ class DatasetReader:
         self.layout = ""  # what the reader decided (csv/tsv: the header and the columns), after the first row
         self.notes = ReadNotes()
         self.line: int | None = None  # the line of the row last yielded (its last line, for text; None: MovieLens)
+        self._holding, self._held = False, []  # bad lines found while reading ahead, not yet told
 
     def __iter__(self) -> Iterator[Row]:
         self.bad_lines = []
         self.notes = ReadNotes()
         self.line = None
+        self._holding, self._held = False, []
         readers = {"jsonl": self._jsonl, "csv": self._table, "tsv": self._table,
                    "movielens": self._movielens, "movielens-csv": self._movielens, "text": self._text}
         return readers[self.format]()
@@ -319,6 +321,9 @@ class DatasetReader:
                     self._bad(lineno, f"invalid-utf8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not UTF-8")
 
     def _bad(self, lineno: int, reason: str) -> None:
+        if self._holding:  # reading ahead: told once the read passes the line
+            self._held.append((lineno, reason))
+            return
         if not self.options.skip_bad_lines:
             raise DatasetError(f"{self.path}:{lineno}: {reason} (--skip-bad-lines counts and skips such lines)")
         self.bad_lines.append((lineno, reason))
@@ -332,6 +337,12 @@ class DatasetReader:
                 continue
             self.line = lineno
             yield row
+
+    def _release(self, before: int | None = None) -> None:
+        """Report the bad lines held while reading ahead, in file order: those before line
+        ``before`` (None: all)."""
+        while self._held and (before is None or self._held[0][0] < before):
+            self._bad(*self._held.pop(0))
 
     # ---- jsonl
     def _jsonl(self) -> Iterator[Row]:
@@ -362,8 +373,14 @@ class DatasetReader:
     # ---- csv / tsv
     def _table(self) -> Iterator[Row]:
         rows = self._tsv_rows() if self.format == "tsv" else self._csv_rows()
+        # Counted bad lines among the rows read ahead wait until the read passes them, so they
+        # are told in file order; without skip_bad_lines the first one stops the read at once,
+        # before any record (a produce writes nothing of a file that fails early).
+        self._holding = self.options.skip_bad_lines
         sample = list(itertools.islice(rows, _SAMPLE_ROWS + 1))
+        self._holding = False
         if not sample:
+            self._release()
             return
         columns = _Columns.resolve([cells for _, cells in sample], self.options, self.path)
         self.layout = columns.describe()
@@ -371,6 +388,7 @@ class DatasetReader:
             sample = sample[1:]
         self.notes.columns = columns.width
         for lineno, cells in itertools.chain(sample, rows):
+            self._release(before=lineno)
             if len(cells) > columns.width:
                 self.notes.extra_columns.append(lineno)
             try:
@@ -380,6 +398,7 @@ class DatasetReader:
                 continue
             self.line = lineno
             yield row
+        self._release()
 
     def _tsv_rows(self) -> Iterator[tuple[int, list[str]]]:
         return ((n, line.split("\t")) for n, line in self._nonblank())

@@ -81,3 +81,33 @@ def test_a_read_error_is_one_line_naming_the_file(eio):
         DatasetReader(path).estimate_rows()
     with pytest.raises(StreamlearnError, match=r"cannot read .*x.msgpack: Input/output error"):
         list(FileSource(eio("x.msgpack")))
+
+
+# ---------------------------------------------------------------------------- order
+
+def sms_lines(n: int) -> list[bytes]:
+    words = ["see you at noon then", "win a free prize now", "call me when you land", "lunch at the usual place"]
+    return [f"{'ham' if i % 3 else 'spam'}\t{words[i % 4]} {i}".encode() for i in range(n)]
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv"])
+def test_a_bad_line_in_the_read_ahead_comes_in_file_order(tmp_path, fmt):
+    """Was: the 1,001 rows read ahead to decide the layout collected their bad lines first,
+    so a bad line at 401 was reported at position 1 (and --limit counted it early)."""
+    lines = sms_lines(600)
+    if fmt == "csv":
+        lines = [line.replace(b"\t", b",") for line in lines]
+    lines[400] = b"ham\tcaf\xe9 au lait"  # line 401
+    path = write(tmp_path, f"sms.{fmt}", b"\n".join(lines) + b"\n")
+    got = items(path)
+    assert len(got) == 600 and got[400] == ("invalid-utf8", f"sms.{fmt}:401")
+    assert all(code is None for code, _ in got[:400] + got[401:])
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    rows = iter(reader)
+    for _ in range(400):
+        next(rows)
+    assert reader.bad_lines == []  # read ahead, not yet passed
+    next(rows)
+    assert [line for line, _ in reader.bad_lines] == [401]
+    with pytest.raises(DatasetError, match=f"sms.{fmt}:401: invalid-utf8"):  # without skipping: stops at once
+        next(iter(DatasetReader(path)))
