@@ -81,6 +81,7 @@ columns with a space) always win. Otherwise:
    command stops and asks for --text-column/--label-column, listing the columns.
 Blank lines, rows with extra columns and records that span several lines (quoted line
 breaks; a stray quote merges lines) are counted and reported."""
+_UTF8_BOM = b"\xef\xbb\xbf"
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_SECONDS = _INT64_MAX // 1000  # the ms timestamp must fit Kafka's int64
 
@@ -163,6 +164,17 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
+def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a binary file, the first without a UTF-8 byte order mark (Windows
+    editors write one; it is not part of the first cell, key or word)."""
+    lines = iter(lines)
+    first = next(lines, None)
+    if first is None:
+        return
+    yield first.removeprefix(_UTF8_BOM)
+    yield from lines
+
+
 @contextmanager
 def _reading(path: Path) -> Iterator[None]:
     """An OSError while opening or reading ``path`` (EIO, permission denied) as a one-line DatasetError."""
@@ -176,7 +188,7 @@ def _first_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-blank lines of ``path`` (fewer if it has fewer)."""
     lines: list[str] = []
     with _reading(path), path.open("rb") as f:
-        for raw in f:
+        for raw in _without_bom(f):
             if raw.strip():
                 lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
                 if len(lines) == n:
@@ -311,7 +323,7 @@ class DatasetReader:
         ``max_line_bytes`` is a bad line, as the worker refuses such a message."""
         limit = self.options.max_line_bytes if self.format in ("jsonl", "csv", "tsv") else None
         with _reading(self.path), self.path.open("rb") as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in enumerate(_without_bom(f), 1):
                 if limit is not None and len(raw) > limit:
                     self._bad(lineno, f"too-large: {len(raw)} > {limit} bytes (worker.max_record_bytes)")
                     continue

@@ -351,3 +351,22 @@ def test_bundled_sms_sample_reads_as_its_readme_says():
 def test_bundled_path_rejects_other_names():
     with pytest.raises(DatasetError, match="shipped: SMSSpamCollection"):
         bundled_path("../broker.py")
+
+
+# ---------------------------------------------------------------------------- byte order marks, line endings
+
+BOM = "\ufeff"
+
+
+@pytest.mark.parametrize("name,text,first", [
+    ("a.csv", "text,label\nfree prize now,spam\nsee you,ham\n", {"text": "free prize now", "label": "spam"}),
+    ("SMSSpamCollection", "ham\tsee you at noon\nspam\twin a free prize\n", {"text": "see you at noon", "label": "ham"}),
+    ("a.jsonl", '{"text": "hi", "label": "x"}\n', {"text": "hi", "label": "x"}),
+    ("stream.log", '{"text": "hi", "label": "x"}\n', {"text": "hi", "label": "x"}),  # detected by its '{'
+    ("book.txt", "the cat sat\n", {"text": "the cat sat"}),
+    ("mine.csv", "userId,movieId,rating,timestamp\n1,2,3.5,4\n", {"key": "1", "item": 2, "ts": 4000}),
+])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_line(tmp_path, name, text, first):
+    """Was: a header '\\ufefftext' not recognised, a label '\\ufeffham', line 1 invalid-json, a
+    first word '\\ufeffthe', ratings.csv and '{' detection failing."""
+    assert rows(write(tmp_path, name, BOM + text))[0].record == first
