@@ -46,7 +46,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -82,6 +82,7 @@ columns with a space) always win. Otherwise:
 Blank lines, rows with extra columns and records that span several lines (quoted line
 breaks; a stray quote merges lines) are counted and reported."""
 _UTF8_BOM = b"\xef\xbb\xbf"
+_SNIFF_BYTES = 1 << 16  # bytes read to tell the line endings
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_SECONDS = _INT64_MAX // 1000  # the ms timestamp must fit Kafka's int64
 
@@ -164,6 +165,31 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
+def _raw_lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file, each with its line break, the first without a byte order
+    mark. A file whose first 64 KiB hold a CR and no LF has classic-Mac line endings and is
+    split on CR (was: read as one line with CRs inside)."""
+    head = f.read(_SNIFF_BYTES)
+    if b"\r" in head and b"\n" not in head:
+        return _without_bom(_cr_lines(head, f))
+    f.seek(0)
+    return _without_bom(f)
+
+
+def _cr_lines(head: bytes, f: BinaryIO) -> Iterator[bytes]:
+    pending = head
+    while True:
+        *lines, pending = pending.split(b"\r")
+        for line in lines:
+            yield line + b"\r"
+        chunk = f.read(_SNIFF_BYTES)
+        if not chunk:
+            break
+        pending += chunk
+    if pending:
+        yield pending
+
+
 def _without_bom(lines: Iterable[bytes]) -> Iterator[bytes]:
     """The lines of a binary file, the first without a UTF-8 byte order mark (Windows
     editors write one; it is not part of the first cell, key or word)."""
@@ -188,7 +214,7 @@ def _first_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-blank lines of ``path`` (fewer if it has fewer)."""
     lines: list[str] = []
     with _reading(path), path.open("rb") as f:
-        for raw in _without_bom(f):
+        for raw in _raw_lines(f):
             if raw.strip():
                 lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
                 if len(lines) == n:
@@ -308,11 +334,14 @@ class DatasetReader:
     def estimate_rows(self) -> int:
         """Data lines in the file (one pass counting line breaks), for progress bars: exact
         but for blank lines, a CSV/TSV header and CSV fields with quoted line breaks."""
-        lines, last = 0, b"\n"
+        lines, crs, last = 0, 0, b"\n"
         with _reading(self.path), self.path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 lines += chunk.count(b"\n")
+                crs += chunk.count(b"\r")
                 last = chunk[-1:]
+        if not lines and crs:  # classic-Mac line endings (see _raw_lines)
+            lines, last = crs, last.replace(b"\r", b"\n")
         lines += last != b"\n"  # a last line without a line break
         return max(0, lines - (self.format == "movielens-csv"))
 
@@ -323,7 +352,7 @@ class DatasetReader:
         ``max_line_bytes`` is a bad line, as the worker refuses such a message."""
         limit = self.options.max_line_bytes if self.format in ("jsonl", "csv", "tsv") else None
         with _reading(self.path), self.path.open("rb") as f:
-            for lineno, raw in enumerate(_without_bom(f), 1):
+            for lineno, raw in enumerate(_raw_lines(f), 1):
                 if limit is not None and len(raw) > limit:
                     self._bad(lineno, f"too-large: {len(raw)} > {limit} bytes (worker.max_record_bytes)")
                     continue

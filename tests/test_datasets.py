@@ -370,3 +370,23 @@ def test_a_utf8_byte_order_mark_is_not_part_of_the_first_line(tmp_path, name, te
     """Was: a header '\\ufefftext' not recognised, a label '\\ufeffham', line 1 invalid-json, a
     first word '\\ufeffthe', ratings.csv and '{' detection failing."""
     assert rows(write(tmp_path, name, BOM + text))[0].record == first
+
+
+@pytest.mark.parametrize("name,text", [
+    ("SMSSpamCollection", "ham\tsee you at noon\rspam\twin a free prize\r\rham\tok then see you\r"),
+    ("a.jsonl", '{"text": "see you at noon", "label": "ham"}\r{"text": "win a free prize", "label": "spam"}\r\r'
+                '{"text": "ok then see you", "label": "ham"}'),
+    ("a.csv", "text,label\rsee you at noon,ham\rwin a free prize,spam\rok then see you,ham\r"),
+])
+def test_lone_cr_line_endings_split_lines(tmp_path, name, text):
+    """Was: a file with only '\\r' line endings (classic Mac) was one record with '\\r' inside."""
+    path = write(tmp_path, name, text)
+    assert [r.record for r in rows(path)] == [{"text": "see you at noon", "label": "ham"},
+                                              {"text": "win a free prize", "label": "spam"},
+                                              {"text": "ok then see you", "label": "ham"}]
+    assert DatasetReader(path).estimate_rows() in (3, 4)  # a header counts
+
+
+def test_crlf_and_a_quoted_cr_are_not_lone_cr_endings(tmp_path):
+    path = write(tmp_path, "a.csv", 'text,label\r\n"two\rparts",ham\r\nsee you,spam\r\n')
+    assert [r.record["text"] for r in rows(path)] == ["two\rparts", "see you"]
