@@ -54,6 +54,7 @@ from .exceptions import RecordError, StreamlearnError
 from .records import from_dict
 
 FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv", "text")
+MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack-stream")  # see is_msgpack_name
 # ``text`` files: words per record (the token tasks cut each record to hashing.max_tokens
 # tokens, 64 by default, and punctuation marks are tokens: 32 words stay within it)
 TEXT_WORDS = 32
@@ -129,8 +130,9 @@ def bundled_path(name: str = "SMSSpamCollection") -> Path:
 
 # ---------------------------------------------------------------------------- detection
 
-def detect_format(path: str | Path) -> str:
-    """The format of ``path`` from its name, else from its first non-blank line."""
+def detect_format(path: str | Path, also: tuple[str, ...] = ()) -> str:
+    """The format of ``path`` from its name, else from its first non-blank line. ``also``:
+    further formats the caller reads (replay: msgpack), named when none can be told."""
     path = Path(path)
     name = path.name.lower()
     if name.endswith((".jsonl", ".ndjson", ".json")):
@@ -153,7 +155,7 @@ def detect_format(path: str | Path) -> str:
         return "tsv"
     if "," in first:
         return "csv"
-    raise DatasetError(f"cannot tell the format of {path}: pass --input-format, one of {', '.join(FORMATS)}")
+    raise DatasetError(f"cannot tell the format of {path}: pass --input-format, one of {', '.join(FORMATS + also)}")
 
 
 def file_problem(path: Path) -> str | None:
@@ -239,6 +241,12 @@ def _split_csv_header(line: str) -> list[str]:
     return [cell.strip().lower() for cell in line.split(",")]
 
 
+def is_msgpack_name(path: str | Path) -> bool:
+    """Whether the name says a stream of concatenated msgpack maps (``.msgpack``, ``.mpk``,
+    ``.msgpack-stream``): replay reads those; ``produce`` takes the formats above only."""
+    return Path(path).name.lower().endswith(MSGPACK_SUFFIXES)
+
+
 # ---------------------------------------------------------------------------- the task of a file
 
 _TASK_OF_FORMAT = {"csv": "classify", "tsv": "classify", "movielens": "next-item", "movielens-csv": "next-item"}
@@ -266,9 +274,9 @@ def task_of_records(path: str | Path, fmt: str | None = None, sample: int = 20) 
     MovieLens and JSON lines of ``key``/``item`` are next-item; None where the file does
     not say (tables and msgpack streams are read as classify). Running text, and JSON
     lines of text without labels, raise :class:`DatasetError` asking which token task."""
-    if fmt == "msgpack" or not Path(path).is_file():
+    if fmt == "msgpack" or (fmt is None and is_msgpack_name(path)) or not Path(path).is_file():
         return None  # the reader says what is wrong with a missing file
-    fmt = fmt or detect_format(path)
+    fmt = fmt or detect_format(path, also=("msgpack",))
     if fmt in ("movielens", "movielens-csv", "text"):
         return task_of(path, fmt)
     if fmt != "jsonl":

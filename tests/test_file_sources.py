@@ -111,3 +111,21 @@ def test_a_bad_line_in_the_read_ahead_comes_in_file_order(tmp_path, fmt):
     assert [line for line, _ in reader.bad_lines] == [401]
     with pytest.raises(DatasetError, match=f"sms.{fmt}:401: invalid-utf8"):  # without skipping: stops at once
         next(iter(DatasetReader(path)))
+
+
+# ---------------------------------------------------------------------------- formats
+
+@pytest.mark.parametrize("name", ["dump.msgpack", "dump.mpk", "dump.msgpack-stream", "DUMP.MSGPACK"])
+def test_a_msgpack_suffix_needs_no_task_and_no_input_format(tmp_path, name):
+    """Was: replay without --task on a .msgpack file stopped with 'cannot tell the format'."""
+    path = write(tmp_path, name, b"".join(map(msgpack.packb, OK)))
+    assert task_of_records(path) is None  # read as classify, as FileSource reads it
+    assert [code for code, _ in items(path)] == [None, None]
+
+
+def test_an_undetectable_file_lists_msgpack_among_replays_formats(tmp_path):
+    path = write(tmp_path, "notes", "just words\n")
+    with pytest.raises(DatasetError, match=r"pass --input-format, one of jsonl, .*text, msgpack$"):
+        task_of_records(path)
+    with pytest.raises(StreamlearnError, match=r"pass --input-format, one of jsonl, .*text, msgpack$"):
+        FileSource(path)

@@ -31,7 +31,7 @@ import msgpack
 from ..broker import BrokerError, client_options, topic_partitions
 from ..config import KafkaConfig
 from ..datasets import FORMATS as DATASET_FORMATS
-from ..datasets import DatasetError, DatasetReader, ReadOptions, file_problem
+from ..datasets import DatasetError, DatasetReader, ReadOptions, detect_format, file_problem, is_msgpack_name
 from ..exceptions import RecordError, StreamlearnError
 from ..records import Record, decode, from_dict
 
@@ -39,7 +39,6 @@ __all__ = ["FILE_FORMATS", "FileSource", "Item", "KafkaRange", "KafkaSource", "R
            "parse_offsets", "parse_time"]
 
 FILE_FORMATS = (*DATASET_FORMATS, "msgpack")
-_MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack-stream")
 _MAX_BUFFERED = 2_000  # per partition, while merging partitions in timestamp order
 
 
@@ -68,8 +67,8 @@ class FileSource:
         if problem:
             raise ReplaySourceError(f"{problem} (--file)")
         fmt = options.format
-        if fmt is None and self.path.name.lower().endswith(_MSGPACK_SUFFIXES):
-            fmt = "msgpack"
+        if fmt is None:  # the error for an undetectable file names msgpack too
+            fmt = "msgpack" if is_msgpack_name(self.path) else detect_format(self.path, also=("msgpack",))
         if fmt is not None and fmt not in FILE_FORMATS:
             raise ReplaySourceError(f"unknown input format {fmt!r}; choose one of {', '.join(FILE_FORMATS)}")
         self.format = fmt
