@@ -44,14 +44,14 @@ import re
 from array import array
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
 from .exceptions import RecordError, StreamlearnError
-from .records import from_dict
+from .records import encode, from_dict
 
 FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv", "text")
 MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack-stream")  # see is_msgpack_name
@@ -66,6 +66,7 @@ TEXT_NAMES = ("text", "message", "msg", "sms", "sentence", "review", "content", 
 LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "target", "tag", "topic", "polarity",
                "intent", "y")
 _CSV_FIELD_LIMIT = 1 << 26  # bytes of one CSV field when no max_line_bytes is given (csv's default: 128 KiB)
+_PREVIEW_CHARS = 200  # of the first record, in preview()
 _SAMPLE_ROWS = 1000  # rows read ahead to decide a headerless or unnamed layout
 COLUMN_RULES = """CSV/TSV columns. --text-column/--label-column (names or 0-based indices; 'a,b' joins
 columns with a space) always win. Otherwise:
@@ -332,11 +333,12 @@ class DatasetReader:
         """What a read of this file will give, in two lines: the format and layout (csv/tsv:
         header and columns), then the first record. Reads a fresh pass of the file's first
         rows; the reader itself is not advanced."""
-        fresh = DatasetReader(self.path, ReadOptions(self.format, self.options.text_column,
-                                                     self.options.label_column, skip_bad_lines=True))
+        fresh = DatasetReader(self.path, replace(self.options, format=self.format, skip_bad_lines=True))
         first = next(iter(fresh), None)
         layout = f": {fresh.layout}" if fresh.layout else ""
         shown = "none (no valid record)" if first is None else repr(first.record)
+        if len(shown) > _PREVIEW_CHARS:  # was: a 5 MB first record printed in full
+            shown = shown[:_PREVIEW_CHARS] + "..."
         return f"reading {self.path} as {self.format}{layout}\nfirst record: {shown}"
 
     def estimate_rows(self) -> int:
@@ -412,12 +414,23 @@ class DatasetReader:
         for lineno, line in self._lines():
             words += line.split()
             while len(words) >= TEXT_WORDS:
-                self.line = lineno
-                yield Row(None, {"text": " ".join(words[:TEXT_WORDS])}, None)
+                yield from self._text_row(lineno, words[:TEXT_WORDS])
                 del words[:TEXT_WORDS]
         if words:
-            self.line = lineno
-            yield Row(None, {"text": " ".join(words)}, None)
+            yield from self._text_row(lineno, words)
+
+    def _text_row(self, lineno: int, words: list[str]) -> Iterator[Row]:
+        """The record of ``words`` (ending on line ``lineno``), or a too-large bad line where
+        its encoding is over ``max_line_bytes``, as the worker would refuse the message."""
+        record = {"text": " ".join(words)}
+        limit = self.options.max_line_bytes
+        size = len(encode(record)) if limit is not None else 0  # msgpack, as produce writes it
+        if limit is not None and size > limit:
+            self._bad(lineno, f"too-large: a record of {len(words)} words is {size} > {limit} bytes "
+                              "(worker.max_record_bytes)")
+            return
+        self.line = lineno
+        yield Row(None, record, None)
 
     # ---- csv / tsv
     def _table(self) -> Iterator[Row]:

@@ -129,3 +129,34 @@ def test_an_undetectable_file_lists_msgpack_among_replays_formats(tmp_path):
         task_of_records(path)
     with pytest.raises(StreamlearnError, match=r"pass --input-format, one of jsonl, .*text, msgpack$"):
         FileSource(path)
+
+
+# ---------------------------------------------------------------------------- size limits
+
+def test_a_msgpack_object_over_the_limit_is_too_large(tmp_path):
+    """Was: --file X.msgpack never checked worker.max_record_bytes (a 2 MB map was scored)."""
+    big = {"text": "word " * 400, "label": "spam"}
+    path = write(tmp_path, "dump.msgpack", b"".join(map(msgpack.packb, [OK[0], big, OK[1]])))
+    assert [code for code, _ in items(path, max_line_bytes=1000)] == [None, "too-large", None]
+    assert [code for code, _ in items(path)] == [None, None, None]
+
+
+def test_a_text_record_over_the_limit_is_too_large(tmp_path):
+    """Was: plain-text records had no size limit (a 1.5 MB word was scored, and produce
+    failed only at Kafka's MessageSizeTooLargeError)."""
+    path = write(tmp_path, "book.txt", "the cat sat\n" + "x" * 5000 + "\nand then slept\n")
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True, max_line_bytes=1000))
+    assert [r.record["text"] for r in reader] == []  # the one 32-word chunk holds the long word
+    [(line, reason)] = reader.bad_lines
+    assert line == 3 and reason.startswith("too-large: ") and "> 1000 bytes" in reason
+    assert [code for code, _ in items(path, max_line_bytes=1000)] == ["too-large"]
+    assert len(list(DatasetReader(path))) == 1
+
+
+def test_preview_is_capped_and_keeps_the_size_limit(tmp_path):
+    """Was: preview read without max_line_bytes and printed a 5 MB first record in full."""
+    path = write(tmp_path, "a.jsonl", json.dumps({"text": "w " * 100_000}) + "\n" + json.dumps(OK[0]) + "\n")
+    shown = DatasetReader(path).preview().splitlines()[1]
+    assert len(shown) < 300 and shown.endswith("...")
+    limited = DatasetReader(path, ReadOptions(max_line_bytes=1000)).preview().splitlines()[1]
+    assert limited == f"first record: {OK[0]!r}"

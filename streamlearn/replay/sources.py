@@ -72,6 +72,7 @@ class FileSource:
         if fmt is not None and fmt not in FILE_FORMATS:
             raise ReplaySourceError(f"unknown input format {fmt!r}; choose one of {', '.join(FILE_FORMATS)}")
         self.format = fmt
+        self.max_bytes = options.max_line_bytes  # msgpack: a larger object is too-large (None: no limit)
         self._reader = None
         if fmt != "msgpack":  # bad lines are counted, not fatal: replay reports them
             opts = replace(options, format=fmt, skip_bad_lines=True)
@@ -136,7 +137,12 @@ class FileSource:
                     yield Item(None, f"invalid-msgpack: at byte {start}: {str(exc)[:100]}; the rest of the "
                                "file cannot be split into records", f"{self.path.name}#{n}")
                     return
-                yield self._msgpack_item(obj, f"{self.path.name}#{n}")
+                size = unpacker.tell() - start
+                if self.max_bytes is not None and size > self.max_bytes:  # as the worker refuses it
+                    yield Item(None, f"too-large: {size} > {self.max_bytes} bytes (worker.max_record_bytes)",
+                               f"{self.path.name}#{n}")
+                else:
+                    yield self._msgpack_item(obj, f"{self.path.name}#{n}")
                 n += 1
             size = self.path.stat().st_size
             if unpacker.tell() < size:
