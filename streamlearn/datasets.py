@@ -669,12 +669,12 @@ class _Columns:
     def row(self, cells: list[str]) -> Row:
         needed = max(self.text + ((self.label,) if self.label is not None else ()))
         if len(cells) <= needed:
-            raise _BadLine(f"{len(cells)} field(s), the text/label columns need {needed + 1}")
+            raise _BadLine(f"missing-field: {len(cells)} field(s), the text/label columns need {needed + 1}")
         record: dict[str, Any] = {"text": " ".join(cells[i] for i in self.text).strip()}
         if self.label is not None:
             label = cells[self.label].strip()
             if not label:
-                raise _BadLine("empty label")
+                raise _BadLine("bad-value: empty label")
             record["label"] = label
         return Row(None, from_dict(record).to_dict(), None)
 

@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from streamlearn.datasets import DatasetError, DatasetReader, ReadOptions, Row, bundled_path, detect_format
-from streamlearn.records import from_dict
+from streamlearn.records import REASONS, from_dict, reason_code
 
 
 def write(tmp_path, name: str, text: str | bytes):
@@ -254,13 +254,17 @@ def test_table_bad_line_stops_with_its_line_number(tmp_path, line, reason):
     path = write(tmp_path, "SMSSpamCollection", f"ham\tsee you at noon\n{line}\nham\tafter the game then\n")
     with pytest.raises(DatasetError, match=rf"SMSSpamCollection:2: .*{reason}"):
         rows(path)
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
+    list(reader)
+    [(_, got)] = reader.bad_lines
+    assert reason_code(got) in REASONS, got  # was: '1 field(s), ...' and 'empty label', no code
 
 
 def test_csv_bad_line_numbers_count_physical_lines(tmp_path):
     path = write(tmp_path, "a.csv", 'text,label\n"multi\nline",a\nonly-text\n')
     reader = DatasetReader(path, ReadOptions(skip_bad_lines=True))
     assert [r.record for r in reader] == [{"text": "multi\nline", "label": "a"}]
-    assert reader.bad_lines == [(4, "1 field(s), the text/label columns need 2")]
+    assert reader.bad_lines == [(4, "missing-field: 1 field(s), the text/label columns need 2")]
 
 
 def test_non_utf8_table_line(tmp_path):
