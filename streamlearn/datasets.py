@@ -618,7 +618,14 @@ class _Columns:
 
     @classmethod
     def resolve(cls, sample: list[list[str]], options: ReadOptions, path: Path) -> "_Columns":
-        """The layout of a table from its first rows (see :data:`COLUMN_RULES`)."""
+        """The layout of a table from its first rows (see :data:`COLUMN_RULES`); DatasetError
+        where the columns chosen cannot give a record (was: every row a bad line)."""
+        columns = cls._decide(sample, options, path)
+        columns._check(max(len(r) for r in sample), path)
+        return columns
+
+    @classmethod
+    def _decide(cls, sample: list[list[str]], options: ReadOptions, path: Path) -> "_Columns":
         first = sample[0]
         names = [cell.strip().lower() for cell in first]
         asked = [spec for spec in (options.text_column, options.label_column) if spec]
@@ -656,6 +663,17 @@ class _Columns:
         if label is not None and len(label) != 1:
             raise DatasetError(f"--label-column names one column, got {len(label)}")
         return cls(header, text, label[0] if label else None, shown, width, why)
+
+    def _check(self, widest: int, path: Path) -> None:
+        """Refuse a column beyond every sampled row, and a label that is also text."""
+        names = self.names + tuple(f"column {i}" for i in range(len(self.names), widest))
+        beyond = [i for i in (*self.text, self.label) if i is not None and i >= widest]
+        if beyond:
+            raise DatasetError(f"{path}: no column {beyond[0]}: the rows have {widest} columns ({', '.join(names)}); "
+                               "pass --text-column/--label-column (names or 0-based indices)")
+        if self.label in self.text:
+            raise DatasetError(f"{path}: --label-column {names[self.label]!r} is also a text column; pass "
+                               "another --label-column or --text-column")
 
     def describe(self) -> str:
         """One line saying what was decided, e.g. for ``produce``'s preview."""

@@ -137,6 +137,19 @@ def test_unknown_column_lists_the_header(tmp_path):
     assert rows(path)[0].record == {"text": "hello", "label": "a"}  # body and label are known names
 
 
+@pytest.mark.parametrize("options,message", [
+    ({"text_column": "5"}, r"no column 5: the rows have 2 columns \(column 0, column 1\)"),
+    ({"text_column": "1", "label_column": "2"}, r"no column 2: the rows have 2 columns"),
+    ({"text_column": "0,1", "label_column": "1"}, r"--label-column 'column 1' is also a text column"),
+    ({"text_column": "1", "label_column": "1"}, r"--label-column 'column 1' is also a text column"),
+])
+def test_columns_that_cannot_be_read_are_refused_before_any_row(tmp_path, options, message):
+    """Was: exit 0 with every row a bad line."""
+    path = write(tmp_path, "SMSSpamCollection", "ham\tsee you at noon\nspam\twin a prize\n")
+    with pytest.raises(DatasetError, match=message):
+        rows(path, skip_bad_lines=True, **options)
+
+
 def test_a_header_of_known_names_is_a_header_whatever_their_order(tmp_path):
     path = write(tmp_path, "a.csv", "sentiment,review\npos,loved it\n")
     assert [r.record for r in rows(path)] == [{"text": "loved it", "label": "pos"}]
