@@ -135,6 +135,7 @@ def detect_format(path: str | Path, also: tuple[str, ...] = ()) -> str:
     """The format of ``path`` from its name, else from its first non-blank line. ``also``:
     further formats the caller reads (replay: msgpack), named when none can be told."""
     path = Path(path)
+    _refuse_utf16(path)
     name = path.name.lower()
     if name.endswith((".jsonl", ".ndjson", ".json")):
         return "jsonl"
@@ -166,6 +167,14 @@ def file_problem(path: Path) -> str | None:
     if not path.is_file():
         return f"not a regular file: {path}"
     return None
+
+
+def _refuse_utf16(path: Path) -> None:
+    """A UTF-16 file (its byte order mark) as one line, not records of NUL-laden garbage."""
+    with _reading(path), path.open("rb") as f:
+        head = f.read(2)
+    if head in (b"\xff\xfe", b"\xfe\xff"):
+        raise DatasetError(f"{path} is UTF-16: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8 FILE > NEW)")
 
 
 def _raw_lines(f: BinaryIO) -> Iterator[bytes]:
@@ -310,6 +319,7 @@ class DatasetReader:
         problem = file_problem(self.path)
         if problem:
             raise DatasetError(problem)
+        _refuse_utf16(self.path)
         self.options = options
         self.format = options.format or detect_format(self.path)
         if self.format not in FORMATS:

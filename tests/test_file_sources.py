@@ -160,3 +160,19 @@ def test_preview_is_capped_and_keeps_the_size_limit(tmp_path):
     assert len(shown) < 300 and shown.endswith("...")
     limited = DatasetReader(path, ReadOptions(max_line_bytes=1000)).preview().splitlines()[1]
     assert limited == f"first record: {OK[0]!r}"
+
+
+# ---------------------------------------------------------------------------- files in another encoding or format
+
+@pytest.mark.parametrize("name", ["a.csv", "a.jsonl", "SMSSpamCollection", "book.txt"])
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_refused_in_one_line(tmp_path, name, encoding):
+    """Was: read as garbage (NUL bytes in every record, or every line bad)."""
+    bom = "\ufeff".encode(encoding)
+    path = write(tmp_path, name, bom + "text,label\nfree prize now,spam\n".encode(encoding))
+    with pytest.raises(DatasetError, match="UTF-16: convert it to UTF-8"):
+        DatasetReader(path)
+    with pytest.raises(DatasetError, match="UTF-16: convert it to UTF-8"):
+        task_of_records(path)
+    with pytest.raises(StreamlearnError, match="UTF-16: convert it to UTF-8"):
+        FileSource(path)
