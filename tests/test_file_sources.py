@@ -176,3 +176,19 @@ def test_a_utf16_file_is_refused_in_one_line(tmp_path, name, encoding):
         task_of_records(path)
     with pytest.raises(StreamlearnError, match="UTF-16: convert it to UTF-8"):
         FileSource(path)
+
+
+def test_a_text_file_read_as_msgpack_is_one_bad_record_not_one_a_byte(tmp_path):
+    """Was: --input-format msgpack on a JSON file gave one bad record per byte."""
+    path = write(tmp_path, "a.jsonl", "\n".join(json.dumps(o) for o in OK * 20) + "\n")
+    [(code, origin)] = items(path, format="msgpack")
+    assert code == "invalid-msgpack" and origin == "a.jsonl#0"
+    [item] = FileSource(path, ReadOptions(format="msgpack"))
+    assert "not a stream of msgpack maps" in item.error
+
+
+def test_a_few_non_map_objects_are_each_a_bad_record(tmp_path):
+    data = msgpack.packb(OK[0]) + msgpack.packb([1, 2]) + msgpack.packb(3) + msgpack.packb(OK[1])
+    assert items(write(tmp_path, "d.msgpack", data)) == [
+        (None, "d.msgpack#0"), ("invalid-msgpack", "d.msgpack#1"), ("invalid-msgpack", "d.msgpack#2"),
+        (None, "d.msgpack#3")]

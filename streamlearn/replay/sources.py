@@ -39,6 +39,8 @@ __all__ = ["FILE_FORMATS", "FileSource", "Item", "KafkaRange", "KafkaSource", "R
            "parse_offsets", "parse_time"]
 
 FILE_FORMATS = (*DATASET_FORMATS, "msgpack")
+_NOT_A_MAP = "invalid-msgpack: expected a map"
+_MAX_NON_MAPS = 8  # objects in a row that are not maps: the file is not a msgpack stream of records
 _MAX_BUFFERED = 2_000  # per partition, while merging partitions in timestamp order
 
 
@@ -115,7 +117,7 @@ class FileSource:
 
     def _msgpack(self) -> Iterator[Item]:
         try:
-            yield from self._msgpack_items()
+            yield from _stop_at_non_maps(self._msgpack_items())
         except OSError as exc:  # EIO, permission denied: one line, as DatasetReader has it
             raise DatasetError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
 
@@ -154,11 +156,31 @@ class FileSource:
         if isinstance(obj, _UnhashableKeys):
             return Item(None, f"invalid-msgpack: a map key is unhashable ({obj.why})", origin)
         if not isinstance(obj, dict):
-            return Item(None, f"invalid-msgpack: expected a map, got {type(obj).__name__}", origin)
+            return Item(None, f"{_NOT_A_MAP}, got {type(obj).__name__}", origin)
         try:
             return Item(from_dict(obj), None, origin)
         except RecordError as exc:
             return Item(None, str(exc), origin)
+
+
+def _stop_at_non_maps(items: Iterator[Item]) -> Iterator[Item]:
+    """``items``, but a run of :data:`_MAX_NON_MAPS` objects that are not maps ends the
+    stream with one bad record: a text or JSON file read as msgpack is a run of small ints
+    (every ASCII byte is one), which was one bad record per byte."""
+    held: list[Item] = []
+    for item in items:
+        if item.error is not None and item.error.startswith(_NOT_A_MAP):
+            held.append(item)
+            if len(held) == _MAX_NON_MAPS:
+                yield Item(None, f"invalid-msgpack: {len(held)} objects in a row from {held[0].origin} are not maps: "
+                           "not a stream of msgpack maps (a text or JSON file? pass --input-format); the rest "
+                           "of the file is not read", held[0].origin)
+                return
+            continue
+        yield from held
+        held = []
+        yield item
+    yield from held
 
 
 class _UnhashableKeys:
