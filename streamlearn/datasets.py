@@ -335,6 +335,7 @@ class DatasetReader:
         self.notes = ReadNotes()
         self.line = None
         self._holding, self._held = False, []
+        self._spans: dict[int, int] = {}  # csv: first -> last line of a record of several lines, until read
         readers = {"jsonl": self._jsonl, "csv": self._table, "tsv": self._table,
                    "movielens": self._movielens, "movielens-csv": self._movielens, "text": self._text}
         return readers[self.format]()
@@ -461,12 +462,14 @@ class DatasetReader:
         self.notes.columns = columns.width
         for lineno, cells in itertools.chain(sample, rows):
             self._release(before=lineno)
+            last = self._spans.pop(lineno, lineno)
             if len(cells) > columns.width:
                 self.notes.extra_columns.append(lineno)
             try:
                 row = columns.row(cells)
-            except (_BadLine, RecordError) as exc:
-                self._bad(lineno, str(exc))
+            except (_BadLine, RecordError) as exc:  # a bad row of several lines names them all
+                span = f" (lines {lineno}-{last} read as one record: a stray quote?)" if last > lineno else ""
+                self._bad(lineno, str(exc) + span)
                 continue
             self.line = lineno
             yield row
@@ -499,6 +502,7 @@ class DatasetReader:
             first, last = starts[mark], starts[-1]
             if last > first:
                 self.notes.multiline.append((first, last))
+                self._spans[first] = last
             if any(cell.strip() for cell in cells):
                 yield first, cells
             else:

@@ -234,6 +234,16 @@ def test_a_stray_quote_that_swallows_more_than_the_field_limit_names_the_lines_i
     assert any(f"lines 2-{last}" in note for note in reader.notes.lines())
 
 
+def test_a_bad_record_merged_by_a_stray_quote_names_its_lines(tmp_path):
+    """Was: 'missing-field: 1 field(s) ...' at line 2 only, the 6,000 lines it took named in a note alone."""
+    body = "".join(f"message number {i} is here,{'ab'[i % 2]}\n" for i in range(6000))
+    path = write(tmp_path, "a.csv", 'text,label\n"stray quote here now,spam\n' + body)
+    reader = DatasetReader(path, ReadOptions(skip_bad_lines=True, max_line_bytes=1_000_000))
+    assert list(reader) == []
+    assert reader.bad_lines == [(2, "missing-field: 1 field(s), the text/label columns need 2 (lines 2-6002 read as "
+                                    "one record: a stray quote?)")]
+
+
 @pytest.mark.parametrize("max_line_bytes", [None, 1_000_000])
 def test_a_long_quoted_csv_field_is_read_as_a_long_json_line_is(tmp_path, max_line_bytes):
     """Was: a 200 KB field was a bad line (csv's default field limit of 128 KB)."""
