@@ -106,7 +106,7 @@ def test_bad_line_stops_with_line_number_and_says_what_was_written_before_it(bro
     path.write_text("ham\tfine thanks see you\nham\tsee you at noon\nspam\nham\tnever sent\n")
     assert produce(broker, path, topic) == 2
     err = capsys.readouterr().err
-    assert "SMSSpamCollection:3: 1 field(s)" in err
+    assert "SMSSpamCollection:3: missing-field: 1 field(s)" in err
     assert f"2 record(s) were written to {topic!r} before it; running again writes them again" in err
     written = consume(topic, 3, timeout_s=3.0)  # a third would be a record of the bad line or after it
     assert sorted(msgpack.unpackb(m.value)["text"] for m in written) == ["fine thanks see you", "see you at noon"]
