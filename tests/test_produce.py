@@ -159,3 +159,19 @@ def test_a_line_the_worker_would_refuse_as_too_large_is_a_bad_line(broker, topic
     assert re.search(r"a.jsonl:2: too-large: 15\d\d > 1000 bytes \(worker.max_record_bytes\)", err), err
     assert produce(broker, path, topic + "-skip", "--set", "worker.max_record_bytes=1000", "--skip-bad-lines") == 0
     assert "line 2: too-large" in capsys.readouterr().err
+
+
+def test_a_text_record_the_worker_would_refuse_is_a_bad_line_and_the_preview_is_capped(broker, topic, consume,
+                                                                                       tmp_path, capsys):
+    """Was: plain-text records had no size limit (produce failed at Kafka's
+    MessageSizeTooLargeError), and the preview printed a huge first record in full."""
+    path = tmp_path / "book.txt"
+    path.write_text("x" * 3000 + "\n" + "the cat sat on the mat " * 8 + "\n")
+    args = ("--set", "worker.max_record_bytes=1000", "--skip-bad-lines")
+    assert produce(broker, path, topic, *args) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"line 2: too-large: a record of 32 words is 3\d\d\d > 1000 bytes", err), err
+    assert [decode(m.value, 1000).text.split()[:3] for m in consume(topic, 1)] == [["cat", "sat", "on"]]
+    assert produce(broker, path, topic + "-b", "--skip-bad-lines") == 0  # no limit but the broker's
+    preview = capsys.readouterr().err.splitlines()[1]
+    assert preview.startswith("first record: {'text': 'xxx") and len(preview) < 300 and preview.endswith("...")
