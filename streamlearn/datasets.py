@@ -79,10 +79,11 @@ columns with a space) always win. Otherwise:
    the label is the label-named one.
 3. Otherwise the first 1,000 rows decide: the label is the one short column (at most 3
    words a cell) whose values repeat; the text is every other column of 2 or more words a
-   cell, joined in order (numbers and ids are left out). Ties or no such columns: the
+   cell, joined in order (numbers and ids are left out); the number of cells most rows
+   have is the table's width. Ties, no such columns or rows of no common width: the
    command stops and asks for --text-column/--label-column, listing the columns.
-Blank lines, rows with extra columns and records that span several lines (quoted line
-breaks; a stray quote merges lines) are counted and reported."""
+Blank lines, rows with extra columns (extra cells ignored) and records that span several
+lines (quoted line breaks; a stray quote merges lines) are counted and reported."""
 _UTF8_BOM = b"\xef\xbb\xbf"
 _SNIFF_BYTES = 1 << 16  # bytes read to tell the line endings
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
