@@ -136,7 +136,6 @@ def detect_format(path: str | Path, also: tuple[str, ...] = ()) -> str:
     """The format of ``path`` from its name, else from its first non-blank line. ``also``:
     further formats the caller reads (replay: msgpack), named when none can be told."""
     path = Path(path)
-    _refuse_utf16(path)
     name = path.name.lower()
     if name.endswith((".jsonl", ".ndjson", ".json")):
         return "jsonl"
@@ -226,6 +225,7 @@ def _reading(path: Path) -> Iterator[None]:
 def _first_lines(path: Path, n: int) -> list[str]:
     """The first ``n`` non-blank lines of ``path`` (fewer if it has fewer)."""
     lines: list[str] = []
+    _refuse_utf16(path)  # sniffing the first lines (the name alone reads nothing)
     with _reading(path), path.open("rb") as f:
         for raw in _raw_lines(f):
             if raw.strip():
