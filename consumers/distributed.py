@@ -152,6 +152,12 @@ class Group:
             # Our own TCPStore (hosted by rank 0) also carries the sync requests (SyncClock).
             self.store = dist.TCPStore(host, int(port), settings.world_size,
                                        settings.rank == 0 and settings.host_store, timeout)
+            if not settings.host_store:
+                # torchrun's agent keeps its store across restarts (--max-restarts): without a
+                # prefix per attempt a restarted group read the last one's keys (a dead rank's
+                # gloo address; every sync number it had reached, replayed as empty commits)
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                self.store = dist.PrefixStore(f"streamlearn/attempt-{attempt}", self.store)
             dist.init_process_group(settings.backend, store=self.store, rank=settings.rank,
                                     world_size=settings.world_size, timeout=timeout)
         except (RuntimeError, ValueError) as exc:

@@ -41,14 +41,17 @@ records count twice in the model; the offsets and the audit stay exactly-once.)
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import queue
+import threading
 import time
 
 import torch.distributed as dist
 
 from ..compiled_loading import learning_meanwhile
-from ..config import Config
+from ..config import Config, model_changes
 from ..exceptions import ConfigError, StreamlearnError
 from ..state import open_store
 from ..tasks import REGISTRY, task_class
@@ -67,13 +70,38 @@ _WANT = "sync.want"
 
 class SyncClock:
     """Which group sync comes next. ``done`` is advanced by the training loop only; the
-    fetch thread reads it while the loop is idle (it waits for the loop's answer)."""
+    fetch thread reads it while the loop is idle (it waits for the loop's answer).
 
-    def __init__(self, group: Group):
-        self.group = group
+    The group's store lives in rank 0. A rank 0 that hangs (stopped, a long pause, a
+    network partition) keeps its connections open, and TCPStore's calls then wait past
+    their own timeout, for good: each call here runs in a daemon thread and is given up
+    after ``timeout_s`` (``--dist-timeout``), as a RuntimeError the fetch thread answers
+    with a checkpoint, whose sync then finds the peer gone."""
+
+    def __init__(self, store, timeout_s: float):
+        self.store, self.timeout_s = store, timeout_s
         self.done = 0
         self.alive = True
         self.alone_since = 0.0  # monotonic time the group broke up (once not alive)
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="group-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            call, args, answer = self._calls.get()
+            try:
+                answer.set_result(call(*args))
+            except BaseException as exc:  # handed to the caller
+                answer.set_exception(exc)
+
+    def _ask(self, call, *args):
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((call, args, answer))
+        try:
+            return answer.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeError(f"the group's store on rank 0 did not answer in {self.timeout_s:g} s "
+                               "(--dist-timeout)") from None
 
     def end(self) -> None:
         """The group broke up: no more syncs; this rank goes on alone."""
@@ -82,11 +110,11 @@ class SyncClock:
 
     def wanted(self) -> int:
         """Syncs requested so far by any rank; raises if rank 0's store is gone."""
-        return int(self.group.store.add(_WANT, 0))
+        return int(self._ask(self.store.add, _WANT, 0))
 
     def request(self) -> None:
         """Ask for sync ``done + 1`` (a no-op if another rank already did)."""
-        self.group.store.compare_set(_WANT, str(self.done), str(self.done + 1))
+        self._ask(self.store.compare_set, _WANT, str(self.done), str(self.done + 1))
 
 
 class SyncedFetcher(Fetcher):
@@ -170,6 +198,17 @@ class _FencedStore:
         return getattr(self._store, name)
 
 
+def _forming(collective, *args, **kwargs):
+    """A collective while the group forms. A peer that stops now (a refused config, a
+    damaged state: its own error says why) closes its connections, and torch raises a
+    RuntimeError from deep inside gloo: one line instead."""
+    try:
+        return collective(*args, **kwargs)
+    except (RuntimeError, ValueError) as exc:
+        raise DistributedError(f"a peer left while the group formed ({str(exc).splitlines()[0][:200]}): see its "
+                               "own error, mend it and start the group again") from exc
+
+
 class GroupWorker(Worker):
     """One rank of a group of workers on ``options.topic`` sharing ``options.state``.
 
@@ -203,7 +242,7 @@ class GroupWorker(Worker):
             self.group.close()
             raise
         self.cfg = self.learner.cfg  # with the stored model keys it kept (the commits store this config)
-        self.clock = SyncClock(self.group)
+        self.clock = SyncClock(self.group.store, self.settings.timeout_s)
 
     def _new_checkpointer(self) -> Checkpointer:
         """The writer's commits carry and check the group generation (fencing)."""
@@ -222,15 +261,26 @@ class GroupWorker(Worker):
         sync, so every replica starts equal)."""
         if self.rank == 0:
             store = open_store(self.options.state, self.cfg.store, reset=self.options.reset)
-            dist.barrier()
+            _forming(dist.barrier)
             return store, True
-        dist.barrier()
+        _forming(dist.barrier)
         return open_store(self.options.state, self.cfg.store, readonly=True), False
 
     def _agree_generation(self) -> int:
-        """A new group is one generation past the stored one (rank 0 reads it)."""
-        mine = [stored_generation(self.store) + 1 if self.rank == 0 else 0]
-        dist.broadcast_object_list(mine, src=0)
+        """A new group is one generation past the stored one (rank 0 reads it), and every
+        rank's model config is rank 0's: on a new state nothing else compares them, and a
+        rank hashing its records otherwise would blend two models (or crash gloo with
+        buffers of another size)."""
+        mine = [stored_generation(self.store) + 1 if self.rank == 0 else 0, self.learner.cfg.to_dict()]
+        _forming(dist.broadcast_object_list, mine, src=0)
+        theirs = Config.from_dict(mine[1])
+        differ = [None] * self.live_world
+        _forming(dist.all_gather_object, differ, model_changes(theirs, self.learner.cfg))
+        named = [f"rank {r}: " + "; ".join(c.replace("stored", "rank 0").replace("now", "here") for c in changes)
+                 for r, changes in enumerate(differ) if changes]
+        if named:
+            raise ConfigError(f"the ranks of the group run other model configs ({' / '.join(named)}): give every "
+                              "rank the same --config, --set and --task")
         log.info("rank %d of %d, group generation %d", self.rank, self.live_world, mine[0])
         return int(mine[0])
 

@@ -419,6 +419,55 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     assert stored_generation_(state) >= 2
 
 
+def test_ranks_with_other_model_configs_are_refused_in_one_line_each(broker, make_topic, group, tmp_path):
+    """Was: on a new state nothing compared the ranks' configs: one hashing with
+    hashing.ngrams=1 blended two models silently (equal digests, exit 0), and another
+    embedding.d aborted gloo ('Received data size doesn't match', rc 134)."""
+    topic = make_topic(2)
+    produce_rows_(broker, topic, list(stream(200, seed=4)))
+    args = ["--topic", topic, "--state", str(tmp_path / "state"), "--bootstrap", broker, "--group", group,
+            "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10",
+            "--until-idle", "3", *(f"--set={s}" for s in GROUP_SETTINGS)]
+    ranks = [Rank(tmp_path, 0, args), Rank(tmp_path, 1, [*args, "--set=hashing.ngrams=1"])]
+    try:
+        codes = [r.proc.wait(120) for r in ranks]
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.log.close()
+    for r, code in zip(ranks, codes):
+        out = r.output()
+        assert code == 2 and "Traceback" not in out, out[-3000:]
+        assert ("streamlearn worker: error: the ranks of the group run other model configs (rank 1: "
+                "hashing.ngrams: rank 0 2, here 1)") in out, out[-3000:]
+
+
+def test_a_peer_refused_at_start_leaves_the_other_rank_one_line_not_a_traceback(broker, make_topic, group, tmp_path):
+    """Was: rank 1, refused by the stored model's config, exited 2 as it should, and rank 0
+    died in broadcast_object_list with a RuntimeError traceback (exit 1)."""
+    from streamlearn.cli import main
+
+    topic = make_topic(2)
+    produce_rows_(broker, topic, list(stream(200, seed=4)))
+    base = ["--topic", topic, "--state", str(tmp_path / "state"), "--bootstrap", broker, "--group", group,
+            "--until-idle", "2", *(f"--set={s}" for s in GROUP_SETTINGS)]
+    assert main(["worker", *base, "--max-records", "50"]) == 0  # a stored model
+    args = [*base, "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10"]
+    ranks = [Rank(tmp_path, 0, args), Rank(tmp_path, 1, [*args, "--set=embedding.d=32"])]
+    try:
+        codes = [r.proc.wait(120) for r in ranks]
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.log.close()
+    assert codes == [2, 2], [r.output()[-2000:] for r in ranks]
+    assert "embedding.d 16 -> 32" in ranks[1].output(), ranks[1].output()[-2000:]
+    out = ranks[0].output()
+    assert "Traceback" not in out and "streamlearn worker: error: a peer left while the group formed" in out, out[-3000:]
+
+
 def produce_rows_(broker: str, topic: str, rows=None) -> dict[int, int]:
     from streamlearn.broker import produce_rows
     return produce_rows(broker, topic, stream(RECORDS, seed=3) if rows is None else rows).per_partition
@@ -512,3 +561,38 @@ def test_a_rank_that_finds_no_group_says_how_long_it_waited_and_what_to_restart(
     assert any("joining the process group" in r.getMessage() for r in caplog.records)
     message = str(err.value)
     assert "as rank 1 of 2 (gave up after" in message and "stop it and start all ranks" in message, message
+
+
+def test_a_hung_store_host_is_given_up_after_the_dist_timeout(tmp_path):
+    """Was: rank 0 stopped (SIGSTOP, a long pause) kept its store's connections open, and
+    TCPStore.add waited past its own timeout for good: every other rank's fetch thread hung
+    there, never synced, never went on alone, and ignored a first SIGTERM."""
+    import signal
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from streamlearn.consumers.scaleout import SyncClock
+
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, datetime, torch.distributed as d\n"
+        f"s = d.TCPStore('127.0.0.1', {port}, 2, True, datetime.timedelta(seconds=30), wait_for_workers=False)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        store = tdist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=2))
+        clock = SyncClock(store, timeout_s=1.0)
+        assert clock.wanted() == 0
+        clock.request()
+        assert clock.wanted() == 1
+        host.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"did not answer in 1 s \(--dist-timeout\)"):
+            clock.wanted()
+        assert time.monotonic() - started < 5
+    finally:
+        host.send_signal(signal.SIGCONT)
+        host.kill()
+        host.wait()

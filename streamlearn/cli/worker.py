@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 from typing import TYPE_CHECKING, Iterator
 
@@ -82,6 +83,9 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch's C++ warnings (a TCPStore peer closing, in a group's normal stop too) print
+    # multi-frame stack traces around the worker's own one-line account; errors still show
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     cfg, given = _config(args)
     from ..compiled_loading import in_a_command, settle
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
