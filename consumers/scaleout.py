@@ -84,22 +84,29 @@ class SyncClock:
         self.alive = True
         self.alone_since = 0.0  # monotonic time the group broke up (once not alive)
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._hung = False  # a call was given up: the next ones would queue behind it
         threading.Thread(target=self._serve, name="group-store", daemon=True).start()
 
     def _serve(self) -> None:
         while True:
-            call, args, answer = self._calls.get()
+            item = self._calls.get()
+            if item is None:  # end(): the group is gone
+                return
+            call, args, answer = item
             try:
                 answer.set_result(call(*args))
             except BaseException as exc:  # handed to the caller
                 answer.set_exception(exc)
 
     def _ask(self, call, *args):
+        if self._hung:
+            raise RuntimeError("the group's store on rank 0 stopped answering")
         answer: concurrent.futures.Future = concurrent.futures.Future()
         self._calls.put((call, args, answer))
         try:
             return answer.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
+            self._hung = True
             raise RuntimeError(f"the group's store on rank 0 did not answer in {self.timeout_s:g} s "
                                "(--dist-timeout)") from None
 
@@ -107,6 +114,7 @@ class SyncClock:
         """The group broke up: no more syncs; this rank goes on alone."""
         self.alive = False
         self.alone_since = time.monotonic()
+        self._calls.put(None)  # the store thread ends (once a hung call returns, if one does)
 
     def wanted(self) -> int:
         """Syncs requested so far by any rank; raises if rank 0's store is gone."""

@@ -143,6 +143,7 @@ def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
     for i in range(0, len(queries), 16):
         assert_same_arrays(fast.prepare(queries[i:i + 16], train=False), slow.prepare(queries[i:i + 16], train=False))
     assert fast.predict_proba_many(queries) == slow.predict_proba_many(queries)
+    assert fast.predict_proba_many([]) == fast.predict_many([]) == []  # was: np.concatenate of nothing
 
 
 @pytest.mark.parametrize("overrides", [("learner.compiled=false",), ("embedding.scheme=bloom",),

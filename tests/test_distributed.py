@@ -592,6 +592,11 @@ def test_a_hung_store_host_is_given_up_after_the_dist_timeout(tmp_path):
         with pytest.raises(RuntimeError, match=r"did not answer in 1 s \(--dist-timeout\)"):
             clock.wanted()
         assert time.monotonic() - started < 5
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="stopped answering"):  # not another wait behind the hung call
+            clock.request()
+        assert time.monotonic() - started < 0.5
+        clock.end()
     finally:
         host.send_signal(signal.SIGCONT)
         host.kill()

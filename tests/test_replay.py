@@ -380,8 +380,21 @@ def test_a_mini_batch_of_bad_records_takes_no_step_and_the_replay_goes_on(tmp_pa
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join(lines) + "\n")
     extra = ("learner.task=next-token", "model.count_slots=1024", "model.negatives=8") if task == "next-token" else ()
-    report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra))
+    report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
     assert report["records"] == 40 and report["bad_records"]["total"] == len(bad_at)
+    # the batches follow the steps taken: the good records in the schedule's sizes for the model's steps
+    good, steps, size = 40 - len(bad_at), 0, None
+    schedule = Learner(cfg(*extra)).schedule
+    taken = 0
+    for i in range(40):  # replay the cut: a chunk of the next size, a step only if it held a good record
+        if size is None:
+            size, held = schedule.size(steps), 0
+        held += i not in bad_at
+        taken += 1
+        if taken == size or i == 39:
+            steps += held > 0
+            size, taken = None, 0
+    assert report["saved_step"] == steps and good > 0
     if task == "classify":
         assert report["evaluated"] == 40 - len(bad_at)
     else:  # an event per position of every good record
@@ -580,6 +593,25 @@ def test_cli_on_a_next_token_snapshot_checks_set_and_the_environment_against_its
     monkeypatch.setenv("STREAMLEARN__HASHING__SEED", "5")
     assert run_cli(*state) == 2
     assert "hashing.seed: stored 0, now 5" in capsys.readouterr().err
+    monkeypatch.delenv("STREAMLEARN__HASHING__SEED")
+    # another task for a snapshot is refused, not dropped (baselines were then the other task's)
+    assert run_cli(*state, "--set", "learner.task=classify") == 2
+    assert "holds a next-token model, and this run asks for learner.task=classify" in capsys.readouterr().err
+
+
+def test_cli_checks_set_against_the_task_its_file_says(tmp_path, capsys):
+    """A MovieLens file is next-item: --set model.counts=transitions (next-item's own key)
+    was refused by classify's rule before the file's task was taken."""
+    sets = [a for s in (*TINY, "model.out_B=256", "learner.history=4", "model.counts=transitions") for a in ("--set", s)]
+    assert run_cli("--file", movielens(tmp_path / "u.data"), *sets, "--report", str(tmp_path / "r.json")) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["task"] == "next-item"
+    book = tmp_path / "book.txt"
+    book.write_text("the old prince said so to the count\n")
+    capsys.readouterr()
+    assert run_cli("--file", str(book), "--set", "model.recent_pairs=1000") == 2  # which token task? first
+    assert "pass --task next-token or --task mlm" in capsys.readouterr().err
+    assert run_cli("--file", str(book), "--task", "next-token", "--set", "model.layers=-1") == 2
+    assert "model.layers must be >= 0" in capsys.readouterr().err
 
 
 def test_worker_config_on_a_stored_model_takes_its_task(tmp_path):

@@ -76,9 +76,7 @@ def _file_formats() -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    config, given = load_config_given(args.config, [*args.set, *([f"learner.task={args.task}"] if args.task else [])],
-                                      default_task=_stored_task(args))
-    config = _file_task(args, config, given)
+    config, given = _config(args)
     args.seed = _seed(args, config, given)
     overrides = _snapshot_overrides(config, given)
     from ..compiled_loading import in_a_command, start_loading_for
@@ -135,6 +133,33 @@ def _check_args(args: argparse.Namespace) -> None:
                                "table is fine)")
 
 
+def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
+    """The run's config and the keys the user gave. Given no task, a snapshot's task, or
+    for a new model the task its file says, comes first, so --set and the environment
+    are checked against that task's defaults and rules (not classify's)."""
+    stored = _stored_task(args)
+    file_task, file_question = (None, None) if stored else _file_task(args)
+    overrides = [*args.set, *([f"learner.task={args.task}"] if args.task else [])]
+    try:
+        config, given = load_config_given(args.config, overrides, default_task=stored or file_task)
+    except StreamlearnError:
+        if file_question is not None and not _task_typed(args):
+            raise file_question from None  # running text: which token task comes first
+        raise
+    if "learner.task" in given:
+        if stored is not None and config.learner.task != stored:
+            raise StreamlearnError(f"the snapshot at {args.state or args.compare[0]} holds a {stored} model, and "
+                                   f"this run asks for learner.task={config.learner.task}: drop the task (a "
+                                   "snapshot keeps its own)")
+    elif file_question is not None:
+        raise file_question
+    return config, given
+
+
+def _task_typed(args: argparse.Namespace) -> bool:
+    return bool(args.task) or any(s.partition("=")[0].strip() == "learner.task" for s in args.set)
+
+
 def _stored_task(args: argparse.Namespace) -> str | None:
     """The snapshot's task (``--state``, ``--compare``'s first): --set is checked with its
     defaults and rules, not classify's."""
@@ -154,19 +179,19 @@ def _snapshot_overrides(config: Config, given: frozenset[str]) -> list[str]:
     return [f"{k}={v}" for k, v in values_of(config, keys)]
 
 
-def _file_task(args: argparse.Namespace, config: Config, given: frozenset[str]) -> Config:
-    """A new model on a file whose format or records say its task (MovieLens: next-item;
-    JSON lines of key and item: next-item) takes that task when none is given; running
-    text asks which token task (:func:`~streamlearn.datasets.task_of_records`). Was: every
-    such record scored as a bad classify record, exit status 0."""
-    if args.file is None or args.state or args.compare or "learner.task" in given:
-        return config
+def _file_task(args: argparse.Namespace) -> tuple[str | None, StreamlearnError | None]:
+    """The task a new model's file says (MovieLens, JSON lines of key and item: next-item;
+    :func:`~streamlearn.datasets.task_of_records`), or the question it raises (running
+    text: which token task?), asked only when the run gives no task. Was: every such
+    record scored as a bad classify record, exit status 0."""
+    if args.file is None or args.state or args.compare:
+        return None, None
     from ..datasets import task_of_records
 
-    task = task_of_records(args.file, args.input_format)
-    if task is None or task == config.learner.task:
-        return config
-    return load_config(args.config, [*args.set, f"learner.task={task}"])  # the task's own defaults
+    try:
+        return task_of_records(args.file, args.input_format), None
+    except StreamlearnError as question:
+        return None, question
 
 
 def _seed(args: argparse.Namespace, config: Config, given: frozenset[str]) -> int:

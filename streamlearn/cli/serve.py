@@ -111,10 +111,10 @@ class _Factory:
 
         try:
             app = create_app(self.settings)
-        except StreamlearnError as exc:
+        except (StreamlearnError, OSError, RuntimeError) as exc:  # RuntimeError: torch's (CUDA out of memory)
             if not self.child:
                 raise
-            print(f"streamlearn serve: error: {exc}", file=sys.stderr, flush=True)
+            print(f"streamlearn serve: error: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
             from uvicorn.config import STARTUP_FAILURE
 
             sys.exit(STARTUP_FAILURE)

@@ -26,7 +26,7 @@ import itertools
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..batching import Schedule
 from ..exceptions import RecordError, StreamlearnError
@@ -173,7 +173,7 @@ class _Loop:
         self._since_sample = 0
 
     def run(self, items: Iterable[Item]) -> None:
-        for chunk in self.schedule.batches(itertools.islice(items, self.r.options.limit), self.steps):
+        for chunk in self._chunks(itertools.islice(items, self.r.options.limit)):
             arrived = self._arrive(chunk)
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
@@ -188,6 +188,17 @@ class _Loop:
                 self._show()
         self._reveal_due(None)  # labels still in flight at the end of the range arrive now
         self._sample(self.position, force=True)
+
+    def _chunks(self, items: Iterator[Item]) -> Iterator[list[Item]]:
+        """The mini-batches as they arrive. With no label delay each is revealed (and
+        learned) before the next is cut, so each takes the schedule's size at the steps
+        the model has taken: a batch of only bad records takes none, and the next keeps
+        its size (double_batch_after and the 1, 2, 4, ... ramp count the model's steps)."""
+        if self.r.options.delay:
+            yield from self.schedule.batches(items, self.steps)
+            return
+        while chunk := list(itertools.islice(items, self.schedule.size(self.steps))):
+            yield chunk
 
     # ---- 1. arrival
     def _arrive(self, chunk: Sequence[Item]) -> list[Event]:

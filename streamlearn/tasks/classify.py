@@ -132,7 +132,7 @@ class ClassifyPreparer(Preparer):
     def fill_query(self, batch: Batch, records: list) -> None:
         batch.n_labels = len(self.label_table)
         from_text = [fields_of(obj).get("tokens") is None for obj in records]
-        hasher = self.text_hasher() if self.text_hasher is not None else None
+        hasher = self.text_hasher() if self.text_hasher is not None and records else None
         if hasher is not None:  # as a training batch: a query's text hashed in one compiled call
             lists = [self._query_hashed(hasher, obj, i) for i, obj in enumerate(records)]
             batch.feats, nb = hasher.batch(lists, self._word_counts(lists, from_text), self.cfg.hashing.max_tokens,
