@@ -419,6 +419,17 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     assert stored_generation_(state) >= 2
 
 
+def exit_codes(ranks: list[Rank], timeout_s: float = 120) -> list[int]:
+    """Each rank's exit status; any rank still running after ``timeout_s`` is killed."""
+    try:
+        return [r.proc.wait(timeout_s) for r in ranks]
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.log.close()
+
+
 def test_ranks_with_other_model_configs_are_refused_in_one_line_each(broker, make_topic, group, tmp_path):
     """Was: on a new state nothing compared the ranks' configs: one hashing with
     hashing.ngrams=1 blended two models silently (equal digests, exit 0), and another
@@ -429,13 +440,7 @@ def test_ranks_with_other_model_configs_are_refused_in_one_line_each(broker, mak
             "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10",
             "--until-idle", "3", *(f"--set={s}" for s in GROUP_SETTINGS)]
     ranks = [Rank(tmp_path, 0, args), Rank(tmp_path, 1, [*args, "--set=hashing.ngrams=1"])]
-    try:
-        codes = [r.proc.wait(120) for r in ranks]
-    finally:
-        for r in ranks:
-            if r.proc.poll() is None:
-                r.proc.kill()
-            r.log.close()
+    codes = exit_codes(ranks)
     for r, code in zip(ranks, codes):
         out = r.output()
         assert code == 2 and "Traceback" not in out, out[-3000:]
@@ -455,13 +460,7 @@ def test_a_peer_refused_at_start_leaves_the_other_rank_one_line_not_a_traceback(
     assert main(["worker", *base, "--max-records", "50"]) == 0  # a stored model
     args = [*base, "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10"]
     ranks = [Rank(tmp_path, 0, args), Rank(tmp_path, 1, [*args, "--set=embedding.d=32"])]
-    try:
-        codes = [r.proc.wait(120) for r in ranks]
-    finally:
-        for r in ranks:
-            if r.proc.poll() is None:
-                r.proc.kill()
-            r.log.close()
+    codes = exit_codes(ranks)
     assert codes == [2, 2], [r.output()[-2000:] for r in ranks]
     assert "embedding.d 16 -> 32" in ranks[1].output(), ranks[1].output()[-2000:]
     out = ranks[0].output()
