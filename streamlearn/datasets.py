@@ -94,6 +94,11 @@ class DatasetError(StreamlearnError):
     """A dataset file cannot be read: unknown format, missing column, or a bad line."""
 
 
+class TokenStreamQuestion(DatasetError):
+    """A file of running text (or unlabelled text records): a token stream, for task
+    next-token or mlm; which one, the file cannot say."""
+
+
 class Row(NamedTuple):
     key: bytes | None  # the message key (None: the producer picks one)
     record: dict[str, Any]  # a valid record (records.from_dict accepts it)
@@ -275,7 +280,7 @@ def task_of(path: str | Path, fmt: str | None = None) -> str:
     task = _TASK_OF_FORMAT.get(fmt)
     if task is None:
         if fmt == "text":
-            raise DatasetError(f"{path}: a text file is a token stream; pass --task next-token or --task mlm")
+            raise TokenStreamQuestion(f"{path}: a text file is a token stream; pass --task next-token or --task mlm")
         raise DatasetError(f"{path}: a {fmt} file can hold any task; pass --task (or learner.task)")
     return task
 
@@ -302,11 +307,11 @@ def task_of_records(path: str | Path, fmt: str | None = None, sample: int = 20) 
             objects.append(obj)
     if not objects or any("label" in o for o in objects):
         return None
-    if all("item" in o for o in objects):
+    if all("key" in o and "item" in o for o in objects):
         return "next-item"
     if all("text" in o or "tokens" in o for o in objects):
-        raise DatasetError(f"{path}: its records hold text without labels, a token stream; pass --task next-token "
-                           "or --task mlm (or --task classify to score them as labelled records)")
+        raise TokenStreamQuestion(f"{path}: its records hold text without labels, a token stream; pass --task next-token "
+                           "or --task mlm")
     return None
 
 

@@ -38,7 +38,23 @@ def test_a_msgpack_map_with_an_unhashable_key_is_one_bad_record_and_the_rest_is_
                    (None, "dump.msgpack#3"), (None, "dump.msgpack#4")]
 
 
+def test_a_corrupt_msgpack_byte_names_its_error():
+    """Was: 'invalid-msgpack: at byte 18: ; the rest ...' (msgpack's FormatError has no message)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = write(Path(d), "bad.msgpack", msgpack.packb(OK[0]) + b"\xc1")
+        errors = [it.error for it in FileSource(path, ReadOptions()) if it.error]
+    assert len(errors) == 1 and "at byte" in errors[0] and ": ;" not in errors[0], errors
+
+
 # ---------------------------------------------------------------------------- task_of_records
+
+def test_json_lines_are_next_item_only_with_key_and_item(tmp_path):
+    """evaluation.md: JSON lines of key and item are next-item (was: item alone was taken
+    for next-item, and every record then lacked its key)."""
+    assert task_of_records(write(tmp_path, "ki.jsonl", '{"key": "u1", "item": "a"}\n')) == "next-item"
+    assert task_of_records(write(tmp_path, "i.jsonl", '{"item": "a"}\n')) is None
 
 def test_deeply_nested_json_does_not_stop_the_task_guess(tmp_path):
     """Was: RecursionError from task_of_records when replay had no --task."""

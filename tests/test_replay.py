@@ -599,6 +599,30 @@ def test_cli_on_a_next_token_snapshot_checks_set_and_the_environment_against_its
     assert "holds a next-token model, and this run asks for learner.task=classify" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_snapshot_on_a_file_or_beside_a_snapshot_of_another_task(tmp_path, capsys):
+    """Was: --state on a file of another task scored nothing (every record bad, exit 0);
+    --compare of two tasks crashed in the metrics or scored a classifier's recall as 0."""
+    words = write_jsonl(tmp_path / "s.jsonl", words_stream(40))
+    sets = [a for s in TINY for a in ("--set", s)]
+    assert run_cli("--file", words, *sets, "--save", str(tmp_path / "cls")) == 0
+    items = [a for s in (*TINY, "model.out_B=256", "learner.history=4") for a in ("--set", s)]
+    ml = movielens(tmp_path / "u.data")
+    assert run_cli("--file", ml, *items, "--save", str(tmp_path / "ni")) == 0
+    book = tmp_path / "book.txt"
+    book.write_text("the old prince said so to the count\n")
+    capsys.readouterr()
+    for file, state, holds in ((ml, "cls", "next-item"), (str(book), "cls", "running text"),
+                               (words, "ni", None)):
+        code = run_cli("--file", file, "--state", str(tmp_path / state), "--mode", "frozen")
+        err = capsys.readouterr().err
+        if holds is None:  # a table says no task of its own: the snapshot's reads it (and counts what is bad)
+            assert code == 0
+        else:
+            assert code == 2 and f"holds a classify model, and {file} holds {holds}" in err, err
+    assert run_cli("--file", words, "--mode", "frozen", "--compare", str(tmp_path / "cls"), str(tmp_path / "ni")) == 2
+    assert "--compare needs two snapshots of one task" in capsys.readouterr().err
+
+
 def test_cli_checks_set_against_the_task_its_file_says(tmp_path, capsys):
     """A MovieLens file is next-item: --set model.counts=transitions (next-item's own key)
     was refused by classify's rule before the file's task was taken."""

@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
                         "records (lowercased, bigrams formed, as the dashboard's try-it box does)")
     parser.add_argument("--output", default=None, metavar="ANSWER",
                         help="with --tokens or --text: the label or token to explain (default: the best answer)")
-    parser.add_argument("-k", type=int, default=5,
+    parser.add_argument("-k", type=int, default=None,
                         help="with --tokens or --text: how many best answers to list (default: 5)")
     parser.add_argument("--device", default=None,
                         help="with --tokens or --text: torch device to answer on (default: the stored "
@@ -55,7 +55,17 @@ def run(args: argparse.Namespace) -> int:
     from ..state import open_store  # the CLI imports the store only when it is used
     from ..state.verify import verify_in_child
 
-    if args.tokens is not None or args.text is not None:
+    from ..exceptions import StreamlearnError
+
+    explaining = args.tokens is not None or args.text is not None
+    if explaining and args.verify:  # was: --verify skipped, exit 0, and a script never saw damage
+        raise StreamlearnError("--verify checks the stored values and --tokens/--text explain an answer: run them "
+                               "as two commands")
+    loose = [flag for flag, value in (("--output", args.output), ("-k", args.k), ("--device", args.device))
+             if value is not None]
+    if loose and not explaining:
+        raise StreamlearnError(f"{', '.join(loose)} go with --tokens or --text (what to explain)")
+    if explaining:
         return explain_tokens(args)
 
     from ..checkpoint import stored_sizing
@@ -193,6 +203,7 @@ def explain_tokens(args: argparse.Namespace) -> int:
         query = {"tokens": args.tokens.split()}
         if not query["tokens"]:
             raise StreamlearnError('--tokens needs at least one token, e.g. --tokens "free prize now"')
+    args.k = 5 if args.k is None else args.k
     if not 1 <= args.k <= 1000:
         raise StreamlearnError(f"-k must be in [1, 1000], got {args.k}")
     with Snapshot.open(args.state, device=args.device) as snap:

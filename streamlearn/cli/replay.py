@@ -138,7 +138,10 @@ def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
     for a new model the task its file says, comes first, so --set and the environment
     are checked against that task's defaults and rules (not classify's)."""
     stored = _stored_task(args)
-    file_task, file_question = (None, None) if stored else _file_task(args)
+    file_task, file_question = _file_task(args)
+    if stored is not None:
+        _check_file_fits(args, stored, file_task, file_question)
+        file_task, file_question = None, None
     overrides = [*args.set, *([f"learner.task={args.task}"] if args.task else [])]
     try:
         config, given = load_config_given(args.config, overrides, default_task=stored or file_task)
@@ -179,12 +182,25 @@ def _snapshot_overrides(config: Config, given: frozenset[str]) -> list[str]:
     return [f"{k}={v}" for k, v in values_of(config, keys)]
 
 
+def _check_file_fits(args: argparse.Namespace, stored: str, file_task: str | None,
+                     question: StreamlearnError | None) -> None:
+    """A snapshot replayed on a file of another task: every record would be bad (exit 0)."""
+    from ..datasets import TokenStreamQuestion
+
+    holds = file_task if file_task not in (None, stored) else None
+    if isinstance(question, TokenStreamQuestion) and stored not in ("next-token", "mlm"):
+        holds = "running text (a token stream)"
+    if holds is not None:
+        raise StreamlearnError(f"the snapshot at {args.state or args.compare[0]} holds a {stored} model, and "
+                               f"{args.file} holds {holds}: replay it on a {stored} stream")
+
+
 def _file_task(args: argparse.Namespace) -> tuple[str | None, StreamlearnError | None]:
-    """The task a new model's file says (MovieLens, JSON lines of key and item: next-item;
+    """The task a file says (MovieLens, JSON lines of key and item: next-item;
     :func:`~streamlearn.datasets.task_of_records`), or the question it raises (running
     text: which token task?), asked only when the run gives no task. Was: every such
     record scored as a bad classify record, exit status 0."""
-    if args.file is None or args.state or args.compare:
+    if args.file is None:
         return None, None
     from ..datasets import task_of_records
 

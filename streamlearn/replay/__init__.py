@@ -105,7 +105,11 @@ def _learners(source, options: ReplayOptions, state, compare, config,
         if state is not None:
             raise StreamlearnError("--compare A B names both snapshots: drop --state")
         a, b = (os.fspath(p) for p in compare)
-        return {"a": load_learner(a, seeded), "b": load_learner(b, seeded)}, None
+        la, lb = load_learner(a, seeded), load_learner(b, seeded)
+        if la.task.name != lb.task.name:  # was: a traceback in the metrics, or recall 0 for a classifier
+            raise StreamlearnError(f"--compare needs two snapshots of one task: {a} holds a {la.task.name} model, "
+                                   f"{b} a {lb.task.name} model")
+        return {"a": la, "b": lb}, None
     if state is not None:
         return {"model": load_learner(state, seeded)}, os.fspath(state)
     if options.mode == "frozen":

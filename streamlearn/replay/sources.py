@@ -136,7 +136,7 @@ class FileSource:
                     break
                 except (ValueError, msgpack.UnpackException) as exc:
                     # A corrupt byte stream has no record boundaries left to resync on.
-                    yield Item(None, f"invalid-msgpack: at byte {start}: {str(exc)[:100]}; the rest of the "
+                    yield Item(None, f"invalid-msgpack: at byte {start}: {str(exc)[:100] or type(exc).__name__}; the rest of the "
                                "file cannot be split into records", f"{self.path.name}#{n}")
                     return
                 size = unpacker.tell() - start
