@@ -116,15 +116,8 @@ class ClassifyPreparer(Preparer):
     def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
         if not accepted:
             return
-        lists = [t for _, t in accepted]
         hasher = self.text_hasher() if self.text_hasher is not None else None
-        if hasher is not None:  # one compiled call for the features and the Naive Bayes ids
-            words = self._word_counts(lists, [r.tokens is None for r, _ in accepted])
-            batch.feats, nb = hasher.batch(lists, words, self.cfg.hashing.max_tokens, self.nb_span)
-            batch.nb_tokens = nb if self.nb_span else None
-        else:
-            batch.feats = self.featurize(lists)
-            batch.nb_tokens = self.nb_tokens(lists, batch.feats, [r.tokens is None for r, _ in accepted])
+        self._features(batch, [t for _, t in accepted], [r.tokens is None for r, _ in accepted], hasher, grow=True)
         batch.targets["labels"] = np.array([self.label_table.get(r.label) for r, _ in accepted], dtype=np.int64)
         batch.weight = np.array([r.weight for r, _ in accepted], dtype=np.float32)
         batch.n_labels = len(self.label_table)
@@ -133,15 +126,21 @@ class ClassifyPreparer(Preparer):
         batch.n_labels = len(self.label_table)
         from_text = [fields_of(obj).get("tokens") is None for obj in records]
         hasher = self.text_hasher() if self.text_hasher is not None and records else None
-        if hasher is not None:  # as a training batch: a query's text hashed in one compiled call
-            lists = [self._query_hashed(hasher, obj, i) for i, obj in enumerate(records)]
+        lists = [self._query_hashed(hasher, obj, i) if hasher is not None else self.query_tokens(obj, i)
+                 for i, obj in enumerate(records)]
+        self._features(batch, lists, from_text, hasher, grow=False)
+
+    def _features(self, batch: Batch, lists: list, from_text: Sequence[bool], hasher: TextHasher | None,
+                  grow: bool) -> None:
+        """The batch's features and Naive Bayes ids: one compiled call where the text hasher
+        runs (training and queries alike), else the featurizer and :meth:`nb_tokens`."""
+        if hasher is not None:
             batch.feats, nb = hasher.batch(lists, self._word_counts(lists, from_text), self.cfg.hashing.max_tokens,
                                            self.nb_span)
             batch.nb_tokens = nb if self.nb_span else None
-            return
-        lists = [self.query_tokens(obj, i) for i, obj in enumerate(records)]
-        batch.feats = self.featurize(lists, grow=False)
-        batch.nb_tokens = self.nb_tokens(lists, batch.feats, from_text)
+        else:
+            batch.feats = self.featurize(lists, grow=grow)
+            batch.nb_tokens = self.nb_tokens(lists, batch.feats, from_text)
 
     def _query_hashed(self, hasher: TextHasher, obj: Any, i: int) -> list[str] | HashedText:
         """Query ``i``'s text hashed by the compiled tokenizer, else its tokens
