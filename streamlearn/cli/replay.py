@@ -151,7 +151,7 @@ def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
         raise
     if "learner.task" in given:
         if stored is not None and config.learner.task != stored:
-            raise StreamlearnError(f"the snapshot at {args.state or args.compare[0]} holds a {stored} model, and "
+            raise StreamlearnError(f"the snapshot at {_snapshot(args)} holds a {stored} model, and "
                                    f"this run asks for learner.task={config.learner.task}: drop the task (a "
                                    "snapshot keeps its own)")
     elif file_question is not None:
@@ -166,11 +166,16 @@ def _task_typed(args: argparse.Namespace) -> bool:
 def _stored_task(args: argparse.Namespace) -> str | None:
     """The snapshot's task (``--state``, ``--compare``'s first): --set is checked with its
     defaults and rules, not classify's."""
-    if not (args.state or args.compare):
+    if _snapshot(args) is None:
         return None
     from ..checkpoint import stored_task
 
-    return stored_task(args.state or args.compare[0])
+    return stored_task(_snapshot(args))
+
+
+def _snapshot(args: argparse.Namespace) -> str | None:
+    """The snapshot a run starts from: ``--state``, or ``--compare``'s first (None: a new model)."""
+    return args.state or (args.compare[0] if args.compare else None)
 
 
 def _snapshot_overrides(config: Config, given: frozenset[str]) -> list[str]:
@@ -191,7 +196,7 @@ def _check_file_fits(args: argparse.Namespace, stored: str, file_task: str | Non
     if isinstance(question, TokenStreamQuestion) and stored not in ("next-token", "mlm"):
         holds = "running text (a token stream)"
     if holds is not None:
-        raise StreamlearnError(f"the snapshot at {args.state or args.compare[0]} holds a {stored} model, and "
+        raise StreamlearnError(f"the snapshot at {_snapshot(args)} holds a {stored} model, and "
                                f"{args.file} holds {holds}: replay it on a {stored} stream")
 
 

@@ -178,11 +178,7 @@ class _Loop:
             self._predict([e for e in arrived if e.evaluate])
             self._baselines_record_by_record(arrived)
             self.pending.extend(arrived)
-            # with no delay a mini-batch is revealed whole, as the model learned it when it was
-            # predicted (fused); the schedule's size for the next step could differ, as a batch
-            # of bad records only takes no step (was: "a fused batch was not revealed as predicted")
-            delay = self.r.options.delay
-            self._reveal_due(self.position - delay, len(chunk) if delay == 0 else None)
+            self._reveal_due(self.position - self.r.options.delay)
             if self.progress is not None:
                 self.progress.update(len(chunk))
                 self._show()
@@ -193,7 +189,8 @@ class _Loop:
         """The mini-batches as they arrive. With no label delay each is revealed (and
         learned) before the next is cut, so each takes the schedule's size at the steps
         the model has taken: a batch of only bad records takes none, and the next keeps
-        its size (double_batch_after and the 1, 2, 4, ... ramp count the model's steps)."""
+        its size (double_batch_after and the 1, 2, 4, ... ramp count the model's steps; was:
+        the chunk's index, and a fused batch then failed its check, "internal order error")."""
         if self.r.options.delay:
             yield from self.schedule.batches(items, self.steps)
             return
@@ -254,16 +251,16 @@ class _Loop:
                 c.seconds += time.perf_counter() - started
 
     # ---- 4. labels revealed to the model: learn, score
-    def _reveal_due(self, upto: int | None, size: int | None = None) -> None:
-        """One optimizer step per mini-batch of records (``size``, else the :class:`Schedule`'s
-        at the model's step), as arrived. Counted in records, not events: a next-token record
-        brings an event per position, and split across mini-batches it would be learned once
-        per piece."""
+    def _reveal_due(self, upto: int | None) -> None:
+        """One optimizer step per mini-batch of records (:class:`Schedule`), as arrived.
+        Counted in records, not events: a next-token record brings an event per position,
+        and split across mini-batches it would be learned once per piece. With no delay
+        each chunk (:meth:`_chunks`) is one, as the fused model learned it when predicting."""
         due: list[Event] = []
         records = 0
         while self.pending and (upto is None or self.pending[0].position <= upto):
             new_record = not due or self.pending[0].position != due[-1].position
-            if new_record and records == (size or self.schedule.size(self.steps)):
+            if new_record and records == self.schedule.size(self.steps):
                 self._reveal(due)
                 due, records = [], 0
             records += new_record
