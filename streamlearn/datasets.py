@@ -86,6 +86,7 @@ Blank lines, rows with extra columns (extra cells ignored) and records that span
 lines (quoted line breaks; a stray quote merges lines) are counted and reported."""
 _UTF8_BOM = b"\xef\xbb\xbf"
 _SNIFF_BYTES = 1 << 16  # bytes read to tell the line endings
+_TAB_SAMPLE = 20  # first lines that tell a .txt table from running text
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_SECONDS = _INT64_MAX // 1000  # the ms timestamp must fit Kafka's int64
 
@@ -146,8 +147,9 @@ def detect_format(path: str | Path, also: tuple[str, ...] = ()) -> str:
         return "jsonl"
     if name == "u.data":
         return "movielens"
-    first = _first_line(path)
-    if name.endswith(".txt") and not _tab_table(path):
+    head = _first_lines(path, _TAB_SAMPLE)  # one read of the head for every rule below
+    first = head[0] if head else ""
+    if name.endswith(".txt") and not _tab_table(head):
         return "text"
     if name == "ratings.csv" or _split_csv_header(first) == _MOVIELENS_CSV_HEADER:
         return "movielens-csv"
@@ -240,15 +242,11 @@ def _first_lines(path: Path, n: int) -> list[str]:
     return lines
 
 
-def _first_line(path: Path) -> str:
-    return next(iter(_first_lines(path, 1)), "")
-
-
-def _tab_table(path: Path, sample: int = 20) -> bool:
-    """Whether a ``.txt`` file is a table of tab-separated columns: each of its first
-    non-blank lines holds the same number of tabs (at least one). A book whose title line
-    holds a tab, or whose lines are indented with one, is running text."""
-    lines = _first_lines(path, sample)
+def _tab_table(lines: list[str]) -> bool:
+    """Whether a ``.txt`` file whose first non-blank lines are ``lines`` (:data:`_TAB_SAMPLE`
+    of them) is a table of tab-separated columns: each holds the same number of tabs (at
+    least one). A book whose title line holds a tab, or whose lines are indented with one,
+    is running text."""
     tabs = {line.count("\t") for line in lines}
     return len(tabs) == 1 and tabs != {0} and not any(line.startswith("\t") for line in lines)
 
@@ -441,8 +439,7 @@ class DatasetReader:
         its encoding is over ``max_line_bytes``, as the worker would refuse the message."""
         record = {"text": " ".join(words)}
         limit = self.options.max_line_bytes
-        size = len(encode(record)) if limit is not None else 0  # msgpack, as produce writes it
-        if limit is not None and size > limit:
+        if limit is not None and (size := len(encode(record))) > limit:  # msgpack, as produce writes it
             self._bad(lineno, f"too-large: a record of {len(words)} words is {size} > {limit} bytes "
                               "(worker.max_record_bytes)")
             return
@@ -654,7 +651,7 @@ class _Columns:
         header = by_name or bool(known) or _looks_like_header(first, sample[1:])
         data = sample[1:] if header else sample
         width = len(first) if header else _common_width(sample)
-        shown = tuple(first) if header else tuple(f"column {i}" for i in range(width))
+        shown = tuple(first) if header else _column_names((), width)
         if options.text_column:
             text = _indices(options.text_column, names if header else [], path)
             label_spec = options.label_column or (_first_named(names, LABEL_NAMES) if header else None)
@@ -686,7 +683,7 @@ class _Columns:
 
     def _check(self, widest: int, path: Path) -> None:
         """Refuse a column beyond every sampled row, and a label that is also text."""
-        names = self.names + tuple(f"column {i}" for i in range(len(self.names), widest))
+        names = _column_names(self.names, widest)
         beyond = [i for i in (*self.text, self.label) if i is not None and i >= widest]
         if beyond:
             raise DatasetError(f"{path}: no column {beyond[0]}: the rows have {widest} columns ({', '.join(names)}); "
@@ -743,6 +740,11 @@ def _looks_like_header(first: list[str], data: list[list[str]]) -> bool:
     return max(mean_words) >= 3 and all(_words(c) < max(mean_words) / 2 for c in first)
 
 
+def _column_names(names: tuple[str, ...], width: int) -> tuple[str, ...]:
+    """``names``, then "column N" for each column past them up to ``width``."""
+    return tuple(names) + tuple(f"column {i}" for i in range(len(names), width))
+
+
 def _common_width(rows: list[list[str]]) -> int:
     """The most common number of cells (ties: the earliest row's). Was: the widest row's,
     so one row with an extra column decided the layout alone and every other row was bad."""
@@ -756,9 +758,9 @@ def _by_content(data: list[list[str]], shown: tuple[str, ...], path: Path) -> tu
     width = _common_width(data)
     widest = max((len(r) for r in data), default=0)
     if 2 * sum(len(r) == width for r in data) < len(data):  # no width holds most rows: prose, not a table
-        named = shown + tuple(f"column {i}" for i in range(len(shown), widest))
+        named = _column_names(shown, widest)
         raise _ask(path, named, data, "rows differ in their number of cells: not a table?")
-    shown = shown + tuple(f"column {i}" for i in range(len(shown), width))  # most rows wider than the header
+    shown = _column_names(shown, width)  # most rows wider than the header
     rows = [r[:width] for r in data if len(r) >= width] or data  # a wider row's extra cells are ignored
     n = max(len(rows), 1)
     cols = [[r[i].strip() for r in rows if i < len(r)] for i in range(width)]
