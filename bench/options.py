@@ -38,6 +38,12 @@ def parser_for(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
 
 
+def add_set_option(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--set KEY=VALUE``, repeatable: config overrides (``what``: for which runs)."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a config override{' ' + what if what else ''} (repeatable)")
+
+
 def at_least(low: int) -> Callable[[str], int]:
     """An option type: a whole number ``>= low``."""
     return between(low, None)

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import add_data_option, data_dir, events_stream, text_stream
-from options import nonneg_int, parser_for, positive_int, run_main
+from options import add_set_option, nonneg_int, parser_for, positive_int, run_main
 from tokens import stream as book
 
 from streamlearn.config import load_config
@@ -77,8 +77,7 @@ def main() -> int:
                         help="mini-batches learned before any timing (default %(default)s)")
     parser.add_argument("--steps", type=positive_int, default=200,
                         help="mini-batches timed, then profiled (as many again; default %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override (repeatable)")
+    add_set_option(parser)
     parser.add_argument("--top", type=positive_int, default=15, help="operators listed (default %(default)s)")
     args = parser.parse_args()
     learner = Learner(load_config(None, [f"learner.task={args.task}", *args.set], use_env=False))

@@ -44,7 +44,7 @@ from streamlearn.state import NotAStoreError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import add_data_option, ag_news, data_dir, text_stream  # bench/data.py: the datasets folder
-from options import at_least, parser_for, positive_int, run_main
+from options import add_set_option, at_least, parser_for, positive_int, run_main
 
 MODEL = ("model.layers=1", "model.d_model=64", "model.heads=4", "model.ffn=128", "embedding.K=50000",
          "embedding.B=4096", "embedding.d=64", "model.max_labels=16", "learner.batch_size=64")
@@ -211,8 +211,7 @@ def main() -> None:
     parser.add_argument("--quality-seeds", type=positive_int, default=2,
                         help="quality runs per mode, learner.seed 0, 1, ... (default %(default)s)")
     parser.add_argument("--skip-quality", action="store_true", help="the speed runs only")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every worker (repeatable)")
+    add_set_option(parser, "for every worker")
     args = parser.parse_args()
     if args.records < 4 * args.checkpoint_every:  # the rate runs from the first sync to the last: 2 a worker
         parser.error(f"--records {args.records} leaves 2 workers under two syncs each at --checkpoint-every "

@@ -36,7 +36,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from options import parser_for, positive_int, run_main
+from options import add_set_option, parser_for, positive_int, run_main
 from streamlearn.broker import EmbeddedBroker, create_topic, produce_rows
 from streamlearn.datasets import DatasetReader, bundled_path
 
@@ -109,8 +109,7 @@ def main() -> None:
                         help="partitions of the topic (default %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed runs of each path after the warm-up, the median kept (default %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every worker (repeatable)")
+    add_set_option(parser, "for every worker")
     args = parser.parse_args()
     extra = [item for kv in args.set for item in ("--set", kv)]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; {args.records} SMS records on "

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data import ROOT, ag_news, add_data_option, data_dir, text_stream, write_between_markers
-from options import names, nonneg_int, parser_for, positive_int, run_main, whole_numbers
+from options import add_set_option, names, nonneg_int, parser_for, positive_int, run_main, whole_numbers
 
 from streamlearn.config import load_config
 from streamlearn.device import Device
@@ -462,8 +462,7 @@ def main() -> int:
                         help="comma-separated token tasks to run (default %(default)s)")
     parser.add_argument("--rss-records", type=nonneg_int, default=500_000,
                         help="records for the memory curve (0: skip; default %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every model run (on top of the task's defaults)")
+    add_set_option(parser, "for every model run, on top of the task's defaults")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
                         help="markdown file whose marked section receives the table (default docs/benchmarks.md)")
     parser.add_argument("--parts", type=names(("quality", "speed", "rss")), default="quality,speed,rss",

@@ -55,7 +55,7 @@ from streamlearn.datasets import DatasetReader, bundled_path
 from streamlearn.learner import Learner
 
 from data import add_data_option, data_dir, path
-from options import parser_for, positive_int, run_main
+from options import add_set_option, parser_for, positive_int, run_main
 
 
 def load_records(n: int, data: Path) -> tuple[list[dict], Path]:
@@ -151,8 +151,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=positive_int, default=3, help="partitions of the topic (default %(default)s)")
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds of the three runs, the medians kept (default %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override (repeatable)")
+    add_set_option(parser)
     add_data_option(parser)
     args = parser.parse_args()
     cfg = Config().override(*args.set)
