@@ -641,7 +641,7 @@ def test_cli_checks_set_against_the_task_its_file_says(tmp_path, capsys):
 def test_worker_config_on_a_stored_model_takes_its_task(tmp_path):
     from streamlearn.checkpoint import stored_task
     from streamlearn.cli import build_parser
-    from streamlearn.cli.worker import _config
+    from streamlearn.cli.worker import run_config
 
     path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"w{i} a b c d w{i % 3}"} for i in range(12)])
     replay(FileSource(path), ReplayOptions(), config=cfg("learner.task=next-token", "model.count_slots=1024"),
@@ -649,10 +649,10 @@ def test_worker_config_on_a_stored_model_takes_its_task(tmp_path):
     assert stored_task(tmp_path / "nt") == "next-token" and stored_task(tmp_path / "none") is None
     args = build_parser().parse_args(["worker", "--topic", "t", "--state", str(tmp_path / "nt"),
                                       "--set", "model.recent_pairs=1000"])
-    config, given = _config(args)
+    config, given = run_config(args)
     assert config.learner.task == "next-token" and given == {"model.recent_pairs"}
     args = build_parser().parse_args(["worker", "--topic", "t", "--state", str(tmp_path / "new")])
-    assert _config(args)[0].learner.task == "classify"
+    assert run_config(args)[0].learner.task == "classify"
 
 
 def _next_token_predictions(fused: bool, batch_size: int) -> list[list[str]]:

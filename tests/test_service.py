@@ -381,9 +381,9 @@ def test_a_server_process_that_cannot_start_says_why_and_exits_as_a_startup_fail
     restarted, so a process that can never start must exit 3, in one line."""
     from uvicorn.config import STARTUP_FAILURE
 
-    from streamlearn.cli.serve import _Factory
+    from streamlearn.cli.serve import AppFactory
 
-    factory = pickle.loads(pickle.dumps(_Factory(Settings(state=str(tmp_path / "gone")), child=True)))
+    factory = pickle.loads(pickle.dumps(AppFactory(Settings(state=str(tmp_path / "gone")), child=True)))
     with pytest.raises(SystemExit) as exited:
         factory()
     assert exited.value.code == STARTUP_FAILURE
@@ -391,7 +391,7 @@ def test_a_server_process_that_cannot_start_says_why_and_exits_as_a_startup_fail
         f"streamlearn serve: error: state directory {tmp_path / 'gone'} does not exist; a worker creates it "
         f"(--state {tmp_path / 'gone'})"]
     with pytest.raises(NotAStoreError):  # in the one-process server the error is the command's own
-        _Factory(Settings(state=str(tmp_path / "gone")))()
+        AppFactory(Settings(state=str(tmp_path / "gone")))()
 
 
 def test_cli_serves_with_two_workers_and_merges_their_metrics(states):

@@ -85,7 +85,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
     return dataclasses.replace(service, **changes)  # --host and --port are checked as service.host and .port
 
 
-class _Factory:
+class AppFactory:
     """``create_app(settings)``, then ``gc.freeze()``: the model and the app live as long
     as the process, so the collector need not walk them again (fewer long GC pauses in
     the latency tail).
@@ -128,7 +128,7 @@ def _serve_one(settings, access_log: bool) -> int:
 
     sock = _listen(settings.service.host, settings.service.port)
     with sock:
-        app = _Factory(settings)()  # opens the snapshot (a bad --state fails here)
+        app = AppFactory(settings)()  # opens the snapshot (a bad --state fails here)
         log.info("serving %s (task %s, step %d) on http://%s:%d%s", settings.state, app.state.snapshot.task,
                  app.state.snapshot.step, settings.service.host, sock.getsockname()[1], _auth_note(settings))
         config = uvicorn.Config(app, host=settings.service.host, port=sock.getsockname()[1], access_log=access_log,
@@ -171,7 +171,7 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
     # prometheus_client reads this in each worker process when it is first imported there.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        factory = _Factory(dataclasses.replace(settings, metrics_dir=metrics_dir), child=True)
+        factory = AppFactory(dataclasses.replace(settings, metrics_dir=metrics_dir), child=True)
         # a process builds its app (the model from the state) before it serves; on a busy
         # machine that took longer than uvicorn's 5 s health check, which killed it
         config = uvicorn.Config(factory, factory=True, host=settings.service.host, port=settings.service.port,

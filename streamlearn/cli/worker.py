@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     # torch's C++ warnings (a TCPStore peer closing, in a group's normal stop too) print
     # multi-frame stack traces around the worker's own one-line account; errors still show
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    cfg, given = _config(args)
+    cfg, given = run_config(args)
     from ..compiled_loading import in_a_command, settle
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary.saved else 1
 
 
-def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
+def run_config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
     """The run's config and the keys the user gave. With no task given, a state that holds
     a model lends its task, so the task's defaults and its keys' rules apply (was: classify's,
     which refused --set model.recent_pairs=1000 for a next-token state)."""
