@@ -222,10 +222,11 @@ class Worker:
         s.records, s.learned, s.dead_letters = m.records, m.learned_records, m.dead_letters
         s.offsets, s.stop_reason = dict(self.checkpointer.positions), finished.reason
         s.saved = self.fetcher.final_ok is not False and finished.error is None
+        kept = ("the state keeps its last checkpoint" if self.checkpointer.commits
+                else "the state holds no checkpoint yet")
         if isinstance(finished.error, StreamlearnError):  # already says what to change
-            raise WorkerError(f"{finished.error} (the state keeps its last checkpoint)") from finished.error
+            raise WorkerError(f"{finished.error} ({kept})") from finished.error
         if finished.error is not None:
-            raise WorkerError(f"the fetch thread failed: {finished.error!r}; the state keeps its last "
-                              "checkpoint") from finished.error
+            raise WorkerError(f"the fetch thread failed: {finished.error!r}; {kept}") from finished.error
         log.info("worker stopped (%s): %s", finished.reason, s)
         return s

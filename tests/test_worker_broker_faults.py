@@ -125,6 +125,7 @@ def test_the_worker_never_creates_the_topic_it_reads(broker, topic, group, tmp_p
     with pytest.raises(WorkerError, match=f"topic {topic!r} does not exist") as refused:
         run(cfg, topic, tmp_path / "s", until_idle_s=1.0)
     assert isinstance(refused.value.__cause__, BrokerError)
+    assert str(refused.value).endswith("(the state holds no checkpoint yet)")  # a new state has none to keep
     assert topic not in wait_ready(broker) and topic + ".dlq" not in wait_ready(broker)
 
 
