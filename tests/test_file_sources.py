@@ -38,6 +38,17 @@ def test_a_msgpack_map_with_an_unhashable_key_is_one_bad_record_and_the_rest_is_
                    (None, "dump.msgpack#3"), (None, "dump.msgpack#4")]
 
 
+def test_an_unhashable_key_nested_in_a_field_names_the_key_not_the_field_type(tmp_path):
+    """Was: 'wrong-type: text ... _UnhashableKeys', a private class name for a bad map key
+    one level down (in a map, or in a map inside a list)."""
+    in_map = b"\x82\xa4text\x81\x91\x01\x01\xa5label\xa3ham"  # {"text": {[1]: 1}, "label": "ham"}
+    in_list = b"\x81\xa6tokens\x92\xa1a\x81\x91\x01\x01"  # {"tokens": ["a", {[1]: 1}]}
+    path = write(tmp_path, "nested.msgpack", in_map + in_list + msgpack.packb(OK[0]))
+    errors = [it.error for it in FileSource(path, ReadOptions())]
+    assert [reason_code(e) if e else None for e in errors] == ["invalid-msgpack", "invalid-msgpack", None]
+    assert all("unhashable" in e and "_Unhashable" not in e for e in errors[:2]), errors
+
+
 def test_a_corrupt_msgpack_byte_names_its_error():
     """Was: 'invalid-msgpack: at byte 18: ; the rest ...' (msgpack's FormatError has no message)."""
     import tempfile

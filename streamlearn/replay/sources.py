@@ -126,7 +126,7 @@ class FileSource:
             # Maps are built by _map, so a map with an unhashable key (a list) is one bad
             # object instead of a TypeError that leaves the unpacker mid-object.
             unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=64 << 20,
-                                        object_pairs_hook=_map)
+                                        object_pairs_hook=_map, list_hook=_list)
             n = 0
             while True:
                 start = unpacker.tell()
@@ -194,10 +194,18 @@ class _UnhashableKeys:
 
 
 def _map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any] | _UnhashableKeys:
+    """A map, or the :class:`_UnhashableKeys` of its own keys or of a map nested in its
+    values, so the record says why it is bad instead of a wrong type of a field."""
     try:
-        return dict(pairs)
+        obj = dict(pairs)
     except TypeError as exc:
         return _UnhashableKeys(str(exc))
+    return next((v for _, v in pairs if isinstance(v, _UnhashableKeys)), obj)
+
+
+def _list(items: list[Any]) -> list[Any] | _UnhashableKeys:
+    """A list, or the :class:`_UnhashableKeys` of a map inside it (msgpack's list hook)."""
+    return next((v for v in items if isinstance(v, _UnhashableKeys)), items)
 
 
 # ---------------------------------------------------------------------------- kafka ranges
