@@ -136,11 +136,14 @@ class Group:
     :class:`DistributedError`, after which the group is unusable and must be closed.
     """
 
-    def __init__(self, settings: DistSettings):
+    def __init__(self, settings: DistSettings, cuda: bool = True):
+        """``cuda``: the rank may train on a GPU (``learner.device`` other than cpu); a CPU
+        rank on a GPU machine sets no current device, which would open a CUDA context
+        (hundreds of MB of GPU memory) it never uses."""
         self.settings = settings
         host, _, port = settings.url[len("tcp://"):].rpartition(":")
         timeout = timedelta(seconds=settings.timeout_s)
-        if torch.cuda.is_available():
+        if (cuda or settings.backend == "nccl") and torch.cuda.is_available():
             # NCCL: one GPU per rank on a host (backend_for). gloo with GPUs (more ranks than
             # GPUs): the ranks spread over them, not all on cuda:0. torchrun's LOCAL_RANK, else the rank.
             local = int(os.environ.get("LOCAL_RANK", settings.rank))

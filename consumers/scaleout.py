@@ -240,7 +240,7 @@ class GroupWorker(Worker):
         """Join the group, then open the state (:meth:`_open_store`), restore the learner
         and agree on the group generation; on failure the group is left."""
         cfg = self.cfg
-        self.group = Group(self.settings)
+        self.group = Group(self.settings, cuda=cfg.learner.device != "cpu")
         try:
             self.store, self.writer = self._open_store()
             with learning_meanwhile():  # as a lone worker's (Worker._open_state)

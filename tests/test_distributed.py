@@ -273,6 +273,43 @@ def test_nccl_only_where_each_rank_on_the_host_has_a_gpu_of_its_own():
         backend_for(2, {"LOCAL_WORLD_SIZE": "two"}, gpus=2)
 
 
+def _two_fake_gpus(monkeypatch) -> list[int]:
+    """torch.cuda reporting two GPUs (none here to run: a fake, as for what we cannot run);
+    the devices set current are recorded."""
+    import torch
+
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    return current
+
+
+def test_a_cpu_learner_on_a_gpu_machine_groups_by_gloo(monkeypatch, tmp_path):
+    """Was: NCCL for two CPU ranks on a 2-GPU machine, whose buffers then went through CUDA."""
+    from streamlearn.cli import build_parser
+    from streamlearn.cli.worker import group_settings
+
+    _two_fake_gpus(monkeypatch)
+    args = build_parser().parse_args(["worker", "--topic", "t", "--state", str(tmp_path / "s"),
+                                      "--world-size", "2", "--rank", "1", "--dist-url", "tcp://h:1"])
+    assert group_settings(args, Config().override("learner.device=cpu")).backend == "gloo"
+    assert group_settings(args, Config().override("learner.device=auto")).backend == "nccl"
+
+
+def test_a_cpu_rank_sets_no_current_gpu(monkeypatch):
+    """Was: every rank on a GPU machine called torch.cuda.set_device, which opens a CUDA
+    context (hundreds of MB of GPU memory) in a rank that trains on the CPU."""
+    from streamlearn.consumers.distributed import Group
+
+    current = _two_fake_gpus(monkeypatch)
+    for cuda, expected in [(False, []), (True, [0])]:
+        group = Group(DistSettings(0, 1, f"tcp://127.0.0.1:{free_port()}", "gloo", 10.0), cuda=cuda)
+        group.close()
+        assert current == expected
+        current.clear()
+
+
 def test_settings_from_options_or_torchrun_env():
     assert dist_settings(environ={}) is None
     env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}

@@ -90,19 +90,28 @@ def run(args: argparse.Namespace) -> int:
     from ..compiled_loading import in_a_command, settle
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
-    from ..consumers.distributed import dist_settings
     from ..consumers.scaleout import GroupWorker
 
     _check_kafka(cfg)
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset,
                          given)
-    settings = dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout)
+    settings = group_settings(args, cfg)
     worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
     with _stop_on_signals(worker):
         summary = worker.run()
     print(f"streamlearn worker: {summary}", flush=True)
     settle()  # a short run's kernels still loading: numba's cache filled before the process exits
     return 0 if summary.saved else 1
+
+
+def group_settings(args: argparse.Namespace, cfg: Config):
+    """The group's settings (None: a lone worker). A CPU learner's group is gloo's whatever
+    GPUs the machine has: NCCL moves CUDA tensors only, so its buffers would travel through a
+    CUDA context the rank otherwise never opens."""
+    from ..consumers.distributed import dist_settings
+
+    return dist_settings(args.world_size, args.rank, args.dist_url, args.dist_timeout,
+                         gpus=0 if cfg.learner.device == "cpu" else None)
 
 
 def run_config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
