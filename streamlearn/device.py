@@ -87,6 +87,17 @@ def pick_device(name: str) -> torch.device:
     ops take them): the seeded dropout generator (:meth:`Device.seeded`) must be the one
     the ops draw from, which for a process whose current device is not 0 (an NCCL rank)
     it was not."""
+    device = check_device(name)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def check_device(name: str) -> torch.device:
+    """The device ``name`` names ("auto" resolved), checked against this machine without
+    opening a CUDA context (:func:`pick_device` without the current device's index): a
+    process that only checks, such as ``serve --workers``' supervisor, keeps its GPU memory
+    free for the processes that use the device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -100,7 +111,7 @@ def pick_device(name: str) -> torch.device:
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise ConfigError(f"learner.device={name!r}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
-    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    return device
 
 
 def intra_op_threads(cfg: Config) -> int:

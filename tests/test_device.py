@@ -85,3 +85,24 @@ def test_a_cuda_device_carries_the_index_its_ops_and_generator_use(monkeypatch):
     assert pick_device("cuda:0") == torch.device("cuda", 0) and pick_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"learner.device='cuda:5': this machine has 2 GPU\(s\), cuda:0 to cuda:1"):
         pick_device("cuda:5")
+
+
+def test_checking_a_device_opens_no_cuda_context(monkeypatch):
+    """Was: `serve --workers N --device cuda` checked the device in its supervisor with
+    pick_device, whose torch.cuda.current_device() opens a CUDA context (hundreds of MB of
+    GPU memory) in a process that never runs a model."""
+    import torch
+
+    from streamlearn.device import check_device
+    from streamlearn.exceptions import ConfigError
+
+    def opens_a_context():
+        raise AssertionError("a CUDA context was opened")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", opens_a_context)
+    assert check_device("auto") == check_device("cuda") == torch.device("cuda")
+    assert check_device("cuda:1") == torch.device("cuda", 1) and check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"this machine has 2 GPU\(s\)"):
+        check_device("cuda:2")

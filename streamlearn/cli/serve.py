@@ -164,9 +164,9 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
 
     open_ready_store(settings.state, settings.wait).close()  # fail before the workers start
     if settings.device is not None:
-        from ..device import pick_device
+        from ..device import check_device
 
-        pick_device(settings.device)  # as the processes will (a child's failure is found in seconds, not at once)
+        check_device(settings.device)  # as the processes will (a child's failure is found in seconds, not at once)
     metrics_dir = tempfile.mkdtemp(prefix="streamlearn-metrics-")
     # prometheus_client reads this in each worker process when it is first imported there.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
