@@ -28,6 +28,13 @@ the checkpoint request; step 1 above is then only the label table (the replicas 
 equal already). A rank whose stream ended says so in its round, and the others go on
 alone at once instead of failing on the next collective.
 
+Ending idle (``--until-idle``). A rank idle that long asks for a sync, and in every
+sync each rank says whether it has been idle that long (a rank still reading says no, and
+the asker does not ask again in the same idle spell: the reader asks once it is idle).
+When every rank was idle at one sync, that sync is the group's last: each rank stops
+after it, and the group ends together instead of one rank stopping first and the others
+finding it gone at their next collective.
+
 Failure. A collective that fails or times out (``--dist-timeout``) means a peer died or
 hangs. The survivor leaves the group and goes on alone with the next group generation:
 its model is the last sync's average plus its own records since, its offsets the last
@@ -81,6 +88,7 @@ class SyncClock:
     def __init__(self, store, timeout_s: float):
         self.store, self.timeout_s = store, timeout_s
         self.done = 0
+        self.group_idle = False  # every rank was idle for --until-idle at the last sync: stop
         self.alive = True
         self.alone_since = 0.0  # monotonic time the group broke up (once not alive)
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -132,6 +140,19 @@ class SyncedFetcher(Fetcher):
         super().__init__(*args, **kwargs)
         self.clock = clock
         self._told_missing = False
+        self.idle = False  # idle for --until-idle when the last checkpoint was asked for (the sync reads it)
+        self._asked_idle: float | None = None  # the idle spell whose sync found a rank still reading
+
+    def _idle_long(self) -> bool:
+        """No record for ``--until-idle`` and none waiting to be handed over."""
+        wait = self.plan.until_idle_s
+        return (wait is not None and self._idle_since is not None and not self._buffer
+                and time.monotonic() - self._idle_since >= wait)
+
+    def _why_stop(self) -> str | None:
+        if self.clock.group_idle:
+            return f"no new record for {self.plan.until_idle_s:g} s on any worker of the group (--until-idle)"
+        return super()._why_stop()
 
     def _checkpoint_due(self) -> bool:
         if not self.clock.alive:
@@ -155,9 +176,15 @@ class SyncedFetcher(Fetcher):
         ``worker.max_poll_interval_ms``); stopping sooner would leave them unread until the
         next start."""
         if self.clock.alive:
+            if self._asked_idle == self._idle_since:
+                return False  # asked in this idle spell: the reading rank asks when it is idle
             self.checkpoint("idle")
             if self.clock.alive:
-                return True
+                if self.clock.group_idle:
+                    return True
+                # another rank is still reading: go on with the group (and answer its syncs)
+                self._asked_idle = self._idle_since
+                return False
         missing = self.unassigned()
         if not missing:
             return True
@@ -180,10 +207,13 @@ class SyncedFetcher(Fetcher):
     def checkpoint(self, reason: str, blocking_commit: bool = False, kafka_commit: bool = True) -> bool:
         if not self.clock.alive:
             return super().checkpoint(reason, blocking_commit, kafka_commit)
+        if self.clock.group_idle and not self._unsaved:
+            return True  # the group's last sync holds everything (a peer's leaving revokes partitions now)
         try:
             self.clock.request()  # a revocation or shutdown wants a sync the others join
         except (RuntimeError, ValueError):
             pass  # the training loop's collective will fail and take it solo
+        self.idle = self._idle_long()
         unsaved = self._unsaved
         self._unsaved = max(unsaved, 1)  # a member answers every sync, even with nothing new
         ok = super().checkpoint(reason, blocking_commit, kafka_commit)
@@ -320,6 +350,8 @@ class GroupWorker(Worker):
             if rnd.finished:
                 if isinstance(self._held, Finished):
                     return self._take()
+                if self.clock.group_idle:  # the group ends together: this rank's own end is on its way
+                    break
                 log.info("a peer's stream ended: going on alone")
                 self._go_solo()
                 break
@@ -393,6 +425,7 @@ class GroupWorker(Worker):
         ok = self._all_ok(ok)
         if ok:
             self.checkpointer.clear_audit()
+            self.clock.group_idle = all(p["idle"] for p in everyone)  # the group's last sync
         self.clock.done += 1
         self._base = merged
         self.metrics.checkpointed(seconds, ok)
@@ -406,7 +439,7 @@ class GroupWorker(Worker):
     def _progress(self) -> dict:
         c = self.checkpointer
         return {"positions": dict(c.positions), "applied": dict(c.applied), "totals": dict(c.totals),
-                "audit": c.audit_ranges(), "steps": self.learner.steps}
+                "audit": c.audit_ranges(), "steps": self.learner.steps, "idle": self.fetcher.idle}
 
     def _gather(self) -> list[dict]:
         everyone: list = [None] * self.live_world

@@ -456,6 +456,40 @@ def test_two_workers_one_killed_every_offset_applied_once(victim, sync, broker, 
     assert stored_generation_(state) >= 2
 
 
+def test_an_idle_group_ends_together_while_one_rank_reads_longer(broker, make_topic, group, tmp_path):
+    """--until-idle in a group: records keep coming to one partition only, so the other rank
+    is idle first. It used to stop at once, and the reading rank then found it gone at its
+    next collective ("leaving the group and going on alone") and waited for a rebalance;
+    now the idle rank goes on with the group until a sync finds every rank idle."""
+    import threading
+
+    from streamlearn.broker import partition_for, produce_rows
+
+    topic = make_topic(2)
+    key = next(k for k in (str(i).encode() for i in range(100)) if partition_for(k, 2) == 0)
+    rows = [(key, record, ts) for _, record, ts in stream(60, seed=6)]
+
+    def slowly():  # 60 records to partition 0 over about 6 s
+        for at in range(0, len(rows), 5):
+            time.sleep(0.5)
+            yield from rows[at:at + 5]
+
+    args = ["--topic", topic, "--state", str(tmp_path / "state"), "--bootstrap", broker, "--group", group,
+            "--world-size", "2", "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--dist-timeout", "10",
+            "--until-idle", "2", *(f"--set={s}" for s in GROUP_SETTINGS)]
+    ranks = [Rank(tmp_path, r, args) for r in range(2)]
+    writer = threading.Thread(target=lambda: produce_rows(broker, topic, slowly()))
+    writer.start()
+    codes = exit_codes(ranks)
+    writer.join(30)
+    outs = [r.output() for r in ranks]
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert not any("going on alone" in o or "ERROR" in o for o in outs), "\n".join(o[-3000:] for o in outs)
+    assert any("on any worker of the group (--until-idle)" in o for o in outs)
+    with open_store(tmp_path / "state", readonly=True) as store:
+        assert store.manifest().records_applied == {f"{topic}:0": 60, f"{topic}:1": 0}
+
+
 def exit_codes(ranks: list[Rank], timeout_s: float = 120) -> list[int]:
     """Each rank's exit status; any rank still running after ``timeout_s`` is killed."""
     try:
