@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -377,8 +378,9 @@ class KafkaConfig:
         if ssl_set and not self.uses_ssl:
             raise ConfigError(f"kafka.{ssl_set[0]} is set but kafka.security_protocol={self.security_protocol!r} "
                               "does not use TLS: set kafka.security_protocol to SSL or SASL_SSL")
-        if self.sasl_mechanism and not self.uses_sasl:
-            raise ConfigError(f"kafka.sasl_mechanism is set but kafka.security_protocol={self.security_protocol!r} "
+        sasl_set = [k for k in ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password") if getattr(self, k)]
+        if sasl_set and not self.uses_sasl:
+            raise ConfigError(f"kafka.{sasl_set[0]} is set but kafka.security_protocol={self.security_protocol!r} "
                               "does not use SASL: set kafka.security_protocol to SASL_SSL or SASL_PLAINTEXT")
         if self.uses_sasl:
             self._check_sasl()
@@ -683,7 +685,10 @@ def _split_assignment(item: str) -> tuple[str, str, str]:
 def _unvalued(item: str) -> str:
     """An override as shown in errors: without its value, which may be a password."""
     path, sep, _ = item.partition("=")
-    return f"{path}=..." if sep else path
+    if sep:
+        return f"{path}=..."
+    key = re.match(r"[\w.\-]*", item).group(0)  # 'kafka.ssl_password:secret': the key, not what follows
+    return item if key == item else f"{key}..."
 
 
 def _coerce(raw: str, default: Any, where: str) -> Any:
@@ -785,8 +790,13 @@ def load_config_given(path: str | Path | None = None, overrides: Iterable[str] =
 
 def _read_toml(path: str | Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (Windows editors) is not a TOML statement
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} does not exist") from exc
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc

@@ -59,6 +59,11 @@ def test_bad_overrides_say_what_to_change(override, message):
         Config().override(override)
 
 
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
 def test_bad_toml_is_a_config_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[model\nlayers=")
@@ -66,6 +71,14 @@ def test_bad_toml_is_a_config_error(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
+    for unreadable, message in [(tmp_path, "cannot read config file"),  # a directory
+                                (tmp_path / "bad.toml" / "x.toml", "cannot read config file"),
+                                (_written(tmp_path / "latin1.toml", b'[kafka]\nclient_id = "caf\xe9"\n'),
+                                 "is not UTF-8 text")]:
+        with pytest.raises(ConfigError, match=message):  # was: a traceback
+            load_config(unreadable)
+    bom = _written(tmp_path / "bom.toml", b"\xef\xbb\xbf[model]\nlayers = 2\n")
+    assert load_config(bom, use_env=False).model.layers == 2  # was: 'Invalid statement (at line 1, column 1)'
     typed = tmp_path / "typed.toml"
     typed.write_text('[model]\nlayers = "3"\n[extra]\nx = 1\n')
     with pytest.raises(ConfigError, match="unknown config section"):

@@ -322,6 +322,9 @@ def test_admin_client_configuration_log_is_redacted(sasl_broker, caplog, monkeyp
     (["kafka.security_protocol=SSL", "kafka.ssl_cafile=/no/such/ca.pem"], "is not a file"),
     (["kafka.ssl_cafile=/etc/hostname"], "set kafka.security_protocol to SSL"),
     (["kafka.sasl_mechanism=PLAIN"], "does not use SASL"),
+    # was: accepted and ignored, and the connection then failed without naming the protocol
+    (["kafka.sasl_plain_username=u", "kafka.sasl_plain_password=p"], "kafka.sasl_plain_username is set but"),
+    (["kafka.security_protocol=SSL", "kafka.sasl_plain_password=p"], "does not use SASL"),
 ])
 def test_bad_security_config_is_a_config_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -356,3 +359,7 @@ def test_passwords_never_show(monkeypatch):
     with pytest.raises(ConfigError) as wrong_type:
         Config.from_dict({"kafka": {"ssl_password": 12345678}})
     assert SASL_PASSWORD not in str(typo.value) and "12345678" not in str(wrong_type.value)
+    for malformed in (f"kafka.sasl_plain_password:{SASL_PASSWORD}", f"kafka.ssl_password {KEY_PASSWORD}"):
+        with pytest.raises(ConfigError, match="must look like section.key=value") as no_equals:
+            cfg.override(malformed)  # was: the whole item, password included, in the message
+        assert SASL_PASSWORD not in str(no_equals.value) and KEY_PASSWORD not in str(no_equals.value)
