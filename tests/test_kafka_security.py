@@ -311,6 +311,89 @@ def test_admin_client_configuration_log_is_redacted(sasl_broker, caplog, monkeyp
     assert started and f"'sasl_plain_password': '{REDACTED}'" in started[0] and SASL_PASSWORD not in caplog.text
 
 
+# ---------------------------------------------------------------------------- SASL PLAIN under -v
+
+class PlainLoginBroker:
+    """A listener that speaks just enough Kafka to ask for a SASL PLAIN login and refuse it
+    (Tansu offers SCRAM only): ApiVersions, SaslHandshake, SaslAuthenticate. It keeps the
+    login bytes it received, so a test knows the password really went over the wire."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.logins: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        import struct
+
+        from kafka.protocol.metadata.api_versions import ApiVersionsResponse
+        from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeResponse
+
+        def read(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = conn.recv(n - len(buf))
+                if not chunk:
+                    raise EOFError
+                buf += chunk
+            return buf
+
+        try:
+            while True:
+                body = read(struct.unpack(">i", read(4))[0])
+                key, version, correlation = struct.unpack(">hhi", body[:8])
+                if key == 18:
+                    versions = [ApiVersionsResponse.ApiVersion(api_key=k, min_version=0, max_version=m)
+                                for k, m in ((18, 3), (17, 1), (36, 2), (3, 12))]
+                    resp = ApiVersionsResponse(error_code=0, api_keys=versions, throttle_time_ms=0,
+                                               version=min(version, 3))
+                elif key == 17:
+                    resp = SaslHandshakeResponse(error_code=0, mechanisms=["PLAIN"], version=version)
+                elif key == 36:
+                    self.logins.append(SaslAuthenticateRequest.decode(body, version=version, header=True).auth_bytes)
+                    resp = SaslAuthenticateResponse(error_code=58, error_message="bad login", auth_bytes=b"",
+                                                    session_lifetime_ms=0, version=version)
+                else:
+                    return
+                resp.with_header(correlation_id=correlation)
+                conn.sendall(resp.encode(header=True, framed=True))
+        except (EOFError, OSError):
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_plain_login_password_never_shows_under_verbose(tmp_path, caplog, monkeypatch):
+    """Was: `streamlearn -v produce` over SASL PLAIN wrote the password in 18 debug lines
+    (kafka-python's request dumps and the raw bytes sent)."""
+    broker = PlainLoginBroker()
+    data = tmp_path / "x.jsonl"
+    data.write_text(json.dumps({"text": "a", "label": "b"}) + "\n")
+    monkeypatch.setenv("STREAMLEARN__KAFKA__SASL_PLAIN_PASSWORD", SASL_PASSWORD)
+    caplog.set_level(logging.DEBUG)
+    try:
+        code = main(["-v", "produce", str(data), "--topic", "t", "--bootstrap", broker.address, "--timeout", "3",
+                     "--set", "kafka.security_protocol=SASL_PLAINTEXT", "--set", "kafka.sasl_mechanism=PLAIN",
+                     "--set", "kafka.sasl_plain_username=qa"])
+    finally:
+        broker.close()
+    assert code == 2
+    assert any(SASL_PASSWORD.encode() in login for login in broker.logins)  # the login did happen
+    assert "kafka." in caplog.text and SASL_PASSWORD not in caplog.text
+
+
 # ---------------------------------------------------------------------------- bad config, redaction
 
 @pytest.mark.parametrize("overrides, message", [

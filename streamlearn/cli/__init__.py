@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# kafka-python loggers that write requests and raw bytes at DEBUG; -v leaves them at INFO.
+WIRE_LOGGERS = ("kafka.protocol", "kafka.net", "kafka.conn")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # kafka-python logs every failed connection attempt; commands report broker trouble
     # themselves (as errors naming --bootstrap), so its lines only show with -v.
     logging.getLogger("kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
+    for wire in WIRE_LOGGERS:  # kafka-python's request dumps: a SASL PLAIN login's bytes hold the password
+        logging.getLogger(wire).setLevel(logging.INFO if args.verbose else logging.CRITICAL)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
