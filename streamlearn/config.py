@@ -408,6 +408,28 @@ class KafkaConfig:
                 raise ConfigError(f"kafka.{name}={path!r} is not a file: give the path of the PEM file")
         if self.ssl_keyfile and not self.ssl_certfile:
             raise ConfigError("kafka.ssl_keyfile is set without kafka.ssl_certfile: mutual TLS needs both")
+        self._check_pem()
+
+    def _check_pem(self) -> None:
+        """The files load as TLS will load them. kafka-python reports a file it cannot load
+        (a wrong key passphrase, a CA file that holds no certificate) only in a log line of
+        its IO thread, after which every connection fails as if no broker answered."""
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.ssl_cafile:
+            try:
+                context.load_verify_locations(self.ssl_cafile)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"kafka.ssl_cafile={self.ssl_cafile!r} holds no PEM certificate TLS can load "
+                                  f"({exc}): give the CA bundle that signed the brokers' certificates") from exc
+        if self.ssl_certfile:
+            try:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile or None, self.ssl_password or None)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"kafka.ssl_certfile={self.ssl_certfile!r} with its key cannot be loaded ({exc}): "
+                                  "a wrong kafka.ssl_password, a key that does not match the certificate, or not "
+                                  "PEM files") from exc
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from kafka.errors import KafkaError
 from conftest import GROUP_TIMEOUTS
 
 from streamlearn.broker import BrokerError, EmbeddedBroker, create_topic, produce_rows, topic_partitions
-from streamlearn.cli import main
+from streamlearn.cli import WIRE_LOGGERS, main
 from streamlearn.config import REDACTED, Config, load_config
 from streamlearn.consumers import RunOptions, Worker
 from streamlearn.consumers.connect import StartUp, dlq_partitions, new_consumer, new_producer
@@ -389,6 +389,8 @@ def test_a_plain_login_password_never_shows_under_verbose(tmp_path, caplog, monk
                      "--set", "kafka.sasl_plain_username=qa"])
     finally:
         broker.close()
+        for wire in WIRE_LOGGERS:  # as main() left them without -v: other tests read kafka's debug lines
+            logging.getLogger(wire).setLevel(logging.NOTSET)
     assert code == 2
     assert any(SASL_PASSWORD.encode() in login for login in broker.logins)  # the login did happen
     assert "kafka." in caplog.text and SASL_PASSWORD not in caplog.text
@@ -425,6 +427,22 @@ def test_bad_security_config_stops_the_clis_and_is_never_retried(tls_broker, tmp
     cfg = load_config(overrides=[f"worker.bootstrap={tls_broker}", *bad[1::2]], use_env=False)
     with pytest.raises(ConfigError):  # raised at once, not retried with backoff until stopped
         StartUp(cfg.worker, threading.Event()).step("connecting", lambda: new_consumer(cfg.worker, cfg.kafka))
+
+
+def test_tls_files_that_do_not_load_are_config_errors_naming_the_key(pki, tmp_path):
+    """Was: 'cannot reach a Kafka broker' after --timeout (a worker retried it for the whole
+    --connect-timeout); the cause showed only under -v, as kafka-python's '[SSL] PEM lib'."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    mutual = ["kafka.security_protocol=SSL", f"kafka.ssl_cafile={pki / 'ca.pem'}",
+              f"kafka.ssl_certfile={pki / 'client.pem'}", f"kafka.ssl_keyfile={pki / 'client.key'}"]
+    wrong = "wrong-" + uuid.uuid4().hex[:8]
+    for overrides, message in [([*mutual, f"kafka.ssl_password={wrong}"], "kafka.ssl_certfile=.* cannot be loaded"),
+                               ([*mutual[:1], f"kafka.ssl_cafile={garbage}"], "kafka.ssl_cafile=.* holds no PEM")]:
+        with pytest.raises(ConfigError, match=message) as refused:
+            load_config(overrides=overrides, use_env=False).kafka.client_options()
+        assert wrong not in str(refused.value)  # the passphrase is not shown
+    load_config(overrides=[*mutual, f"kafka.ssl_password={KEY_PASSWORD}"], use_env=False).kafka.client_options()
 
 
 def test_passwords_never_show(monkeypatch):

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     # themselves (as errors naming --bootstrap), so its lines only show with -v.
     logging.getLogger("kafka").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     for wire in WIRE_LOGGERS:  # kafka-python's request dumps: a SASL PLAIN login's bytes hold the password
-        logging.getLogger(wire).setLevel(logging.INFO if args.verbose else logging.CRITICAL)
+        logging.getLogger(wire).setLevel(logging.INFO if args.verbose else logging.NOTSET)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
