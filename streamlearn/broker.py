@@ -14,6 +14,7 @@ a key's events on the same partition, in order.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import logging
@@ -22,9 +23,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import xxhash
 
@@ -370,15 +372,45 @@ def admin_client(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig 
         client.close()
 
 
+def _bounded(what: str, bootstrap: str, bound_s: float, security: KafkaConfig | None, call: Callable[[], Any]) -> Any:
+    """``call()``, given up after ``bound_s`` with a :class:`BrokerError`. kafka-python (3.0)
+    bounds its bootstrap and each request, but not the connection to a broker the cluster
+    advertises: a TLS handshake with a plaintext port waits for good, and the admin call
+    with it, deaf to every timeout and to a worker's SIGTERM. The call runs in a daemon
+    thread, so a hung one is left behind without keeping the process alive."""
+    answer: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            answer.set_result(call())
+        except BaseException as exc:  # handed to the caller
+            answer.set_exception(exc)
+
+    threading.Thread(target=run, name=f"kafka {what}", daemon=True).start()
+    try:
+        return answer.result(timeout=bound_s)
+    except concurrent.futures.TimeoutError:
+        if security is not None and security.uses_ssl:
+            why = ("the bootstrap server answered over TLS, so most likely a broker it advertises (the cluster's "
+                   "advertised listeners) is a plaintext port: the advertised address of the TLS listener must "
+                   "lead to TLS, as --bootstrap does")
+        else:
+            why = "a broker accepted the connection but did not answer"
+        raise BrokerError(f"{what} on {bootstrap} did not finish within {bound_s:.3g} s: {why}") from None
+
+
 def wait_ready(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig | None = None) -> list[str]:
     """Block until the broker answers a metadata request; return its topic names."""
     from kafka.errors import KafkaError
 
-    with admin_client(bootstrap, timeout_s, security) as admin:
-        try:
-            return sorted(admin.list_topics())
-        except KafkaError as exc:
-            raise _unreachable(bootstrap, timeout_s, exc, security) from exc
+    def ask() -> list[str]:
+        with admin_client(bootstrap, timeout_s, security) as admin:
+            try:
+                return sorted(admin.list_topics())
+            except KafkaError as exc:
+                raise _unreachable(bootstrap, timeout_s, exc, security) from exc
+
+    return _bounded("listing topics", bootstrap, 3 * timeout_s + 1, security, ask)
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0,
@@ -390,18 +422,22 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: flo
 
     if partitions < 1:
         raise BrokerError(f"--partitions must be >= 1, got {partitions}")
-    with admin_client(bootstrap, timeout_s, security) as admin:
-        try:
-            result = admin.create_topics(
-                {topic: {"num_partitions": partitions, "replication_factor": 1}},
-                timeout_ms=int(timeout_s * 1000), raise_errors=False,
-            )
-            _raise_create_error(topic, result)
-            admin.wait_for_topics([topic], timeout_ms=int(timeout_s * 1000))
-            described = admin.describe_topics([topic])
-        except KafkaError as exc:
-            raise BrokerError(f"cannot create topic {topic!r} on {bootstrap}: {exc}") from exc
-    return len(described[0]["partitions"])
+
+    def create() -> int:
+        with admin_client(bootstrap, timeout_s, security) as admin:
+            try:
+                result = admin.create_topics(
+                    {topic: {"num_partitions": partitions, "replication_factor": 1}},
+                    timeout_ms=int(timeout_s * 1000), raise_errors=False,
+                )
+                _raise_create_error(topic, result)
+                admin.wait_for_topics([topic], timeout_ms=int(timeout_s * 1000))
+                described = admin.describe_topics([topic])
+            except KafkaError as exc:
+                raise BrokerError(f"cannot create topic {topic!r} on {bootstrap}: {exc}") from exc
+        return len(described[0]["partitions"])
+
+    return _bounded(f"creating topic {topic!r}", bootstrap, 5 * timeout_s + 1, security, create)
 
 
 def _raise_create_error(topic: str, result: dict[str, Any]) -> None:
@@ -420,11 +456,14 @@ def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0,
     (asked through the admin API, which never auto-creates it)."""
     from kafka.errors import KafkaError
 
-    with admin_client(bootstrap, timeout_s, security) as admin:
-        try:
-            (described,) = admin.describe_topics([topic])
-        except KafkaError as exc:
-            raise BrokerError(f"cannot describe topic {topic!r} on {bootstrap}: {exc}") from exc
+    def describe() -> dict[str, Any]:
+        with admin_client(bootstrap, timeout_s, security) as admin:
+            try:
+                return admin.describe_topics([topic])[0]
+            except KafkaError as exc:
+                raise BrokerError(f"cannot describe topic {topic!r} on {bootstrap}: {exc}") from exc
+
+    described = _bounded(f"looking up topic {topic!r}", bootstrap, 3 * timeout_s + 1, security, describe)
     if described["error_code"] or not described["partitions"]:
         raise BrokerError(f"topic {topic!r} does not exist on {bootstrap}: create it first "
                           "(streamlearn produce creates it; --partitions sets the count)")

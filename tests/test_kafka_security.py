@@ -147,6 +147,28 @@ def tls_broker(pki):
         broker.stop()
 
 
+@pytest.mark.broker  # a broker of its own, advertising its plaintext port
+def test_a_tls_bootstrap_that_advertises_a_plaintext_port_fails_in_time(pki, tls_config):
+    """A TLS front before a broker that advertises its own plaintext port (a TLS load
+    balancer before brokers whose advertised listeners name their plain ports). Was: produce,
+    replay and a worker hung for good in kafka-python's TLS handshake with the advertised
+    port, deaf to --timeout, --connect-timeout and a first SIGTERM."""
+    front = TlsFront(pki)
+    broker = EmbeddedBroker().start()  # advertises its own plaintext listener
+    front.upstream = ("127.0.0.1", broker.port)
+    bootstrap = f"127.0.0.1:{front.port}"
+    try:
+        for call in (lambda: create_topic(bootstrap, "t", timeout_s=1, security=tls_config.kafka),
+                     lambda: topic_partitions(bootstrap, "t", timeout_s=1, security=tls_config.kafka)):
+            started = time.monotonic()
+            with pytest.raises(BrokerError, match="did not finish within .* advertised listeners"):
+                call()
+            assert time.monotonic() - started < 10
+    finally:
+        front.close()
+        broker.stop()
+
+
 def tls_overrides(pki: Path) -> list[str]:
     return ["kafka.security_protocol=SSL", f"kafka.ssl_cafile={pki / 'ca.pem'}",
             f"kafka.ssl_certfile={pki / 'client.pem'}", f"kafka.ssl_keyfile={pki / 'client.key'}",
