@@ -304,6 +304,17 @@ def test_a_query_longer_than_the_input_is_answered_from_its_end(task):
     assert got.tokens == end.tokens and got.scores == pytest.approx(end.scores)
 
 
+def test_an_mlm_query_of_max_tokens_without_a_mask_keeps_its_last_token():
+    """Was: a query of exactly hashing.max_tokens tokens and no [MASK] lost its last token
+    to the appended mask (the start was kept), so it answered another question."""
+    lrn = token_learner("mlm", "hashing.max_tokens=16")
+    words = (["see", "you", "at", "noon", "free", "prize", "now"] * 3)[:15] + ["lunch"]
+    full, asked = lrn.topk_many([{"tokens": words}, {"tokens": words[1:] + ["[MASK]"]}], k=5)
+    assert full.tokens == asked.tokens and full.scores == pytest.approx(asked.scores)
+    dropped = lrn.topk_many([{"tokens": words[:15] + ["[MASK]"]}], k=5)[0]
+    assert dropped.scores != pytest.approx(full.scores)  # the old answer differs: the test can fail
+
+
 def test_mlm_reads_a_window_around_the_mask_of_a_long_query_and_takes_mask_in_any_case():
     lrn = token_learner("mlm", "hashing.max_tokens=16")
     long = ["see", "you", "at", "noon"] * 10 + ["free", "[MASK]", "now"] + ["lunch", "at", "the", "usual", "place"] * 6

@@ -72,10 +72,10 @@ class MaskedTokenPreparer(TokenPreparer):
         """A window of ``hashing.max_tokens`` around the first [MASK] (the position asked
         about), or, without one, the last tokens before the [MASK] appended at the end."""
         m = self.cfg.hashing.max_tokens
+        if QUERY_MASK not in tokens:  # room for the appended mask (was: m tokens kept, the last dropped for it)
+            return tokens if len(tokens) < m else tokens[-(m - 1):]
         if len(tokens) <= m:
             return tokens
-        if QUERY_MASK not in tokens:
-            return tokens[-(m - 1):]
         start = min(max(0, tokens.index(QUERY_MASK) - m // 2), len(tokens) - m)
         return tokens[start:start + m]
 
@@ -188,8 +188,8 @@ def _mask_queries(lists: list[list[str]], max_len: int) -> tuple[list[list[str]]
     appended. Returns the lists and the (row, col) read out: each query's first mask."""
     out, cols = [], []
     for tokens in lists:
-        if QUERY_MASK not in tokens:
-            tokens = tokens[: max_len - 1] + [QUERY_MASK]
+        if QUERY_MASK not in tokens:  # the end is the context of the appended mask
+            tokens = tokens[-(max_len - 1):] + [QUERY_MASK]
         tokens = [MASK_TOKEN if t == QUERY_MASK else t for t in tokens]
         out.append(tokens)
         cols.append(tokens.index(MASK_TOKEN))
