@@ -161,4 +161,19 @@ class DeadLetters:
         self._unsent = failed + self._unsent
 
     def close(self) -> None:
-        self.producer.close(timeout=2)
+        """Close the producer; letters still unconfirmed stay unconfirmed (the caller has
+        said so). kafka-python's close raises when its flush times out (a broker gone) and
+        leaves the producer open, whose ``__del__`` then printed a traceback at exit; a
+        second close with no time left marks it closed."""
+        from kafka.errors import KafkaError
+
+        try:
+            self.producer.close(timeout=2)
+        except KafkaError as exc:
+            log.warning("closing the dead-letter producer: %s", exc)
+            # kafka-python 3.0's close stops at its failed flush: its send thread and
+            # unconfirmed batches are left, and __del__ retries the flush at exit
+            sender = getattr(self.producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+            self.producer._closed = True

@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ..exceptions import ConfigError
 from ..learner import Batch, Learner, StepReport
 from ..prequential import ACCURACY, Check, Scores
 from .handoff import Prepared
@@ -114,7 +115,11 @@ class WorkerMetrics:
     def serve(self, port: int) -> None:
         """Expose the metrics over HTTP on ``port`` (0: not at all)."""
         if port:
-            self._server, _ = start_http_server(port, registry=self.registry)
+            try:
+                self._server, _ = start_http_server(port, registry=self.registry)
+            except OSError as exc:  # the port is taken, or below 1024 without the right
+                raise ConfigError(f"--metrics-port {port}: cannot listen there ({exc.strerror or exc}): choose "
+                                  "another port, or 0 for none") from exc
             log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
     def close(self) -> None:

@@ -142,7 +142,11 @@ class Worker:
 
     def run(self) -> RunSummary:
         torch.set_num_threads(intra_op_threads(self.cfg))  # this thread is the training loop
-        self.metrics.serve(self.options.metrics_port)
+        try:
+            self.metrics.serve(self.options.metrics_port)
+        except BaseException:
+            self.store.close()  # nothing else started yet
+            raise
         log.info("worker on %r: state %s at offsets %s (%d commits so far)", self.options.topic,
                  self.options.state, self.checkpointer.positions or "none", self.checkpointer.commits)
         self.fetcher.start()

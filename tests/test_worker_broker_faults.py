@@ -275,3 +275,51 @@ def test_a_letter_sent_again_is_never_overtaken_by_a_later_one():
     letters.send(message(2), "bad-value: x")  # queued behind the first, not sent ahead of it
     assert producer.written == [] and letters.pending == 2
     assert letters.flush(1.0) and producer.written == [b"t:0:1", b"t:0:2"]
+
+
+CLOSE_WITH_THE_BROKER_GONE = """
+from types import SimpleNamespace
+from streamlearn.broker import EmbeddedBroker, create_topic
+from streamlearn.config import Config
+from streamlearn.consumers.connect import new_producer
+from streamlearn.consumers.dlq import DeadLetters
+
+broker = EmbeddedBroker().start()
+create_topic(broker.bootstrap, "t.dlq", 1)
+cfg = Config().override(f"worker.bootstrap={broker.bootstrap}").worker
+letters = DeadLetters(new_producer(cfg), "t.dlq", partitions=1, max_bytes=1024)
+message = lambda offset: SimpleNamespace(topic="t", partition=0, offset=offset, timestamp=0, key=None, value=b"x")
+letters.send(message(0), "bad-value: x")
+assert letters.flush(10.0)
+broker.stop()
+for offset in range(1, 4):
+    letters.send(message(offset), "bad-value: x")
+assert letters.pending == 3
+letters.close()
+print("closed")
+"""
+
+
+@pytest.mark.broker  # it starts a broker of its own, and stops it
+def test_closing_with_unconfirmed_letters_and_the_broker_gone_prints_no_traceback():
+    """Was: kafka-python's close raised at its flush and left the producer open; its
+    __del__ then printed 'Exception ignored ... KafkaTimeoutError' after the worker's
+    summary, on every such stop."""
+    run = subprocess.run([sys.executable, "-c", CLOSE_WITH_THE_BROKER_GONE], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "closed", run.stderr
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(broker, make_topic, group, tmp_path):
+    """Was: a traceback ending in 'OSError: [Errno 98] Address already in use', exit 1."""
+    import socket
+
+    topic = make_topic(1)
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
+                               "--until-idle", "2", "--metrics-port", str(taken.getsockname()[1]))
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines()[-1].startswith("streamlearn worker: error: --metrics-port ")
+    assert "Traceback" not in err
