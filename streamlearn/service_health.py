@@ -93,8 +93,11 @@ class StateWatch:
         return self._run(call, args, query=False)
 
     def _run(self, call: Callable[..., T], args: tuple, query: bool) -> T:
+        # The directory's own faults are not recorded: problem() checks it again each time,
+        # so a directory moved back is healthy at once (was: /healthz kept the query's
+        # "deleted" until the next query, which a deployment gated on it never sends).
+        self.check()
         try:
-            self.check()
             result = call(*args)
         except REQUEST_ERRORS:
             raise

@@ -87,6 +87,17 @@ def test_a_deleted_state_directory_is_503_and_healthz_says_so(served):
     assert metric_values(metrics.text)[("streamlearn_snapshot_available", ())] == 0
 
 
+def test_a_state_directory_moved_away_and_back_is_healthy_again_without_a_query(served):
+    """Was: /healthz kept the query's 'was deleted' (503) until the next query succeeded,
+    and a deployment that routes traffic by /healthz sends none."""
+    state, client = served
+    os.rename(state, state + ".away")
+    assert_unavailable(client.post("/v1/predict", json={"text": "w1 w2"}), "deleted")
+    os.rename(state + ".away", state)
+    assert client.get("/healthz").status_code == 200
+    assert metric_values(client.get("/metrics").text)[("streamlearn_snapshot_available", ())] == 1
+
+
 def test_a_replaced_state_directory_is_503(served):
     state, client = served
     other = make_state(pathlib.Path(state).parent / "other", "classify", 1)
