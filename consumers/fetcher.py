@@ -95,6 +95,7 @@ class Fetcher(threading.Thread):
         self.positions = dict(positions)
         self.end_offsets: dict[int, int] = {}
         self.broker_errors = 0
+        self._broker_down = False  # the last probe of the log ends failed
         self.consumed = 0  # records prepared (learned or dead-lettered) by this process
         self.stop_reason = ""
         self.final_ok: bool | None = None
@@ -230,7 +231,11 @@ class Fetcher(threading.Thread):
         if plan.max_records is not None and self.consumed >= plan.max_records:
             return f"{plan.max_records} records consumed (--max-records)"
         idle = self._idle_since is not None and not self._buffer and now - self._idle_since
-        if plan.until_idle_s is not None and idle and idle >= plan.until_idle_s and self._may_stop_idle():
+        # A broker that stops answering is an outage, not the stream's end: no idle stop
+        # while it lasts, and the idle time counts again from its end (was: --until-idle
+        # ended the run with exit 0 and thousands of records unread)
+        if (plan.until_idle_s is not None and idle and idle >= plan.until_idle_s and not self._broker_down
+                and self._may_stop_idle()):
             return f"no new record for {plan.until_idle_s:g} s (--until-idle)"
         return None
 
@@ -296,9 +301,15 @@ class Fetcher(threading.Thread):
             ends = self._consumer.end_offsets(list(assigned), timeout_ms=_PROBE_TIMEOUT_MS)
         except KafkaError as exc:
             self.broker_errors += 1
+            self._broker_down = True
             log.warning("broker %s unreachable (%s); the client reconnects with backoff up to %g s, "
                         "nothing is lost meanwhile", self.cfg.bootstrap, type(exc).__name__, self.cfg.retry_max_s)
             return
+        if self._broker_down:
+            self._broker_down = False
+            if self._idle_since is not None:
+                self._idle_since = now  # the outage was no idle time: read what came meanwhile
+            log.info("broker %s answers again", self.cfg.bootstrap)
         # A fetch response's high watermark is exact where a broker's ListOffsets is not
         # (Tansu 0.6: the last batch's base offset + 1; see connect.topic_log): only a
         # partition fetched since its assignment can be checked. Until then its end is

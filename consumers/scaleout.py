@@ -146,7 +146,7 @@ class SyncedFetcher(Fetcher):
     def _idle_long(self) -> bool:
         """No record for ``--until-idle`` and none waiting to be handed over."""
         wait = self.plan.until_idle_s
-        return (wait is not None and self._idle_since is not None and not self._buffer
+        return (wait is not None and self._idle_since is not None and not self._buffer and not self._broker_down
                 and time.monotonic() - self._idle_since >= wait)
 
     def _why_stop(self) -> str | None:

@@ -323,3 +323,33 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(broker, make_topic, group,
     assert proc.returncode == 2, err
     assert err.strip().splitlines()[-1].startswith("streamlearn worker: error: --metrics-port ")
     assert "Traceback" not in err
+
+
+@pytest.mark.broker  # it starts a broker of its own, and pauses it
+def test_until_idle_does_not_end_the_run_while_the_broker_is_unreachable(group, tmp_path):
+    """The broker paused (SIGSTOP: it stops answering, as a hung broker or a network
+    partition does) for longer than --until-idle, and records written once it is back.
+    Was: the worker stopped during the outage with exit 0, 'no new record for 2 s'."""
+    broker = EmbeddedBroker().start()
+    try:
+        create_topic(broker.bootstrap, "events", 1)
+        first = produce(broker.bootstrap, "events", stream(300, seed=5))
+        worker = Worker(config(broker.bootstrap, group, "worker.log_seconds=0.2", "worker.retry_max_s=0.5"),
+                        RunOptions("events", str(tmp_path / "s"), until_idle_s=2.0))
+        box = {}
+        thread = threading.Thread(target=lambda: box.update(result=_outcome(worker.run)))
+        thread.start()
+        wait_for(lambda: worker.metrics.records == first[0])
+        os.kill(broker.pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.kill(broker.pid, signal.SIGCONT)
+        assert thread.is_alive(), box  # an outage is not the stream's end
+        produce(broker.bootstrap, "events", stream(200, seed=6))
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+        broker.stop()
+    summary = box["result"]
+    assert not isinstance(summary, Exception), summary
+    assert summary.offsets == {0: first[0] + 200} and worker.fetcher.broker_errors > 0
