@@ -353,3 +353,25 @@ def test_until_idle_does_not_end_the_run_while_the_broker_is_unreachable(group, 
     summary = box["result"]
     assert not isinstance(summary, Exception), summary
     assert summary.offsets == {0: first[0] + 200} and worker.fetcher.broker_errors > 0
+
+
+def test_sigterm_while_a_next_item_worker_waits_for_its_first_records_stops_it_saying_so(
+        broker, make_topic, group, tmp_path):
+    """Was: exit 143 and not a word (the handlers were installed after the worker was
+    built, and a new next-item model's warm-up waits in its construction)."""
+    topic = make_topic(2)
+    proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
+                           "--task", "next-item")
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if "is empty: waiting for its first records" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, rest = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "".join(err) + rest
+    assert "stopped by SIGTERM during start-up" in out and "Traceback" not in rest

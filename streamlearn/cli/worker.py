@@ -86,8 +86,25 @@ def run(args: argparse.Namespace) -> int:
     # torch's C++ warnings (a TCPStore peer closing, in a group's normal stop too) print
     # multi-frame stack traces around the worker's own one-line account; errors still show
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    signals = _Signals()
+    with signals.installed():  # from the start: importing torch and opening the state take seconds
+        try:
+            worker = _new_worker(args)
+        except _StoppedEarly as stopped:
+            print(f"streamlearn worker: stopped by {stopped} during start-up (opening the state, or waiting for "
+                  "the topic's first records): nothing consumed, the state keeps its last checkpoint", flush=True)
+            return 0
+        signals.worker = worker
+        summary = worker.run()
+    print(f"streamlearn worker: {summary}", flush=True)
+    from ..compiled_loading import settle
+    settle()  # a short run's kernels still loading: numba's cache filled before the process exits
+    return 0 if summary.saved else 1
+
+
+def _new_worker(args: argparse.Namespace) -> Worker:
     cfg, given = run_config(args)
-    from ..compiled_loading import in_a_command, settle
+    from ..compiled_loading import in_a_command
     in_a_command()  # the kernels load after the worker's start (consumers.Worker), without numba's BLAS probe
     from ..consumers import RunOptions, Worker  # torch and kafka: only when a worker runs
     from ..consumers.scaleout import GroupWorker
@@ -96,12 +113,7 @@ def run(args: argparse.Namespace) -> int:
     options = RunOptions(args.topic, args.state, args.max_records, args.until_idle, args.metrics_port, args.reset,
                          given)
     settings = group_settings(args, cfg)
-    worker = Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
-    with _stop_on_signals(worker):
-        summary = worker.run()
-    print(f"streamlearn worker: {summary}", flush=True)
-    settle()  # a short run's kernels still loading: numba's cache filled before the process exits
-    return 0 if summary.saved else 1
+    return Worker(cfg, options) if settings is None else GroupWorker(cfg, options, settings)
 
 
 def group_settings(args: argparse.Namespace, cfg: Config):
@@ -133,23 +145,36 @@ def _check_kafka(cfg: Config) -> None:
     cfg.kafka.client_options()
 
 
-@contextlib.contextmanager
-def _stop_on_signals(worker: Worker) -> Iterator[None]:
-    """SIGTERM / SIGINT: checkpoint and stop; a second one: stop now (exit 130; the state
-    keeps its last checkpoint)."""
-    received: list[int] = []
+class _StoppedEarly(BaseException):
+    """SIGTERM / SIGINT before the worker could take it (its name is the message). A
+    BaseException, as KeyboardInterrupt: what it interrupts closes what it opened."""
 
-    def handle(signum: int, frame: object) -> None:
-        received.append(signum)
-        if len(received) > 1:
+
+class _Signals:
+    """SIGTERM / SIGINT: before the worker exists (imports, opening the state, a next-item
+    model's warm-up window on an empty topic), stop the start-up (:class:`_StoppedEarly`);
+    then checkpoint and stop; a second one: stop now (exit 130; the state keeps its last
+    checkpoint)."""
+
+    def __init__(self):
+        self.worker: Worker | None = None
+        self.received: list[int] = []
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        name = signal.Signals(signum).name
+        if self.worker is None:
+            raise _StoppedEarly(name)
+        if len(self.received) > 1:
             raise KeyboardInterrupt
-        log.info("%s: stopping after a final checkpoint (send it again to stop at once)",
-                 signal.Signals(signum).name)
-        worker.stop()
+        log.info("%s: stopping after a final checkpoint (send it again to stop at once)", name)
+        self.worker.stop()
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
