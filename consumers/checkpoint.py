@@ -43,6 +43,16 @@ def partition_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
 
+TOPIC_IDS = "topic.id"  # kv namespace: topic name -> the broker's id of it when the state read it
+
+
+def stored_topic_id(store: Store, topic: str) -> str | None:
+    """The id of ``topic`` a checkpoint stored with its offsets (None: none yet, or a state
+    written before ids were kept)."""
+    stored = store.read_kv(TOPIC_IDS, topic.encode())
+    return None if stored is None else stored.decode()
+
+
 def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
     """``{"topic:p": n}`` entries of ``topic`` as ``{p: n}``."""
     out = {}
@@ -147,6 +157,7 @@ class Checkpointer:
     """
 
     live: LiveHistory | None = None
+    topic_id: Callable[[], str | None] | None = None  # the topic's id now (the fetch thread's), stored with the offsets
 
     def __init__(self, store: Store, learner: Learner, topic: str, audit: bool = False):
         self.store, self.learner, self.topic = store, learner, topic
@@ -252,6 +263,9 @@ class Checkpointer:
     def _checkpoint(self, rows: dict, blobs: dict, kv: dict, metrics: dict, config: Config) -> Checkpoint:
         if self._audit is not None:
             kv.update(audit_kv(self.commits + 1, self._audit.ranges))
+        topic_id = self.topic_id() if self.topic_id is not None else None
+        if topic_id is not None:
+            kv[TOPIC_IDS] = {self.topic.encode(): topic_id.encode()}
         if self.live is not None:
             for namespace, entries in self.live.take_kv().items():  # under a failed attempt's entries
                 kv[namespace] = {**kv.get(namespace, {}), **entries}

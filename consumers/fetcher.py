@@ -41,7 +41,7 @@ from kafka import ConsumerRebalanceListener
 
 from ..config import WorkerConfig
 from ..batching import Preparer, Schedule
-from ..broker import create_topic, topic_partitions
+from ..broker import create_topic, describe_topic
 from ..records import Record, decode_many, reason_code
 from . import positions as logs
 from .connect import Backoff, StartUp, close_quietly, new_consumer, new_producer, topic_log
@@ -76,6 +76,7 @@ class FetchPlan:
     until_idle_s: float | None = None
     assign: bool = False
     steps: int = 0
+    topic_id: str | None = None  # the topic's id the state stored (None: none yet)
 
 
 class Fetcher(threading.Thread):
@@ -95,6 +96,7 @@ class Fetcher(threading.Thread):
         self.positions = dict(positions)
         self.end_offsets: dict[int, int] = {}
         self.broker_errors = 0
+        self.topic_id = plan.topic_id  # the broker's id of the topic, once connected
         self._broker_down = False  # the last probe of the log ends failed
         self.consumed = 0  # records prepared (learned or dead-lettered) by this process
         self.stop_reason = ""
@@ -157,8 +159,9 @@ class Fetcher(threading.Thread):
         docstring); False when asked to stop first."""
         cfg, topic, security = self.cfg, self.plan.topic, self.prep.cfg.kafka
         wait = startup.wait_s  # each attempt waits on the broker within what is left of start-up
-        partitions = startup.step(f"looking up topic {topic!r}",
-                                  lambda: topic_partitions(cfg.bootstrap, topic, wait(10.0), security))
+        described = startup.step(f"looking up topic {topic!r}",
+                                 lambda: describe_topic(cfg.bootstrap, topic, wait(10.0), security))
+        partitions, topic_id = described or (0, None)
         dlq = partitions and startup.step(f"setting up dead-letter topic {self.dlq_topic!r}",
                                           lambda: create_topic(cfg.bootstrap, self.dlq_topic, partitions, wait(10.0),
                                                                security))
@@ -172,7 +175,7 @@ class Fetcher(threading.Thread):
                                                 lambda: topic_log(self._consumer, topic, partitions, self.positions))
         if not found:
             return False
-        self._start_from(found)
+        self._start_from(dataclasses.replace(found, topic_id=topic_id))
         if self.plan.assign:
             self._assign_all()
         else:
@@ -193,7 +196,8 @@ class Fetcher(threading.Thread):
         """Check the stored offsets against the log (stop, or restart the partitions that
         lost theirs), then hand every partition's start to the training loop."""
         stored = dict(self.positions)
-        mismatch = logs.compare(stored, found)
+        mismatch = logs.compare(stored, found, self.plan.topic_id)
+        self.topic_id = found.topic_id  # the checkpoints store it from now on
         restart: list[int] = []
         if mismatch is not None:
             if self.cfg.on_lost_offsets != logs.RESTART:

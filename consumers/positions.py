@@ -32,6 +32,7 @@ class TopicLog:
     topic: str
     begins: dict[int, int]
     ends: dict[int, int]
+    topic_id: str | None = None  # the broker's id of the topic (None: it gives none)
 
     @property
     def partitions(self) -> int:
@@ -44,13 +45,16 @@ class Mismatch:
 
     ``beyond``: partition -> (stored offset, log end) where the stored offset is past the
     end; ``recorded``: the partition count the state recorded (None: it recorded none);
-    ``partitions``: the count now.
+    ``partitions``: the count now; ``recreated``: (stored id, id now) when the topic's id
+    changed (it was deleted and created again: the ids say so even where a new log of the
+    same width has grown past every stored offset).
     """
 
     topic: str
     beyond: dict[int, tuple[int, int]]
     recorded: int | None
     partitions: int
+    recreated: tuple[str, str] | None = None
 
     @property
     def count_changed(self) -> bool:
@@ -64,13 +68,15 @@ class Mismatch:
         that only grew, every stored offset within its log, is what adding partitions
         looks like: the known partitions keep their offsets (the new ones start at the
         log's start, as any partition the state has not seen)."""
-        if self.count_changed and (self.beyond or self.partitions < (self.recorded or 0)):
+        if self.recreated or self.count_changed and (self.beyond or self.partitions < (self.recorded or 0)):
             return list(range(self.partitions))
         return sorted(self.beyond)
 
     def describe(self) -> str:
         """One sentence: what differs, in the topic's words."""
         parts = []
+        if self.recreated:
+            parts.append("it was deleted and created again (its id was {}, now {})".format(*self.recreated))
         if self.beyond:
             each = ", ".join(f"partition {p} at {stored:,} but the log ends at {end:,}"
                              for p, (stored, end) in sorted(self.beyond.items()))
@@ -95,9 +101,10 @@ def recorded_partitions(stored: dict[int, int]) -> int | None:
     return max(stored) + 1 if stored else None
 
 
-def compare(stored: dict[int, int], log: TopicLog) -> Mismatch | None:
-    """None when every stored offset is within its partition's log and the partition
-    count is the one the state recorded; else what differs.
+def compare(stored: dict[int, int], log: TopicLog, stored_id: str | None = None) -> Mismatch | None:
+    """None when every stored offset is within its partition's log, the partition count
+    is the one the state recorded and the topic's id the one it stored (``stored_id``;
+    None: not known); else what differs.
 
     >>> log = TopicLog("t", begins={0: 0, 1: 0}, ends={0: 10, 1: 4})
     >>> compare({0: 10, 1: 3}, log) is None
@@ -106,11 +113,16 @@ def compare(stored: dict[int, int], log: TopicLog) -> Mismatch | None:
     "topic 't': stored offsets are beyond the log's end (partition 0 at 12 but the log ends at 10)"
     >>> compare({0: 5, 1: 3, 2: 0}, log).restart()
     [0, 1]
+    >>> again = TopicLog("t", begins={0: 0, 1: 0}, ends={0: 10, 1: 4}, topic_id="b2")
+    >>> compare({0: 10, 1: 3}, again, stored_id="a1").restart()
+    [0, 1]
     """
     beyond = {p: (offset, log.ends[p]) for p, offset in stored.items()
               if p in log.ends and offset > log.ends[p]}
-    mismatch = Mismatch(log.topic, beyond, recorded_partitions(stored), log.partitions)
-    return mismatch if beyond or mismatch.count_changed else None
+    recreated = ((stored_id, log.topic_id) if stored_id and log.topic_id and stored_id != log.topic_id
+                 else None)
+    mismatch = Mismatch(log.topic, beyond, recorded_partitions(stored), log.partitions, recreated)
+    return mismatch if beyond or mismatch.count_changed or recreated else None
 
 
 def starts(stored: dict[int, int], log: TopicLog, restart: list[int]) -> dict[int, int]:

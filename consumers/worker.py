@@ -24,7 +24,7 @@ from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
 from ..state import open_store
 from ..checkpoint import read_live
-from .checkpoint import Checkpointer, open_learner
+from .checkpoint import Checkpointer, open_learner, stored_topic_id
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
@@ -102,8 +102,10 @@ class Worker:
         self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
-                         assign=cfg.worker.assignment == "manual", steps=self.learner.steps)
+                         assign=cfg.worker.assignment == "manual", steps=self.learner.steps,
+                         topic_id=stored_topic_id(self.store, options.topic))
         self.fetcher = self._new_fetcher(plan)
+        self.checkpointer.topic_id = lambda: self.fetcher.topic_id
         self.live = LiveHistory(read_live(self.store), gauges=self._gauges)
         self.checkpointer.live = self.live  # committed with every checkpoint
         self.summary = RunSummary()

@@ -454,6 +454,13 @@ def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0,
                      security: KafkaConfig | None = None) -> int:
     """The partition count of an existing ``topic``; a missing topic is a :class:`BrokerError`
     (asked through the admin API, which never auto-creates it)."""
+    return describe_topic(bootstrap, topic, timeout_s, security)[0]
+
+
+def describe_topic(bootstrap: str, topic: str, timeout_s: float = 10.0,
+                   security: KafkaConfig | None = None) -> tuple[int, str | None]:
+    """The partition count of an existing ``topic`` and its id (None where the broker
+    gives none, or the all-zero id of brokers before topic ids); as :func:`topic_partitions`."""
     from kafka.errors import KafkaError
 
     def describe() -> dict[str, Any]:
@@ -467,7 +474,10 @@ def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 10.0,
     if described["error_code"] or not described["partitions"]:
         raise BrokerError(f"topic {topic!r} does not exist on {bootstrap}: create it first "
                           "(streamlearn produce creates it; --partitions sets the count)")
-    return len(described["partitions"])
+    topic_id = str(described.get("topic_id") or "") or None
+    if topic_id is not None and not topic_id.strip("0-"):
+        topic_id = None  # the zero id: the broker keeps none
+    return len(described["partitions"]), topic_id
 
 
 def partition_for(key: bytes, partitions: int) -> int:

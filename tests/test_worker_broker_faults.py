@@ -83,6 +83,35 @@ def test_a_broker_that_lost_its_data_stops_the_worker_and_restart_from_start_rea
 
 
 @pytest.mark.broker  # it starts (or looks for) brokers of its own
+def test_a_topic_created_again_and_refilled_past_the_stored_offsets_is_refused(group, tmp_path):
+    """The broker restarted without its data and the topic created again with the same
+    partitions and refilled beyond every stored offset: no offset or count check can tell.
+    Was: exit 0, the new log's records below the stored offsets skipped without a word;
+    now the topic's id, stored with the offsets, tells."""
+    state = tmp_path / "s"
+    broker = EmbeddedBroker().start()
+    try:
+        create_topic(broker.bootstrap, "events", 2)
+        before = produce(broker.bootstrap, "events", stream(200, seed=1))
+        cfg = config(broker.bootstrap, group)
+        assert run(cfg, "events", state, until_idle_s=1.0).offsets == before
+        stored = manifest(state)[0]
+
+        broker = restarted_empty(broker)
+        create_topic(broker.bootstrap, "events", 2)
+        after = produce(broker.bootstrap, "events", stream(600, seed=2))
+        assert all(after[p] > before[p] for p in before)  # every stored offset is within the new log
+        with pytest.raises(WorkerError, match=r"topic 'events': it was deleted and created again \(its id was"):
+            run(cfg, "events", state, until_idle_s=1.0)
+        assert manifest(state)[0] == stored  # refused before anything was written
+        summary = run(cfg.override("worker.on_lost_offsets=restart-from-start"), "events", state, until_idle_s=1.0)
+        assert summary.records == 600 and summary.offsets == after  # every record of the new log
+        assert run(cfg, "events", state, until_idle_s=1.0).records == 0  # the new id is stored: consistent again
+    finally:
+        broker.stop()
+
+
+@pytest.mark.broker  # it starts (or looks for) brokers of its own
 def test_a_broker_that_loses_its_data_while_the_worker_runs_stops_it(group, tmp_path):
     state = tmp_path / "s"
     broker = EmbeddedBroker().start()
