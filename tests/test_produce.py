@@ -175,3 +175,18 @@ def test_a_text_record_the_worker_would_refuse_is_a_bad_line_and_the_preview_is_
     assert produce(broker, path, topic + "-b", "--skip-bad-lines") == 0  # no limit but the broker's
     preview = capsys.readouterr().err.splitlines()[1]
     assert preview.startswith("first record: {'text': 'xxx") and len(preview) < 300 and preview.endswith("...")
+
+
+def test_produce_and_replay_take_the_bootstrap_of_the_config_and_environment(broker, topic, tmp_path, monkeypatch,
+                                                                            capsys):
+    """Was: both used 127.0.0.1:9092 unless --bootstrap was given; only the worker read
+    worker.bootstrap, so one operator config did not serve every command."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"text": "hello there", "label": "greet"}) + "\n")
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[worker]\nbootstrap = "{broker}"\n')
+    assert main(["produce", str(path), "--topic", topic, "--config", str(conf), "--timeout", "5"]) == 0
+    monkeypatch.setenv("STREAMLEARN__WORKER__BOOTSTRAP", broker)
+    assert main(["produce", str(path), "--topic", topic, "--timeout", "5"]) == 0
+    assert main(["replay", "--topic", topic, "--no-progress"]) == 0
+    assert "2 records" in capsys.readouterr().out

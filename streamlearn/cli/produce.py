@@ -29,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="dataset file")
     parser.add_argument("--topic", required=True, help="topic to write to")
-    parser.add_argument("--bootstrap", default=WorkerConfig.bootstrap,
-                        help="Kafka bootstrap servers host:port (default: %(default)s)")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers host:port (default: worker.bootstrap of the "
+                        f"config or environment, else {WorkerConfig.bootstrap})")
     parser.add_argument("--partitions", type=int, default=1,
                         help="partitions of the topic when it is created (default: %(default)s)")
     parser.add_argument("--format", choices=RECORD_FORMATS, default="msgpack",
@@ -66,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
     options = ReadOptions(args.input_format, args.text_column, args.label_column, args.skip_bad_lines,
                           max_line_bytes=config.worker.max_record_bytes)
     reader = DatasetReader(args.file, options)
-    partitions = create_topic(args.bootstrap, args.topic, args.partitions, timeout_s=args.timeout, security=security)
+    bootstrap = args.bootstrap or config.worker.bootstrap  # one config for every command (was: only the worker's)
+    partitions = create_topic(bootstrap, args.topic, args.partitions, timeout_s=args.timeout, security=security)
     if partitions != args.partitions:
         print(f"topic {args.topic!r} already exists with {partitions} partitions; keeping them", file=sys.stderr)
     total = reader.estimate_rows() if args.limit is None else min(args.limit, reader.estimate_rows())
     print(reader.preview(), file=sys.stderr)
     rows = itertools.islice(reader, args.limit)
     with tqdm(total=total, unit="rec", desc=f"produce {args.topic}", disable=None) as bar:
-        summary = produce_rows(args.bootstrap, args.topic, rows, fmt=args.format, progress=bar,
+        summary = produce_rows(bootstrap, args.topic, rows, fmt=args.format, progress=bar,
                                timeout_s=max(args.timeout, 30.0), security=security)
     print(f"{summary} [{reader.format} {args.file} -> {args.format}]")
     _report_bad_lines(reader)

@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--text-column", help="CSV/TSV text column (name or 0-based index; 'a,b' joins)")
     src.add_argument("--label-column", help="CSV/TSV label column (name or 0-based index)")
     src.add_argument("--topic", help="Kafka topic to read (no consumer group: nothing is committed)")
-    src.add_argument("--bootstrap", default=WorkerConfig.bootstrap, help="Kafka bootstrap servers (default: %(default)s)")
+    src.add_argument("--bootstrap", help="Kafka bootstrap servers (default: worker.bootstrap of the config or "
+                     f"environment, else {WorkerConfig.bootstrap})")
     src.add_argument("--partitions", help="comma-separated partitions to read (default: all)")
     src.add_argument("--start-offset", metavar="N|P:N,..", help="first offset, for every partition or per partition")
     src.add_argument("--end-offset", metavar="N|P:N,..", help="end offset, exclusive (default: the end at start-up)")
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import replay
     from ..replay.baselines import parse_baselines
 
-    source = _source(args, config.kafka, config.worker.max_record_bytes)
+    source = _source(args, config.kafka, config.worker.max_record_bytes, config.worker.bootstrap)
     if args.file is not None:
         print(source.preview(), file=sys.stderr)
     torch.set_num_threads(intra_op_threads(config))
@@ -232,7 +233,7 @@ def _kafka_only(path: str) -> bool:
     return dataclasses.replace(file_config, kafka=KafkaConfig()) == Config()
 
 
-def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int):
+def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int, bootstrap: str):
     """The records to replay; one over ``max_bytes`` (``worker.max_record_bytes``) is bad,
     too-large, from a file as from Kafka, as the worker has it."""
     from ..replay.sources import FileSource, KafkaRange, KafkaSource, parse_offsets, parse_time
@@ -248,7 +249,7 @@ def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int):
         end_ms=parse_time(args.end_time) if args.end_time else None,
         partitions=_partitions(args.partitions),
     )
-    return KafkaSource(args.bootstrap, rng, max_bytes=max_bytes, security=security)
+    return KafkaSource(args.bootstrap or bootstrap, rng, max_bytes=max_bytes, security=security)
 
 
 def _partitions(spec: str | None) -> tuple[int, ...] | None:
