@@ -431,3 +431,11 @@ def test_cli_serves_with_two_workers_and_merges_their_metrics(states):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_serve_refuses_a_set_of_a_key_it_does_not_read(states, capsys):
+    """Was: `serve --set learner.beam=3` started and answered with the stored beam."""
+    from streamlearn.cli import main
+
+    assert main(["serve", "--state", states["classify"], "--port", "0", "--set", "learner.beam=3"]) == 2
+    assert "serve --set learner.beam: serve reads only [service] keys" in capsys.readouterr().err

@@ -80,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
 def _service_config(args: argparse.Namespace) -> ServiceConfig:
     from ..config import load_config
 
+    for item in args.overrides:  # a [model] or [learner] key here would change nothing, silently
+        key = item.partition("=")[0].strip()
+        if not key.lower().startswith("service."):
+            raise StreamlearnError(f"serve --set {key}: serve reads only [service] keys; the model's keys are the "
+                                   "state's (a worker's --set changes them), the device is --device")
     service = load_config(args.config, args.overrides).service
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     return dataclasses.replace(service, **changes)  # --host and --port are checked as service.host and .port
