@@ -169,12 +169,12 @@ def test_token_tasks_give_each_token_its_own_importance_weights(task):
         assert e.rows == feats["buckets"][0].tolist(), query
 
 
-def test_next_token_leaves_out_the_weights_of_a_token_beyond_its_input():
+def test_next_token_explains_the_tokens_of_its_input_only():
     lrn = token_learner("next-token", "hashing.max_tokens=4")  # [BOS] and the prefix's last 3 tokens
     e = lrn.explain_many([{"tokens": ["see", "you", "at", "noon"]}])[0]
     feats = lrn.featurizer.featurize([["you", "at", "noon"]], 128)
-    assert e.importance[0] is None and e.rows[0] is None
-    assert e.rows[1:] == feats["buckets"][0].tolist()
+    assert e.tokens == ["you", "at", "noon"]  # was: "see" listed too, with no rows and no importance
+    assert e.rows == feats["buckets"][0].tolist()
 
 
 def test_a_scheme_without_importance_weights_says_so():
@@ -313,6 +313,15 @@ def test_an_mlm_query_of_max_tokens_without_a_mask_keeps_its_last_token():
     assert full.tokens == asked.tokens and full.scores == pytest.approx(asked.scores)
     dropped = lrn.topk_many([{"tokens": words[:15] + ["[MASK]"]}], k=5)[0]
     assert dropped.scores != pytest.approx(full.scores)  # the old answer differs: the test can fail
+
+
+def test_a_long_next_token_query_is_explained_by_the_tokens_the_model_reads():
+    """Was: hashing.max_tokens tokens listed, the first with no rows and no importance:
+    the model reads [BOS] and the last max_tokens - 1."""
+    lrn = token_learner("next-token", "hashing.max_tokens=16")
+    long = [["free", "prize", "see", "you", "at"][j % 5] for j in range(40)]
+    e = lrn.explain_many([{"tokens": long}], k=3)[0]
+    assert e.tokens == long[-15:] and all(imp is not None for imp in e.importance)
 
 
 def test_mlm_reads_a_window_around_the_mask_of_a_long_query_and_takes_mask_in_any_case():

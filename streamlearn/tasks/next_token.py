@@ -94,8 +94,10 @@ class NextTokenPreparer(TokenPreparer):
         return super().query_text(text)
 
     def query_cut(self, tokens: list[str]) -> list[str]:
-        """What comes next follows from the prefix's end: its last tokens are kept."""
-        return tokens[-self.cfg.hashing.max_tokens:]
+        """What comes next follows from the prefix's end: its last tokens are kept, as many
+        as the input holds after [BOS] (:meth:`fill_query`; was one more, which an
+        explanation listed as a token the model did not read)."""
+        return tokens[-(self.cfg.hashing.max_tokens - 1):]
 
     def query_columns(self, batch: Batch, i: int, n: int) -> tuple[int, list[int | None]]:
         """The sequence holding query ``i`` (a longer query's, when it is a prefix of one)
