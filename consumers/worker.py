@@ -100,6 +100,9 @@ class Worker:
         self.checkpointer = self._new_checkpointer()
         self.check = self.learner.task.prequential_check()
         self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check)
+        committed_at = self.store.manifest().committed_at
+        if committed_at:  # the state's last checkpoint, not 0, until this run writes one (alerts read it)
+            self.metrics.m_ckpt_time.set(committed_at)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
                          assign=cfg.worker.assignment == "manual", steps=self.learner.steps,

@@ -545,3 +545,19 @@ def test_a_worker_restarted_at_the_end_of_its_partitions_reports_no_negative_lag
     assert lines and all(re.search(r"records/s, lag 0\b", line) for line in lines), lines
     for p in range(2):
         assert worker.metrics.registry.get_sample_value("streamlearn_worker_lag_records", {"partition": str(p)}) == 0
+
+
+def test_the_last_checkpoint_time_is_the_states_from_the_start(broker, make_topic, group, tmp_path):
+    """Was 0 until the restarted worker wrote its own first checkpoint, so the alert of
+    operations.md (time() - last checkpoint) fired after every restart."""
+    topic = make_topic(1)
+    produce(broker, topic, stream(100, seed=3))
+    cfg = config(broker, group)
+    run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0)
+    committed_at = manifest(tmp_path / "s")[0].committed_at
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    try:
+        got = worker.metrics.registry.get_sample_value("streamlearn_worker_last_checkpoint_timestamp_seconds")
+        assert got == pytest.approx(committed_at)
+    finally:
+        worker.store.close()
