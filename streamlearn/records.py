@@ -8,6 +8,9 @@ A message value is a msgpack map or a JSON object, told apart by its first byte 
 - ``label`` (str or int), optional, for classification;
 - ``key`` (str; an int is taken as its decimal string, as token ids are) and ``item``
   (str or int) for next-item streams;
+- a ``label``, ``key`` or ``item`` string names a class or an id, not text: at most
+  :data:`MAX_NAME_CHARS` characters (the service's limit of one token; a 900 KB label
+  was once a class, rewritten into every checkpoint);
 - ``ts`` (int, event time in ms since the epoch), optional; the worker falls back to the
   Kafka timestamp;
 - ``weight`` (a number in (0, :data:`MAX_WEIGHT`]), optional, default 1.0. The bound keeps
@@ -186,7 +189,7 @@ def from_dict(obj: Mapping[Any, Any]) -> Record:
     """Validate a decoded map (or a producer's dict) into a :class:`Record`."""
     get = _getter(obj)
     text, tokens = _text(get("text")), _tokens(get("tokens"))
-    key, item = _key(get("key")), _token_field("item", get("item"))
+    key, item = _key(get("key")), _name("item", get("item"))
     if text is None and tokens is None:
         if key is None and item is None:
             raise RecordError("missing-field: text or tokens (or key and item for a next-item record)")
@@ -196,7 +199,7 @@ def from_dict(obj: Mapping[Any, Any]) -> Record:
     return Record(
         text=text,
         tokens=tokens,
-        label=_token_field("label", get("label")),
+        label=_name("label", get("label")),
         key=key,
         item=item,
         ts=_ts(get("ts")),
@@ -248,6 +251,9 @@ def _tokens(value: Any) -> tuple[Token, ...] | None:
     return tuple(value)
 
 
+MAX_NAME_CHARS = 1024  # a label, key or item string
+
+
 def _token_field(name: str, value: Any) -> str | int | None:
     if value is None:
         return value
@@ -260,9 +266,17 @@ def _token_field(name: str, value: Any) -> str | int | None:
     raise RecordError(f"wrong-type: {name} must be str or int, got {type(value).__name__}")
 
 
+def _name(name: str, value: Any) -> str | int | None:
+    """A label, key or item: a token field of at most :data:`MAX_NAME_CHARS` characters."""
+    if isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+        raise RecordError(f"bad-value: {name} is {len(value):,} characters, at most {MAX_NAME_CHARS:,}: it names "
+                          "a class or an id, not text")
+    return _token_field(name, value)
+
+
 def _key(value: Any) -> str | None:
     # Same identity rule as token ids (hashing.canonical_id): 196 and "196" are one key.
-    value = _token_field("key", value)
+    value = _name("key", value)
     return str(value) if _is_int(value) else value
 
 

@@ -103,6 +103,9 @@ BAD = [
     (js({"key": "u", "item": 2**64}), "bad-value"),
     (js({"tokens": [2**64], "label": "x"}), "bad-value"),  # was: valid, then msgpack.packb overflowed
     (js({"tokens": ["a", -(2**63) - 1]}), "bad-value"),
+    (mp({"text": "x", "label": "l" * 1025}), "bad-value"),  # was: a class of 900 KB in every checkpoint
+    (mp({"key": "k" * 1025, "item": 1}), "bad-value"),
+    (mp({"key": "u", "item": "i" * 1025}), "bad-value"),
 ]
 
 
