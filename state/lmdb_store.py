@@ -106,6 +106,7 @@ class LmdbStore(Store):
         self._lock_fd: int | None = None
         self._shared: SharedEnv | None = None
         self._meta: StoreMeta | None = None
+        self._file_id: tuple[int, int] | None = None  # (device, inode) of the data file opened
         if readonly:
             check_state_dir(self.path)
         else:
@@ -116,6 +117,7 @@ class LmdbStore(Store):
             check_readable(self.path)
             map_size = _round_pages(int(cfg.map_size_gb * 2**30))
             self._shared = acquire(self.path, readonly, map_size, cfg.sync)
+            self._file_id = _file_id(self.path)
             self._meta = self._open_meta()
             self.shards = self._meta.shards
             if not readonly:
@@ -125,6 +127,19 @@ class LmdbStore(Store):
         except BaseException:
             self.close()
             raise
+
+    def _check_same_file(self) -> None:
+        """The data file is still the one opened: a state directory deleted (or replaced)
+        under a writer leaves it writing to an unlinked file, commits that succeed and
+        that nobody can open again (was: the worker said "all saved")."""
+        try:
+            same = _file_id(self.path) == self._file_id
+        except OSError:
+            same = False
+        if not same:
+            raise StateError(f"the state directory {self.path} was deleted or replaced after this process opened "
+                             "it: a commit would go to a file nobody can open again; stop, restore the directory "
+                             "(or let the next start create a new state) and start again")
 
     # -- opening ----------------------------------------------------------------------
     def _prepare_dir(self, reset: bool) -> None:
@@ -225,6 +240,7 @@ class LmdbStore(Store):
     def commit(self, ckpt: Checkpoint) -> None:
         """Atomic checkpoint; the numbered steps are in this module's docstring."""
         self._check_writable()
+        self._check_same_file()
         prep = prepare_checkpoint(ckpt, self._tables)  # 1. validate
         batches = self._encode_rows(prep)  # 2. encode, shard, sort
 
@@ -604,6 +620,12 @@ def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
             namespace = bytes(key).split(b"\x00", 1)[0].decode()
             counts[namespace] = counts.get(namespace, 0) + 1
     return counts
+
+
+def _file_id(path: str) -> tuple[int, int]:
+    """(device, inode) of the state's data file."""
+    st = os.stat(os.path.join(path, DATA))
+    return st.st_dev, st.st_ino
 
 
 def _round_pages(size: int) -> int:

@@ -83,6 +83,22 @@ def test_a_full_map_fails_with_the_setting_to_raise_and_keeps_the_last_checkpoin
         assert (store.read_rows("emb.E", np.arange(10_000))[0] == 2).all()
 
 
+def test_a_writer_whose_directory_was_deleted_or_replaced_refuses_to_commit(tmp_path):
+    """Was: commits into the unlinked file succeeded, and the worker said "all saved"."""
+    from streamlearn.state import StateError
+
+    for damage in ("deleted", "replaced"):
+        path = tmp_path / damage
+        with open_store(path, StoreConfig()) as store:
+            store.commit(Checkpoint(step=1, offsets={"t:0": 1}))
+            shutil.rmtree(path)
+            if damage == "replaced":
+                open_store(tmp_path / "other", StoreConfig()).close()
+                os.rename(tmp_path / "other", path)
+            with pytest.raises(StateError, match="was deleted or replaced after this process opened it"):
+                store.commit(Checkpoint(step=2, offsets={"t:0": 2}))
+
+
 @pytest.fixture
 def tiny_fs(tmpfs):
     """A 3 MB tmpfs: a real ENOSPC from the kernel."""
