@@ -154,6 +154,11 @@ class Worker:
             raise
         log.info("worker on %r: state %s at offsets %s (%d commits so far)", self.options.topic,
                  self.options.state, self.checkpointer.positions or "none", self.checkpointer.commits)
+        others = self._other_topics()
+        if others:
+            log.warning("the model in %s was trained on topic(s) %s, never on %r: this run goes on training it on "
+                        "another stream (for a new model: a new --state, or --reset)", self.options.state,
+                        ", ".join(map(repr, others)), self.options.topic)
         self.fetcher.start()
         try:
             finished = self._loop()
@@ -164,6 +169,13 @@ class Worker:
             self.metrics.close()
             self.store.close()
         return self._summarize(finished)
+
+    def _other_topics(self) -> list[str]:
+        """The topics the state holds offsets of, when it holds none of this run's topic
+        (a --topic typo that names another real topic trains the model on that stream)."""
+        if self.checkpointer.positions:
+            return []
+        return sorted({key.rpartition(":")[0] for key in self.store.manifest().offsets})
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> Finished:

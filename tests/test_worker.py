@@ -561,3 +561,18 @@ def test_the_last_checkpoint_time_is_the_states_from_the_start(broker, make_topi
         assert got == pytest.approx(committed_at)
     finally:
         worker.store.close()
+
+
+def test_a_model_trained_on_another_topic_is_named_in_a_warning(broker, make_topic, group, tmp_path, caplog):
+    """Was: a --topic naming another real topic trained the stored model on that stream
+    without a word."""
+    first, second = make_topic(1), make_topic(1)
+    produce(broker, first, stream(50, seed=3))
+    produce(broker, second, stream(50, seed=4))
+    cfg = config(broker, group)
+    run_worker(cfg, first, tmp_path / "s", until_idle_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="streamlearn.consumers"):
+        run_worker(cfg, second, tmp_path / "s", until_idle_s=1.0)
+        run_worker(cfg, second, tmp_path / "s", until_idle_s=1.0)  # it has offsets of this topic now: no warning
+    warned = [r.getMessage() for r in caplog.records if "never on" in r.getMessage()]
+    assert len(warned) == 1 and f"trained on topic(s) {first!r}, never on {second!r}" in warned[0]
