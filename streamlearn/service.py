@@ -593,8 +593,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         not_json = [e for e in errors if e.get("type") == "json_invalid"]
         if not_json:  # malformed syntax is a 400; 422 is for JSON that does not fit the schema
             reason = (not_json[0].get("ctx") or {}).get("error", "invalid JSON")
+            example = '{"token": "..."}' if request.url.path == "/login" else '{"text": "..."}'
             return json_error(400, "bad-request", f"the body is not JSON ({reason} at character "
-                          f"{not_json[0]['loc'][-1]}): send a JSON object such as {{\"text\": \"...\"}}")
+                              f"{not_json[0]['loc'][-1]}): send a JSON object such as {example}")
         snapshot = getattr(request.app.state, "snapshot", None)
         if request.url.path == "/v1/predict" and snapshot is not None:
             try:  # no body fits a model that answers no labels (a next-item {"key": ...} was a 422)

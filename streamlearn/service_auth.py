@@ -94,6 +94,8 @@ def _read_token_file(path: str) -> str:
         raise ConfigError(f"the token file {path} is not ASCII: write only the token in it ({_GENERATE})") from exc
     if not token:
         raise ConfigError(f"the token file {path} is empty: write the token in it ({_GENERATE} > {path})")
+    if "\n" in token or "\r" in token:  # was: 'must be at least 16 characters ..., got 43 characters'
+        raise ConfigError(f"the token file {path} holds more than one line: write only the token in it")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("the token file %s is readable by other users: chmod 600 %s", path, path)
     return token

@@ -12,6 +12,7 @@ login page.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable
 
@@ -79,16 +80,25 @@ class Guard:
             given = _header(scope, b"authorization")
             if not (self.token.accepts(given) or self.token.accepts_session(_cookie(scope, SESSION_COOKIE))):
                 if self.login_page and given is None and _wants_page(scope):
-                    return HTMLResponse(self.login_page, status_code=401, headers={"cache-control": "no-store"})
-                return _unauthorized(given is not None)
+                    return HTMLResponse(self.login_page, status_code=401,  # every 401 names its scheme
+                                        headers={"cache-control": "no-store",
+                                                 "WWW-Authenticate": 'Bearer realm="streamlearn"'})
+                return _unauthorized(given)
         if _declared_length(scope) > self.max_body_bytes:
             too_large = _body_too_large(self.max_body_bytes)
             return json_error(too_large.status_code, too_large.code, too_large.detail)
         return None
 
 
-def _unauthorized(token_given: bool) -> JSONResponse:
-    if token_given:
+def _unauthorized(given: bytes | None) -> JSONResponse:
+    scheme = (given or b"").strip().partition(b" ")[0]
+    if given is not None and scheme.lower() != b"bearer":  # was: called a wrong token, right or not
+        named = b" " in given.strip() and re.fullmatch(rb"[A-Za-z-]{1,20}", scheme)
+        shown = scheme.decode() if named else "none"  # never echo what may be the token itself
+        detail = (f"the Authorization header's scheme is {shown!r}, not Bearer: send 'Authorization: Bearer TOKEN' "
+                  f"with the token the service was started with (--token-file or {TOKEN_ENV})")
+        challenge = 'Bearer realm="streamlearn", error="invalid_request"'
+    elif given is not None:
         detail = ("the bearer token is not this service's: send the token it was started with "
                   f"(--token-file or {TOKEN_ENV}) as 'Authorization: Bearer TOKEN'")
         challenge = 'Bearer realm="streamlearn", error="invalid_token"'

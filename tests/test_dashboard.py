@@ -101,6 +101,7 @@ def guarded(state):
 def test_with_a_token_a_browser_gets_the_login_page_and_a_script_a_json_401(guarded):
     page = guarded.get("/", headers={"accept": "text/html,application/xhtml+xml"})
     assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["www-authenticate"] == 'Bearer realm="streamlearn"'  # as every 401 (was: none)
     assert 'id="login"' in page.text and "fetch(\"/login\"" in page.text
     for path in ("/", "/ui/dashboard.js", "/v1/dashboard"):
         r = guarded.get(path)
@@ -118,7 +119,8 @@ def test_with_a_token_a_browser_gets_the_login_page_and_a_script_a_json_401(guar
 def test_logging_in_gives_a_session_cookie_that_opens_the_page_its_data_and_explain(guarded):
     wrong = guarded.post("/login", json={"token": "not-the-token-0123456789"})
     assert wrong.status_code == 401 and wrong.json()["error"] == "unauthorized" and not wrong.cookies
-    assert guarded.post("/login", content=b"token=x").status_code == 400  # JSON only, like every body
+    form = guarded.post("/login", content=b"token=x")  # JSON only, like every body
+    assert form.status_code == 400 and '{"token": "..."}' in form.json()["detail"]  # was: {"text": "..."}
     ok = guarded.post("/login", json={"token": TOKEN})
     cookie = ok.headers["set-cookie"]
     assert ok.status_code == 200 and SESSION_COOKIE in cookie

@@ -162,6 +162,17 @@ def test_a_missing_or_wrong_token_is_401_on_every_endpoint_but_healthz(services,
     assert client.get("/healthz", headers=headers).status_code == 200
 
 
+def test_the_right_token_under_another_scheme_is_told_the_scheme_and_never_echoed(services):
+    """Was: 'the bearer token is not this service's' (error="invalid_token") for the right
+    token sent as Basic, or bare."""
+    client = services["guarded"]
+    for authorization, scheme in [(f"Basic {TOKEN}", "'Basic'"), (TOKEN, "'none'")]:
+        response = client.post("/v1/predict", json={"text": "w1"}, headers={"authorization": authorization})
+        detail = response.json()["detail"]
+        assert response.status_code == 401 and f"scheme is {scheme}, not Bearer" in detail and TOKEN not in detail
+        assert 'error="invalid_request"' in response.headers["www-authenticate"]
+
+
 def test_the_right_token_is_let_through(services):
     client = services["guarded"]
     for scheme in ("Bearer", "bearer"):
@@ -186,6 +197,9 @@ def test_the_token_comes_from_a_file_or_the_environment_never_both(tmp_path):
         load_token(str(path), {TOKEN_ENV: TOKEN})
     path.write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
+        load_token(str(path), {})
+    path.write_text(f"{TOKEN}\n{TOKEN}\n")  # was: 'must be at least 16 characters ..., got 67 characters'
+    with pytest.raises(ConfigError, match="holds more than one line"):
         load_token(str(path), {})
     with pytest.raises(ConfigError, match="cannot read the token file"):
         load_token(str(tmp_path / "missing"), {})
