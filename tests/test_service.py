@@ -439,3 +439,27 @@ def test_serve_refuses_a_set_of_a_key_it_does_not_read(states, capsys):
 
     assert main(["serve", "--state", states["classify"], "--port", "0", "--set", "learner.beam=3"]) == 2
     assert "serve --set learner.beam: serve reads only [service] keys" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf", "-5"])
+def test_serve_refuses_a_wait_that_is_not_a_number_of_seconds(states, capsys, wait):
+    """Was: nan and inf waited for ever ('waiting up to nan s'), -5 was taken as 0."""
+    from streamlearn.cli import main
+
+    assert main(["serve", "--state", states["classify"], "--port", "0", "--wait", wait]) == 2
+    assert "--wait must be a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_serving_beyond_this_machine_without_a_token_is_warned(caplog):
+    """Was: `serve --host 0.0.0.0` with no token started without a word."""
+    import logging
+
+    from streamlearn.cli.serve import _auth_note
+    from streamlearn.config import ServiceConfig
+    from streamlearn.service import Settings
+
+    with caplog.at_level(logging.WARNING, logger="streamlearn.cli.serve"):
+        assert _auth_note(Settings(state="s", service=ServiceConfig(host="127.0.0.1"))) == " (no authentication)"
+        assert not caplog.records
+        _auth_note(Settings(state="s", service=ServiceConfig(host="0.0.0.0")))
+    assert "serving on 0.0.0.0 without a token" in caplog.text

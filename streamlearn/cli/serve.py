@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(state=args.state, service=_service_config(args), wait=args.wait,
                         device=args.device, threads=args.threads or None,
                         token=load_token(args.token_file, os.environ))
+    if not 0 <= args.wait < float("inf"):  # was: nan and inf waited for ever, -5 was taken as 0
+        raise StreamlearnError(f"--wait must be a number of seconds >= 0, got {args.wait}")
     if args.workers < 1:
         raise StreamlearnError(f"--workers must be >= 1, got {args.workers}")
     if not 0 <= args.threads <= 1024:
@@ -196,4 +198,9 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
 
 
 def _auth_note(settings) -> str:
-    return " (bearer token required but on /healthz)" if settings.token else " (no authentication)"
+    if settings.token:
+        return " (bearer token required but on /healthz)"
+    if settings.service.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("serving on %s without a token: anyone who reaches this address can query the model "
+                    "(--token-file, or STREAMLEARN_SERVE_TOKEN)", settings.service.host)
+    return " (no authentication)"
