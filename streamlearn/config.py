@@ -701,7 +701,8 @@ def _split_assignment(item: str) -> tuple[str, str, str]:
     section, dot, name = path.strip().partition(".")
     if not sep or not dot or not name:
         raise ConfigError(f"override {_unvalued(item)!r} must look like section.key=value (e.g. model.layers=2)")
-    return section, name, raw.strip()
+    # a password is taken as given: spaces around it are part of it (was: dropped silently)
+    return section, name, raw if f"{section}.{name}" in SECRET_KEYS else raw.strip()
 
 
 def _unvalued(item: str) -> str:
