@@ -287,7 +287,7 @@ def _unreachable(bootstrap: str, timeout_s: float, exc: BaseException,
                  security: KafkaConfig | None = None) -> BrokerError:
     protocol = (security or KafkaConfig()).security_protocol
     return BrokerError(
-        f"cannot reach a Kafka broker at {bootstrap} within {timeout_s:g} s ({type(exc).__name__}): "
+        f"cannot reach a Kafka broker at {bootstrap} within {timeout_s:.3g} s ({type(exc).__name__}): "
         f"check --bootstrap, and the [kafka] settings (now security_protocol={protocol!r}): a broker that "
         "requires TLS or SASL, or rejects the credentials, looks unreachable; or start a local one with "
         "`streamlearn broker`"
