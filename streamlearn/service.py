@@ -352,6 +352,7 @@ def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig, coal
     @router.post("/v1/predict", response_model=PredictResponse)
     async def predict(request: QueryRequest) -> JSONResponse:
         """Label and probabilities (task classify) for one query or a batch."""
+        snapshot.need_labels("POST /v1/predict")  # the endpoint in the 409, not the Python method
         records, batch = _records(request, ("text", "tokens"))
         cost = _check_size(records, cfg.max_request_tokens)
         answer = await coalescer.run(("predict",), snapshot.predict_proba, records, cost)
@@ -599,7 +600,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         snapshot = getattr(request.app.state, "snapshot", None)
         if request.url.path == "/v1/predict" and snapshot is not None:
             try:  # no body fits a model that answers no labels (a next-item {"key": ...} was a 422)
-                snapshot.need_labels("predict")
+                snapshot.need_labels("POST /v1/predict")
             except TaskMismatchError as mismatch:
                 return json_error(409, "wrong-task", str(mismatch))
         detail = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),

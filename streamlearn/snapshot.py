@@ -188,8 +188,8 @@ class Snapshot:
         """TaskMismatchError unless the model answers labels (``verb``: what was asked)."""
         if self._learner.task.answers != "labels":
             raise TaskMismatchError(
-                f"{verb} needs a classify model; this model's task is {self.task}: use topk "
-                "(POST /v1/topk) for its top-k tokens"
+                f"{verb} answers labels, from a classify model; this model's task is {self.task}: ask it "
+                "for its top-k tokens (POST /v1/topk, Snapshot.topk)"
             )
 
     def topk(self, records: Iterable, k: int = 10, beam: int | None = None) -> Answer:

@@ -122,6 +122,7 @@ def test_task_mismatch_is_409_and_says_what_to_use(clients):
     assert r.status_code == 409 and r.json()["error"] == "wrong-task" and "/v1/predict" in r.json()["detail"]
     r = clients["mlm"].post("/v1/predict", json={"text": "w1"})
     assert r.status_code == 409 and "/v1/topk" in r.json()["detail"]
+    assert r.json()["detail"].startswith("POST /v1/predict answers labels")  # was: "predict_proba needs ..."
     # whatever the body: a next-item query ({"key"}) sent to /v1/predict was a 422 about the schema
     for body in ({"key": "u1"}, {}, {"records": [{"key": "u1"}]}):
         r = clients["next-item"].post("/v1/predict", json=body)

@@ -174,9 +174,9 @@ def test_predict_on_a_non_classifier_names_topk(tmp_path):
     with open_store(tmp_path) as store:
         commit(store, learner, 1)
         snap = Snapshot(store)
-        with pytest.raises(TaskMismatchError, match="^predict_proba needs a classify model.*use topk"):
+        with pytest.raises(TaskMismatchError, match=r"^predict_proba answers labels, from a classify model.*POST /v1/topk"):
             snap.predict_proba([{"text": "w1"}])
-        with pytest.raises(TaskMismatchError, match="^predict needs a classify model.*use topk"):
+        with pytest.raises(TaskMismatchError, match=r"^predict answers labels, from a classify model.*Snapshot.topk"):
             snap.predict([{"text": "w1"}])
 
 
