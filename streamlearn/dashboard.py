@@ -166,7 +166,7 @@ def add_dashboard_routes(app: FastAPI, dashboard: Dashboard, check: Callable[[],
     session cookie a browser sends instead of a bearer header)."""
     page = _asset("index.html")
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def index() -> Response:
         return Response(page, media_type="text/html; charset=utf-8", headers=_NO_STORE)
 

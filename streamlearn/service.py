@@ -397,6 +397,10 @@ def _add_status_routes(app: FastAPI, snapshot: Snapshot, worker: "_QueryThread",
                                  "snapshot_step": snapshot.step}, status_code=503)
         return JSONResponse({"status": "ok", "snapshot_step": snapshot.step, "freshness_seconds": _freshness(snapshot)})
 
+    @app.head("/healthz", include_in_schema=False)  # load balancers and uptime checkers probe with HEAD (was: 405)
+    async def healthz_head() -> JSONResponse:
+        return await healthz()
+
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus: request latency histogram, snapshot step, freshness, availability."""

@@ -206,3 +206,11 @@ def test_the_token_comes_from_a_file_or_the_environment_never_both(tmp_path):
     for weak in ("short", "has a space in it 0123", "ünïcödé-token-0123456789"):
         with pytest.raises(ConfigError, match="at least 16 characters"):
             BearerToken(weak)
+
+
+def test_head_probes_healthz_and_the_page(services):
+    """Was: 405 for HEAD, with which load balancers and uptime checkers probe."""
+    client = services["classify"]
+    for path in ("/healthz", "/"):
+        response = client.head(path)
+        assert response.status_code == 200 and response.content == b"", path
