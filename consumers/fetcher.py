@@ -96,6 +96,7 @@ class Fetcher(threading.Thread):
         self.positions = dict(positions)
         self.end_offsets: dict[int, int] = {}
         self.broker_errors = 0
+        self.postponed = 0  # checkpoints put off
         self.topic_id = plan.topic_id  # the broker's id of the topic, once connected
         self._broker_down = False  # the last probe of the log ends failed
         self.consumed = 0  # records prepared (learned or dead-lettered) by this process
@@ -422,6 +423,7 @@ class Fetcher(threading.Thread):
         return True
 
     def _postpone(self, reason: str, why: str) -> bool:
+        self.postponed += 1  # read by the training loop (checkpoints_postponed_total)
         delay = self._backoff.next()
         self._retry_at = time.monotonic() + delay
         log.warning("%s checkpoint postponed: %s; retrying in %.1f s", reason, why, delay)

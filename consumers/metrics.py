@@ -17,6 +17,7 @@ Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
 ``skipped_steps_total``                         steps not applied: loss or gradient not finite
 ``checkpoint_seconds``                          histogram of checkpoint durations
 ``checkpoint_failures_total``                   checkpoints that failed (state unchanged)
+``checkpoints_postponed_total``                 checkpoints put off (dead letters unconfirmed, no answer)
 ``last_checkpoint_timestamp_seconds``           unix time of the last checkpoint
 ``broker_errors_total``                         failed polls and end-offset probes
 ==============================================  =========================================
@@ -106,6 +107,8 @@ class WorkerMetrics:
         self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,
                                 buckets=_CHECKPOINT_BUCKETS)
         self.m_ckpt_failed = Counter(p + "checkpoint_failures", "failed checkpoints", registry=r)
+        self.m_ckpt_postponed = Counter(p + "checkpoints_postponed", "checkpoints put off: dead letters not confirmed "
+                                        "by the broker, or the training loop did not answer", registry=r)
         self.m_ckpt_time = Gauge(p + "last_checkpoint_timestamp_seconds", "unix time of the last checkpoint",
                                  registry=r)
         self.m_event_lag = Gauge(p + "event_time_lag_seconds", "wall clock minus the newest event time learned "

@@ -114,6 +114,7 @@ class Worker:
         self.summary = RunSummary()
         self._batches = 0
         self._broker_errors = 0
+        self._postponed = 0
 
     # ------------------------------------------------------------------ construction steps
     # A subclass (the group member, .scaleout) overrides the steps that differ.
@@ -223,10 +224,13 @@ class Worker:
         request.answer(ok, self.checkpointer.positions, seconds)
 
     def _report(self) -> None:
-        errors = self.fetcher.broker_errors
+        errors, postponed = self.fetcher.broker_errors, self.fetcher.postponed
         if errors > self._broker_errors:
             self.metrics.m_broker_errors.inc(errors - self._broker_errors)
             self._broker_errors = errors
+        if postponed > self._postponed:
+            self.metrics.m_ckpt_postponed.inc(postponed - self._postponed)
+            self._postponed = postponed
         line = self.metrics.status(self.checkpointer.positions, self.fetcher.end_offsets)
         if line:
             log.info("%s: %s", self.options.topic, line)

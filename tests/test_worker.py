@@ -576,3 +576,17 @@ def test_a_model_trained_on_another_topic_is_named_in_a_warning(broker, make_top
         run_worker(cfg, second, tmp_path / "s", until_idle_s=1.0)  # it has offsets of this topic now: no warning
     warned = [r.getMessage() for r in caplog.records if "never on" in r.getMessage()]
     assert len(warned) == 1 and f"trained on topic(s) {first!r}, never on {second!r}" in warned[0]
+
+
+def test_postponed_checkpoints_are_counted(broker, make_topic, group, tmp_path):
+    """Was: a checkpoint put off (dead letters the broker had not confirmed) was only a log
+    line; no metric showed a worker that had not checkpointed for minutes."""
+    topic = make_topic(1)
+    worker = Worker(config(broker, group), RunOptions(topic, str(tmp_path / "s")))
+    try:
+        worker.fetcher._postpone("interval", "3 dead letters not confirmed by the broker")
+        worker.fetcher._postpone("interval", "3 dead letters not confirmed by the broker")
+        worker._report()
+        assert worker.metrics.registry.get_sample_value("streamlearn_worker_checkpoints_postponed_total") == 2
+    finally:
+        worker.store.close()
