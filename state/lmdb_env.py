@@ -209,6 +209,8 @@ def wrap_lmdb(exc: lmdb.Error, path: str, what: str, need: int = 0) -> StateErro
             f"cannot {what} {path}: {exc}; free disk space (or raise the file size limit) and "
             "retry; the last complete checkpoint is intact"
         )
+    if code == errno.EROFS:
+        return _read_only_fs(path, what)
     if isinstance(exc, lmdb.ReadonlyError) or code in _PERMISSION:
         return StorePermissionError(
             f"cannot {what} {path}: permission denied ({exc}); the user running streamlearn "
@@ -227,7 +229,14 @@ def wrap_lmdb(exc: lmdb.Error, path: str, what: str, need: int = 0) -> StateErro
     return StateError(f"LMDB error while trying to {what} {path}: {exc}")
 
 
+def _read_only_fs(path: str, what: str) -> StorePermissionError:
+    return StorePermissionError(f"cannot {what} {path}: the file system is mounted read-only; move the state "
+                                "to a writable one (or remount it)")
+
+
 def wrap_os(exc: OSError, path: str, what: str) -> StateError:
+    if exc.errno == errno.EROFS:  # was: "permission denied", which no chmod mends
+        return _read_only_fs(path, what)
     if exc.errno in _PERMISSION:
         return StorePermissionError(
             f"cannot {what} {path}: permission denied; the user running streamlearn needs "

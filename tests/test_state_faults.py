@@ -167,3 +167,19 @@ def test_permission_errors_are_reported_clearly(shared_dir):
         os.chmod(path, 0o755)
     with open_store(path, readonly=True) as store:  # as the owner it still opens
         assert store.manifest().step == 1
+
+
+def test_a_read_only_file_system_is_named_as_such(tmpfs):
+    """Was: "permission denied ... needs write access", which no chmod mends."""
+    import subprocess
+
+    from streamlearn.state import StorePermissionError
+
+    mnt = tmpfs("4m")
+    with open_store(mnt / "s", StoreConfig(map_size_gb=0.001)) as store:
+        store.commit(Checkpoint(step=1, offsets={"t:0": 1}))
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    with pytest.raises(StorePermissionError, match="mounted read-only"):
+        open_store(mnt / "s", StoreConfig(map_size_gb=0.001))
+    with pytest.raises(StorePermissionError, match="mounted read-only"):
+        open_store(mnt / "new", StoreConfig(map_size_gb=0.001))
