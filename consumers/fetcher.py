@@ -99,6 +99,7 @@ class Fetcher(threading.Thread):
         self.postponed = 0  # checkpoints put off
         self.topic_id = plan.topic_id  # the broker's id of the topic, once connected
         self._broker_down = False  # the last probe of the log ends failed
+        self._probed_at = 0.0  # monotonic time of the last probe
         self.consumed = 0  # records prepared (learned or dead-lettered) by this process
         self.stop_reason = ""
         self.final_ok: bool | None = None
@@ -239,10 +240,19 @@ class Fetcher(threading.Thread):
         # A broker that stops answering is an outage, not the stream's end: no idle stop
         # while it lasts, and the idle time counts again from its end (was: --until-idle
         # ended the run with exit 0 and thousands of records unread)
-        if (plan.until_idle_s is not None and idle and idle >= plan.until_idle_s and not self._broker_down
+        if (plan.until_idle_s is not None and idle and idle >= plan.until_idle_s and self._reachable_now()
                 and self._may_stop_idle()):
             return f"no new record for {plan.until_idle_s:g} s (--until-idle)"
         return None
+
+    def _reachable_now(self) -> bool:
+        """The broker answered a probe of the log ends within the last second (one is made
+        now if not): the last scheduled probe, up to ``worker.log_seconds`` old, may predate
+        an outage."""
+        if time.monotonic() - self._probed_at > 1.0:
+            self._probe_at = 0.0
+            self._probe()
+        return not self._broker_down
 
     def _may_stop_idle(self) -> bool:
         """Whether a stream idle for ``--until-idle`` has really ended (a group member asks
@@ -301,7 +311,7 @@ class Fetcher(threading.Thread):
         assigned = self._consumer.assignment()
         if now < self._probe_at or not assigned:
             return
-        self._probe_at = now + self.cfg.log_seconds
+        self._probe_at, self._probed_at = now + self.cfg.log_seconds, now
         try:
             ends = self._consumer.end_offsets(list(assigned), timeout_ms=_PROBE_TIMEOUT_MS)
         except KafkaError as exc:
@@ -456,6 +466,7 @@ class Fetcher(threading.Thread):
 
     def on_assigned(self, partitions: Any) -> None:
         self._buffer.clear()
+        self._broker_down = False  # the group's coordinator answered (none assigned: no probe would clear it)
         for tp in partitions:
             position = self.positions.get(tp.partition)
             if position is None:

@@ -176,15 +176,15 @@ class SyncedFetcher(Fetcher):
         ``worker.max_poll_interval_ms``); stopping sooner would leave them unread until the
         next start."""
         if self.clock.alive:
-            if self._asked_idle == self._idle_since:
-                return False  # asked in this idle spell: the reading rank asks when it is idle
-            self.checkpoint("idle")
+            if self._asked_idle == self._idle_since or time.monotonic() < self._retry_at:
+                return False  # asked in this idle spell (the reading rank asks when it is idle), or backing off
+            saved = self.checkpoint("idle")
             if self.clock.alive:
                 if self.clock.group_idle:
                     return True
-                # another rank is still reading: go on with the group (and answer its syncs)
-                self._asked_idle = self._idle_since
-                return False
+                if saved:  # another rank is still reading: go on with the group (and answer its syncs)
+                    self._asked_idle = self._idle_since
+                return False  # a failed sync is asked again after its backoff (was: never, and the group ran on)
         missing = self.unassigned()
         if not missing:
             return True
@@ -423,9 +423,11 @@ class GroupWorker(Worker):
         else:
             self.learner.take_dirty()  # the writer stores the averaged rows
         ok = self._all_ok(ok)
+        # Every rank idle: the group's last sync, failed or not (a failed one ends the group as a
+        # lone worker ends, its final checkpoint trying once more: "NOT all saved", exit 1)
+        self.clock.group_idle = all(p["idle"] for p in everyone)
         if ok:
             self.checkpointer.clear_audit()
-            self.clock.group_idle = all(p["idle"] for p in everyone)  # the group's last sync
         self.clock.done += 1
         self._base = merged
         self.metrics.checkpointed(seconds, ok)

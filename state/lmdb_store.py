@@ -145,8 +145,9 @@ class LmdbStore(Store):
     def _prepare_dir(self, reset: bool) -> None:
         """Writer only, under the writer lock: move an old state aside if asked, and
         create a new one if the directory holds none."""
-        if reset:
-            self.discarded = _discard(self.path, self._lock_fd)
+        with _signals_held():  # a SIGTERM between its two moves left data.mdb aside and lock.mdb behind
+            if reset:
+                self.discarded = _discard(self.path, self._lock_fd)
         if needs_creation(self.path, self._lock_fd):
             map_size = _round_pages(int(self._cfg.map_size_gb * 2**30))
             create(self.path, self._lock_fd, map_size, lambda env: write_new(env, self._cfg.shards))
@@ -620,6 +621,23 @@ def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
             namespace = bytes(key).split(b"\x00", 1)[0].decode()
             counts[namespace] = counts.get(namespace, 0) + 1
     return counts
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT held back meanwhile (in the main thread; delivered after): a step
+    of several file moves that must not be cut in two by a stop."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _file_id(path: str) -> tuple[int, int]:

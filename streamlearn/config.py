@@ -425,7 +425,9 @@ class KafkaConfig:
                                   f"({exc}): give the CA bundle that signed the brokers' certificates") from exc
         if self.ssl_certfile:
             try:
-                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile or None, self.ssl_password or None)
+                # a callable, never None: without a passphrase OpenSSL would prompt on the terminal
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile or None,
+                                        self.ssl_password or (lambda: ""))
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"kafka.ssl_certfile={self.ssl_certfile!r} with its key cannot be loaded ({exc}): "
                                   "a wrong kafka.ssl_password, a key that does not match the certificate, or not "
@@ -701,8 +703,9 @@ def _split_assignment(item: str) -> tuple[str, str, str]:
     section, dot, name = path.strip().partition(".")
     if not sep or not dot or not name:
         raise ConfigError(f"override {_unvalued(item)!r} must look like section.key=value (e.g. model.layers=2)")
-    # a password is taken as given: spaces around it are part of it (was: dropped silently)
-    return section, name, raw if f"{section}.{name}" in SECRET_KEYS else raw.strip()
+    # a password keeps the spaces around it (was: dropped silently); a line ending is never
+    # part of one (a secret file or a Kubernetes secret often ends in a newline)
+    return section, name, raw.rstrip("\r\n") if f"{section}.{name}" in SECRET_KEYS else raw.strip()
 
 
 def _unvalued(item: str) -> str:

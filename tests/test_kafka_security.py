@@ -465,11 +465,13 @@ def test_tls_files_that_do_not_load_are_config_errors_naming_the_key(pki, tmp_pa
             load_config(overrides=overrides, use_env=False).kafka.client_options()
         assert wrong not in str(refused.value)  # the passphrase is not shown
     load_config(overrides=[*mutual, f"kafka.ssl_password={KEY_PASSWORD}"], use_env=False).kafka.client_options()
+    with pytest.raises(ConfigError, match="cannot be loaded"):  # an encrypted key, no passphrase: no prompt
+        load_config(overrides=mutual, use_env=False).kafka.client_options()
 
 
 def test_a_password_keeps_the_spaces_around_it(monkeypatch):
     """Was: a --set or environment password was stripped (a TOML one was not)."""
-    monkeypatch.setenv("STREAMLEARN__KAFKA__SASL_PLAIN_PASSWORD", "  p@ss word  ")
+    monkeypatch.setenv("STREAMLEARN__KAFKA__SASL_PLAIN_PASSWORD", "  p@ss word  \n")  # a secret file's newline
     cfg = load_config(overrides=["kafka.ssl_password= key pass "])
     assert cfg.kafka.sasl_plain_password == "  p@ss word  " and cfg.kafka.ssl_password == " key pass "
     assert load_config(overrides=["kafka.client_id= id "], use_env=False).kafka.client_id == "id"

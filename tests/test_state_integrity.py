@@ -609,3 +609,21 @@ def wait_for(condition, timeout_s: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def test_a_stop_signal_waits_until_resets_moves_are_done():
+    """--reset moves data.mdb and then lock.mdb aside: a SIGTERM between the two (the worker
+    stops at once during start-up) left a state read as damaged. The moves hold it back."""
+    import signal
+
+    from streamlearn.state.lmdb_store import _signals_held
+
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert got == []  # held back
+        assert got == [signal.SIGTERM]  # delivered once the moves are done
+    finally:
+        signal.signal(signal.SIGTERM, previous)

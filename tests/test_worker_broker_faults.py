@@ -358,19 +358,19 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(broker, make_topic, group,
 def test_until_idle_does_not_end_the_run_while_the_broker_is_unreachable(group, tmp_path):
     """The broker paused (SIGSTOP: it stops answering, as a hung broker or a network
     partition does) for longer than --until-idle, and records written once it is back.
-    Was: the worker stopped during the outage with exit 0, 'no new record for 2 s'."""
+    Was: the worker stopped during the outage with exit 0, 'no new record for 3 s'."""
     broker = EmbeddedBroker().start()
     try:
         create_topic(broker.bootstrap, "events", 1)
         first = produce(broker.bootstrap, "events", stream(300, seed=5))
         worker = Worker(config(broker.bootstrap, group, "worker.log_seconds=0.2", "worker.retry_max_s=0.5"),
-                        RunOptions("events", str(tmp_path / "s"), until_idle_s=2.0))
+                        RunOptions("events", str(tmp_path / "s"), until_idle_s=3.0))
         box = {}
         thread = threading.Thread(target=lambda: box.update(result=_outcome(worker.run)))
         thread.start()
         wait_for(lambda: worker.metrics.records == first[0])
         os.kill(broker.pid, signal.SIGSTOP)
-        time.sleep(5)
+        time.sleep(7)
         os.kill(broker.pid, signal.SIGCONT)
         assert thread.is_alive(), box  # an outage is not the stream's end
         produce(broker.bootstrap, "events", stream(200, seed=6))

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             worker = _new_worker(args)
         except _StoppedEarly as stopped:
             print(f"streamlearn worker: stopped by {stopped} during start-up (opening the state, or waiting for "
-                  "the topic's first records): nothing consumed, the state keeps its last checkpoint", flush=True)
+                  "the topic's first records): nothing consumed, nothing written", flush=True)
             return 0
         signals.worker = worker
         summary = worker.run()
@@ -163,10 +163,10 @@ class _Signals:
     def handle(self, signum: int, frame: object) -> None:
         self.received.append(signum)
         name = signal.Signals(signum).name
-        if self.worker is None:
-            raise _StoppedEarly(name)
         if len(self.received) > 1:
             raise KeyboardInterrupt
+        if self.worker is None:
+            raise _StoppedEarly(name)
         log.info("%s: stopping after a final checkpoint (send it again to stop at once)", name)
         self.worker.stop()
 
