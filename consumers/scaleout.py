@@ -93,7 +93,8 @@ class SyncClock:
         self.alone_since = 0.0  # monotonic time the group broke up (once not alive)
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._hung = False  # a call was given up: the next ones would queue behind it
-        threading.Thread(target=self._serve, name="group-store", daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, name="group-store", daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
         while True:

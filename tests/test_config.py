@@ -426,7 +426,9 @@ def test_commands_refuse_bad_values_in_one_line(name, tmp_path, capsys, monkeypa
     command = _command(name, tmp_path)
     for assignment, message in BAD.items():
         assert main([*command, "--set", assignment]) == 2
-        assert capsys.readouterr().err == f"streamlearn {name}: error: {message}\n"
+        if name == "serve":  # it reads [service] only: another key is refused as such, whatever its value
+            message = f"serve --set {assignment.partition('=')[0]}: serve reads only [service] keys"
+        assert capsys.readouterr().err.startswith(f"streamlearn {name}: error: {message}")
     toml = tmp_path / "bad.toml"
     toml.write_text("[learner]\nbatch_size = 0\n")
     assert main([*command, "--config", str(toml)]) == 2
@@ -442,10 +444,12 @@ def test_the_installed_command_exits_2_without_a_traceback(name, tmp_path):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "streamlearn.cli", *_command(name, tmp_path), "--set", "optim.dense_lr=-1"]
+    bad = "service.max_batch=0" if name == "serve" else "optim.dense_lr=-1"  # serve reads [service] only
+    command = [sys.executable, "-m", "streamlearn.cli", *_command(name, tmp_path), "--set", bad]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr == f"streamlearn {name}: error: optim.dense_lr must be > 0, got -1.0\n"
+    message = "service.max_batch must be" if name == "serve" else "optim.dense_lr must be > 0, got -1.0\n"
+    assert out.stderr.startswith(f"streamlearn {name}: error: {message}"), out.stderr
 
 
 def test_the_demo_refuses_a_bad_value_before_starting_a_broker(tmp_path, capsys):
