@@ -38,6 +38,17 @@ def restarted_empty(broker: EmbeddedBroker) -> EmbeddedBroker:
 
 # ---------------------------------------------------------------------------- lost offsets
 
+def _trained_then_emptied(broker: EmbeddedBroker, state, group: str, partitions: int, records: int):
+    """A state trained on all of topic 'events' of ``broker``, which is then restarted
+    without its data: (the restarted broker, the end offsets learned, the config, the
+    stored manifest)."""
+    create_topic(broker.bootstrap, "events", partitions)
+    before = produce(broker.bootstrap, "events", stream(records, seed=1))
+    cfg = config(broker.bootstrap, group)
+    assert run(cfg, "events", state, until_idle_s=1.0).offsets == before
+    return restarted_empty(broker), before, cfg, manifest(state)[0]
+
+
 def test_positions_doctests():
     assert doctest.testmod(positions).failed == 0
 
@@ -56,13 +67,7 @@ def test_a_broker_that_lost_its_data_stops_the_worker_and_restart_from_start_rea
     state = tmp_path / "s"
     broker = EmbeddedBroker().start()
     try:
-        create_topic(broker.bootstrap, "events", 3)
-        before = produce(broker.bootstrap, "events", stream(300, seed=1))
-        cfg = config(broker.bootstrap, group)
-        assert run(cfg, "events", state, until_idle_s=1.0).offsets == before
-        stored = manifest(state)[0]
-
-        broker = restarted_empty(broker)
+        broker, before, cfg, stored = _trained_then_emptied(broker, state, group, partitions=3, records=300)
         create_topic(broker.bootstrap, "events", 4)  # as Tansu auto-creates it: 4 partitions
         after = produce(broker.bootstrap, "events", stream(120, seed=2))
         assert all(after[p] < before[p] for p in before)  # every stored offset is past the new end
@@ -91,13 +96,7 @@ def test_a_topic_created_again_and_refilled_past_the_stored_offsets_is_refused(g
     state = tmp_path / "s"
     broker = EmbeddedBroker().start()
     try:
-        create_topic(broker.bootstrap, "events", 2)
-        before = produce(broker.bootstrap, "events", stream(200, seed=1))
-        cfg = config(broker.bootstrap, group)
-        assert run(cfg, "events", state, until_idle_s=1.0).offsets == before
-        stored = manifest(state)[0]
-
-        broker = restarted_empty(broker)
+        broker, before, cfg, stored = _trained_then_emptied(broker, state, group, partitions=2, records=200)
         create_topic(broker.bootstrap, "events", 2)
         after = produce(broker.bootstrap, "events", stream(600, seed=2))
         assert all(after[p] > before[p] for p in before)  # every stored offset is within the new log
@@ -200,21 +199,28 @@ def test_the_command_exits_2_naming_the_missing_topic(broker, topic, group, tmp_
     assert f"accepts connections, but looking up topic {topic!r} failed: topic {topic!r} does not exist" in last
 
 
-def test_sigterm_during_start_up_says_what_was_reached(broker, topic, group, tmp_path):
-    proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
-                           "--connect-timeout", "60")
+def _terminated_once_logged(proc: subprocess.Popen, line_part: str) -> tuple[str, str]:
+    """SIGTERM to ``proc`` once its stderr logged a line holding ``line_part``: (its stdout,
+    its whole stderr)."""
     err = []
     try:
-        for line in proc.stderr:  # start-up retries: the topic is missing
+        for line in proc.stderr:
             err.append(line)
-            if "retrying in" in line:
+            if line_part in line:
                 break
         proc.send_signal(signal.SIGTERM)
         out, rest = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, "".join(err) + rest
+    return out, "".join(err) + rest
+
+
+def test_sigterm_during_start_up_says_what_was_reached(broker, topic, group, tmp_path):
+    proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
+                           "--connect-timeout", "60")
+    out, err = _terminated_once_logged(proc, "retrying in")  # start-up retries: the topic is missing
+    assert proc.returncode == 0, err
     assert "stopped during start-up" in out and f"the broker at {broker} accepts connections" in out
     assert f"topic {topic!r} does not exist" in out and "before the broker was reachable" not in out
 
@@ -391,16 +397,6 @@ def test_sigterm_while_a_next_item_worker_waits_for_its_first_records_stops_it_s
     topic = make_topic(2)
     proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
                            "--task", "next-item")
-    err = []
-    try:
-        for line in proc.stderr:
-            err.append(line)
-            if "is empty: waiting for its first records" in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        out, rest = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, "".join(err) + rest
-    assert "stopped by SIGTERM during start-up" in out and "Traceback" not in rest
+    out, err = _terminated_once_logged(proc, "is empty: waiting for its first records")
+    assert proc.returncode == 0, err
+    assert "stopped by SIGTERM during start-up" in out and "Traceback" not in err
