@@ -170,7 +170,7 @@ class _LabelExplainer(_Explainer):
         terms = {name: _centered(x) for name, x in self.task.token_terms(model, batch, dev).items()}  # (N', T, L)
         out = []
         for i, tokens in enumerate(plan.tokens):
-            c = _label_id(labels, plan.outputs[i], int(probs[i].argmax()))
+            c = _label_id(labels, plan.outputs[i], int(probs[i].argmax()), i)
             per_part = {name: (terms[name][i, :len(tokens), c].tolist() if name in terms
                                else _left_out(parts[name][:, c], i, len(tokens), plan.variants[i]))
                         for name in parts}
@@ -215,16 +215,17 @@ def _centered(x: torch.Tensor) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True)
 
 
-def _label_id(labels: list, wanted: Any, best: int) -> int:
+def _label_id(labels: list, wanted: Any, best: int, query: int) -> int:
     """The id of label ``wanted`` (its value, else its string form: JSON keys are strings);
-    ``best`` when None. RecordError for a label never seen."""
+    ``best`` when None. RecordError for a label never seen, naming the ``query`` of the batch."""
     if wanted is None:
         return best
     for match in (lambda a: a == wanted and type(a) is type(wanted), lambda a: str(a) == str(wanted)):
         ids = [j for j, label in enumerate(labels) if match(label)]
         if ids:
             return ids[0]
-    raise RecordError(f"bad-value: output {wanted!r} is not a label this model has seen ({len(labels)} labels)")
+    raise RecordError(f"bad-value: query {query}: output {wanted!r} is not a label this model has seen "
+                      f"({len(labels)} labels)")
 
 
 def _left_out(score: torch.Tensor, i: int, length: int, variants: list[tuple[int, int]]) -> list[float | None]:

@@ -189,6 +189,8 @@ def test_the_output_is_a_label_by_value_or_by_its_string():
     assert lrn.explain_many([{"text": "a"}], ["1"])[0].output == 1  # JSON keys are strings
     with pytest.raises(RecordError, match="not a label"):
         lrn.explain_many([{"text": "a"}], ["nope"])
+    with pytest.raises(RecordError, match=r"^bad-value: query 1: output 'nope' is not a label"):  # was: no query named
+        lrn.explain_many([{"text": "a"}, {"text": "b"}], ["x", "nope"])
 
 
 def test_nothing_to_explain_before_any_label():
