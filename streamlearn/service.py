@@ -340,6 +340,24 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
+class ErrorResponse(BaseModel):
+    """Every error answer: a reason code and what to change."""
+
+    error: str = Field(description="reason code: bad-request, invalid-request, unauthorized, wrong-task, "
+                                   "body-too-large, snapshot-unavailable, ...")
+    detail: Any = Field(description="what went wrong and what to change (a list of fields for invalid-request)")
+
+
+# What every query endpoint can answer besides 200 and 422 (was missing from /openapi.json).
+QUERY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "the body is not JSON, not UTF-8, or a record is bad"},
+    401: {"model": ErrorResponse, "description": "no bearer token, or the wrong one (when the service has one)"},
+    409: {"model": ErrorResponse, "description": "the model's task does not answer this endpoint"},
+    413: {"model": ErrorResponse, "description": "the body or the request's tokens exceed the service's limits"},
+    503: {"model": ErrorResponse, "description": "the state cannot be read: `detail` says why and what to do"},
+}
+
+
 def _coalesce_records(settings: Settings) -> int:
     return max(settings.service.max_batch, COALESCE_RECORDS)
 
@@ -347,7 +365,7 @@ def _coalesce_records(settings: Settings) -> int:
 def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig, coalescer: "_Coalescer") -> None:
     models = _request_models(cfg)
     QueryRequest, TopKRequest = models["QueryRequest"], models["TopKRequest"]
-    router = APIRouter(route_class=JsonRoute)
+    router = APIRouter(route_class=JsonRoute, responses=QUERY_ERRORS)
 
     @router.post("/v1/predict", response_model=PredictResponse)
     async def predict(request: QueryRequest) -> JSONResponse:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .config import ServiceConfig
 from .explain import Explanation
-from .service import CHARS_PER_TOKEN, Token, text_field
+from .service import CHARS_PER_TOKEN, QUERY_ERRORS, Token, text_field
 from .service_guard import JsonRoute
 from .snapshot import Answer, Snapshot
 
@@ -110,7 +110,7 @@ def add_explain_route(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig,
     service runs every query (off the event loop, through its state watch);
     ``check_size(records)`` refuses a request over the service's limits (413)."""
     ExplainRequest = _request_model(cfg)
-    router = APIRouter(route_class=JsonRoute)
+    router = APIRouter(route_class=JsonRoute, responses=QUERY_ERRORS)
 
     @router.post("/v1/explain", response_model=ExplainResponse)
     async def explain(request: ExplainRequest) -> JSONResponse:

@@ -239,6 +239,9 @@ def test_limits_are_in_the_openapi_document(clients):
     tokens = schemas["QueryRequest"]["properties"]["tokens"]["anyOf"][0]
     records = schemas["QueryRequest"]["properties"]["records"]["anyOf"][0]
     assert tokens["maxItems"] == 8 and records["maxItems"] == 4
+    paths = clients["classify"].get("/openapi.json").json()["paths"]
+    for path in ("/v1/predict", "/v1/topk", "/v1/embed", "/v1/explain"):  # was: 200 and 422 only
+        assert {"400", "401", "409", "413", "422", "503"} <= set(paths[path]["post"]["responses"]), path
 
 
 def test_malformed_and_oversized_bodies_are_4xx_json(states):
