@@ -504,11 +504,16 @@ class ProduceSummary:
         return sum(self.per_partition.values())
 
     def __str__(self) -> str:
-        counts = "/".join(str(self.per_partition.get(p, 0)) for p in range(len(self.per_partition)))
+        shown = min(len(self.per_partition), _SHOWN_PARTITIONS)  # was: 100,000 counts in one line
+        counts = "/".join(str(self.per_partition.get(p, 0)) for p in range(shown))
+        if shown < len(self.per_partition):
+            counts += f"/... ({len(self.per_partition) - shown:,} more)"
         rate = self.records / self.seconds if self.seconds > 0 else float("inf")
         return (f"produced {self.records} records to {self.topic!r} in {self.seconds:.2f} s "
                 f"({rate:,.0f} records/s); {len(self.per_partition)} partitions: {counts}")
 
+
+_SHOWN_PARTITIONS = 32  # per-partition counts in a produce summary
 
 Row = tuple[bytes | None, dict[str, Any], int | None]
 

@@ -656,7 +656,8 @@ class _Columns:
             text = _indices(options.text_column, names if header else [], path)
             label_spec = options.label_column or (_first_named(names, LABEL_NAMES) if header else None)
             label = _indices(label_spec, names if header else [], path) if label_spec else None
-            return cls._checked(header, text, label, shown, width, "--text-column", path)
+            why = "--text-column/--label-column" if options.label_column else "--text-column"
+            return cls._checked(header, text, label, shown, width, why, path)
         if header and known:
             return cls._named(names, shown, options, path)
         text, label, why = _by_content(data, shown, path)

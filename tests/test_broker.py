@@ -276,6 +276,24 @@ def test_broker_command_port_in_use_exits_2():
     assert f"port {port}" in done.stderr and "in use" in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize("port", ["-1", "70000", "http"])
+def test_broker_command_refuses_a_port_out_of_range_in_one_line(port, capsys):
+    """Was: an OverflowError traceback from bind, exit 1."""
+    from streamlearn.cli import main
+
+    with pytest.raises(SystemExit) as usage:
+        main(["broker", "--port", port])
+    assert usage.value.code == 2 and "must be a port number in [0, 65535]" in capsys.readouterr().err
+
+
+def test_a_produce_summary_of_many_partitions_stays_one_short_line():
+    """Was: every partition's count, 200 KB for a topic of 100,000 partitions."""
+    from streamlearn.broker import ProduceSummary
+
+    line = str(ProduceSummary("t", {p: 1 for p in range(100_000)}, 1.0))
+    assert line.endswith("100000 partitions: " + "/".join(["1"] * 32) + "/... (99,968 more)")
+
+
 @pytest.mark.broker  # it starts brokers of its own
 def test_a_crashed_broker_restarts_on_its_port_at_once():
     """Killed with clients connected, the broker leaves its port's connections in

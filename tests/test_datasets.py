@@ -165,6 +165,16 @@ def test_the_issue_file_is_read_with_its_header_not_swapped(tmp_path):
                              "(decided by the header's column names)")
 
 
+def test_the_layout_names_both_column_flags_when_both_decided(tmp_path):
+    """Was: 'label: ... (decided by --text-column)' for a label given by --label-column."""
+    path = write(tmp_path, "m.csv", "t,b,x,l\nfree prize,call now,1,spam\nsee you,later,2,ham\n")
+    both, text = (DatasetReader(path, ReadOptions(**o)) for o in ({"text_column": "t,b", "label_column": "3"},
+                                                                   {"text_column": "t"}))
+    assert list(both) and list(text)  # the layout is decided as the reading starts
+    assert both.layout.endswith("label: 'l' (decided by --text-column/--label-column)")
+    assert text.layout.endswith("(decided by --text-column)")
+
+
 def test_headerless_text_then_label_is_told_from_label_then_text(tmp_path):
     """Which column is the label is decided by the content: short, repeated values."""
     lines = ["Wow... Loved this place.\t1", "Crust is not good.\t0", "Not tasty and the texture was nasty.\t0",

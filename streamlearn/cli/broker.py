@@ -15,8 +15,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "127.0.0.1, print its bootstrap address (host:port) as the first line of output, and run "
         "until Ctrl-C or SIGTERM. Topics and messages live only as long as it runs.",
     )
-    parser.add_argument("--port", type=int, default=None, help="port to listen on (default: a free port)")
+    parser.add_argument("--port", type=_port, default=None, help="port to listen on, 0 to 65535 (default: a free port)")
     parser.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    """A TCP port (was: -1 or 70000 ended in an OverflowError traceback from bind)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {text!r}")
+    return port
 
 
 def run(args: argparse.Namespace) -> int:
