@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             worker = _new_worker(args)
         except _StoppedEarly as stopped:
             print(f"streamlearn worker: stopped by {stopped} during start-up (opening the state, or waiting for "
-                  "the topic's first records): nothing consumed, nothing written", flush=True)
+                  "the topic's first records): nothing consumed, no checkpoint written", flush=True)
             return 0
         signals.worker = worker
         summary = worker.run()
