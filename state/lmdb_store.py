@@ -625,19 +625,26 @@ def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGTERM and SIGINT held back meanwhile (in the main thread; delivered after): a step
-    of several file moves that must not be cut in two by a stop."""
+    """SIGTERM and SIGINT held back meanwhile and delivered after: a step of several file
+    moves that must not be cut in two by a stop. Python runs signal handlers in the main
+    thread, so the main thread's handlers are swapped for ones that only note the signal
+    (blocking it at the OS level is not enough: another thread of the process takes it)."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield  # handlers run in the main thread only: a stop cannot cut this thread's moves
         return
-    held = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, left as it is
+                signal.signal(sig, handler)
+        for sig in noted:
+            signal.raise_signal(sig)
 
 
 def _file_id(path: str) -> tuple[int, int]:
