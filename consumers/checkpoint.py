@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Callable, Collection, Iterable
 
-from ..checkpoint import audit_kv, has_checkpoint, read_full, stored_config, write
+from ..checkpoint import audit_kv, has_checkpoint, read_full, stored_config, topic_id_kv, write
 from ..config import Config, keep_stored
 from ..exceptions import CheckpointMismatchError, ConfigError
 from ..learner import Learner
@@ -41,16 +41,6 @@ _TOTALS = ("records_learned", "dead_letters", "prequential_evaluated", "prequent
 
 def partition_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
-
-
-TOPIC_IDS = "topic.id"  # kv namespace: topic name -> the broker's id of it when the state read it
-
-
-def stored_topic_id(store: Store, topic: str) -> str | None:
-    """The id of ``topic`` a checkpoint stored with its offsets (None: none yet, or a state
-    written before ids were kept)."""
-    stored = store.read_kv(TOPIC_IDS, topic.encode())
-    return None if stored is None else stored.decode()
 
 
 def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
@@ -265,7 +255,7 @@ class Checkpointer:
             kv.update(audit_kv(self.commits + 1, self._audit.ranges))
         topic_id = self.topic_id() if self.topic_id is not None else None
         if topic_id is not None:
-            kv[TOPIC_IDS] = {self.topic.encode(): topic_id.encode()}
+            kv.update(topic_id_kv(self.topic, topic_id))
         if self.live is not None:
             for namespace, entries in self.live.take_kv().items():  # under a failed attempt's entries
                 kv[namespace] = {**kv.get(namespace, {}), **entries}

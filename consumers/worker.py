@@ -23,8 +23,8 @@ from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
 from ..state import open_store
-from ..checkpoint import read_live
-from .checkpoint import Checkpointer, open_learner, stored_topic_id
+from ..checkpoint import read_live, read_topic_id
+from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
@@ -106,7 +106,7 @@ class Worker:
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
                          assign=cfg.worker.assignment == "manual", steps=self.learner.steps,
-                         topic_id=stored_topic_id(self.store, options.topic))
+                         topic_id=read_topic_id(self.store, options.topic))
         self.fetcher = self._new_fetcher(plan)
         self.checkpointer.topic_id = lambda: self.fetcher.topic_id
         self.live = LiveHistory(read_live(self.store), gauges=self._gauges)

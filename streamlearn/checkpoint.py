@@ -69,9 +69,9 @@ from .tasks.classify import NB_COUNTS
 __all__ = [
     "AUDIT_NS", "BLOBS", "CANDIDATES_NS", "CONFIG_BLOB", "DENSE_BLOB", "DENSE_OPTIM_BLOB", "FENCE_BLOB", "FORMAT",
     "HISTORY_NS", "LABELS_BLOB", "LIVE_NS", "LazyCheckpoint", "META_APPLIED", "META_BLOB", "META_CANDIDATES",
-    "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "SIZING_BLOB", "audit_kv",
-    "check_format", "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit",
-    "read_full", "read_lazy", "read_live", "stored_config", "stored_generation", "stored_labels", "stored_sizing",
+    "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "SIZING_BLOB", "TOPIC_ID_NS", "audit_kv",
+    "check_format", "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit", "topic_id_kv",
+    "read_full", "read_lazy", "read_live", "read_topic_id", "stored_config", "stored_generation", "stored_labels", "stored_sizing",
     "write",
 ]
 
@@ -98,7 +98,8 @@ HISTORY_NS = "history"
 CANDIDATES_NS = "candidates"
 AUDIT_NS = "audit"
 LIVE_NS = "live"
-NAMESPACES = (HISTORY_NS, CANDIDATES_NS, AUDIT_NS, LIVE_NS)
+TOPIC_ID_NS = "topic.id"
+NAMESPACES = (HISTORY_NS, CANDIDATES_NS, AUDIT_NS, LIVE_NS, TOPIC_ID_NS)
 
 META_FORMAT = "format"
 META_STEPS = "steps"
@@ -213,6 +214,12 @@ def audit_kv(commit: int, ranges: list[list[int]]) -> dict[str, dict[bytes, byte
     return {AUDIT_NS: {_seq_key(commit): msgpack.packb(ranges)}}
 
 
+def topic_id_kv(topic: str, topic_id: str) -> dict[str, dict[bytes, bytes]]:
+    """The :data:`TOPIC_ID_NS` entry of a commit: the broker's id of the ``topic`` read
+    (a topic created again has a new one: ``consumers/positions.py``)."""
+    return {TOPIC_ID_NS: {topic.encode(): topic_id.encode()}}
+
+
 def live_kv(points: dict[int, dict | None]) -> dict[str, dict[bytes, bytes | None]]:
     """The :data:`LIVE_NS` entries of a commit: point number -> its figures (a map of
     str keys to numbers, None, lists and maps of them), or None to delete a point (one
@@ -294,6 +301,13 @@ def read_audit(store) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
     first offset, last offset, records)])``. Present only with ``worker.audit=true``."""
     for key, value in store.iter_kv(AUDIT_NS):
         yield int.from_bytes(key, "big"), [tuple(r) for r in _unpack(value, AUDIT_NS, store)]
+
+
+def read_topic_id(store, topic: str) -> str | None:
+    """The id of ``topic`` a checkpoint stored with its offsets (None: none yet, or a state
+    written before ids were kept)."""
+    stored = store.read_kv(TOPIC_ID_NS, topic.encode())
+    return None if stored is None else stored.decode()
 
 
 def read_live(store) -> list[tuple[int, dict]]:
