@@ -58,6 +58,7 @@ from .config import ServiceConfig
 from .decoding import DecodingError
 from .device import set_threads
 from .exceptions import RecordError, StreamlearnError
+from .records import MAX_NAME_CHARS
 from .service_auth import BearerToken
 from .service_guard import Guard, JsonRoute, TooLarge, json_error
 from .service_health import StateWatch
@@ -66,7 +67,7 @@ from .snapshot import Answer, Snapshot, TaskMismatchError
 __all__ = ["Settings", "create_app"]
 
 CHARS_PER_TOKEN = 64  # a text may be up to max_tokens * this many characters
-MAX_TOKEN_CHARS = 1024  # one token (or key) string
+MAX_TOKEN_CHARS = MAX_NAME_CHARS  # one token (or key) string: as a record's label, key or item
 MAX_K = 1000
 MAX_BEAM = 10_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
