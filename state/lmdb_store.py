@@ -145,7 +145,7 @@ class LmdbStore(Store):
     def _prepare_dir(self, reset: bool) -> None:
         """Writer only, under the writer lock: move an old state aside if asked, and
         create a new one if the directory holds none."""
-        with _signals_held():  # a SIGTERM between its two moves left data.mdb aside and lock.mdb behind
+        with hold_stop_signals():  # a SIGTERM between its two moves left data.mdb aside and lock.mdb behind
             if reset:
                 self.discarded = _discard(self.path, self._lock_fd)
         if needs_creation(self.path, self._lock_fd):
@@ -624,7 +624,7 @@ def _kv_counts(txn: lmdb.Transaction, db: Any) -> dict[str, int]:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def hold_stop_signals() -> Iterator[None]:
     """SIGTERM and SIGINT held back meanwhile and delivered after: a step of several file
     moves that must not be cut in two by a stop. Python runs signal handlers in the main
     thread, so the main thread's handlers are swapped for ones that only note the signal

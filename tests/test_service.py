@@ -458,12 +458,12 @@ def test_serving_beyond_this_machine_without_a_token_is_warned(caplog):
     """Was: `serve --host 0.0.0.0` with no token started without a word."""
     import logging
 
-    from streamlearn.cli.serve import _auth_note
+    from streamlearn.cli.serve import auth_note
     from streamlearn.config import ServiceConfig
     from streamlearn.service import Settings
 
     with caplog.at_level(logging.WARNING, logger="streamlearn.cli.serve"):
-        assert _auth_note(Settings(state="s", service=ServiceConfig(host="127.0.0.1"))) == " (no authentication)"
+        assert auth_note(Settings(state="s", service=ServiceConfig(host="127.0.0.1"))) == " (no authentication)"
         assert not caplog.records
-        _auth_note(Settings(state="s", service=ServiceConfig(host="0.0.0.0")))
+        auth_note(Settings(state="s", service=ServiceConfig(host="0.0.0.0")))
     assert "serving on 0.0.0.0 without a token" in caplog.text

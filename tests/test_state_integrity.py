@@ -616,7 +616,7 @@ def test_a_stop_signal_waits_until_resets_moves_are_done():
     stops at once during start-up) left a state read as damaged. The moves hold it back."""
     import signal
 
-    from streamlearn.state.lmdb_store import _signals_held
+    from streamlearn.state.lmdb_store import hold_stop_signals
 
     import threading
     import time
@@ -626,7 +626,7 @@ def test_a_stop_signal_waits_until_resets_moves_are_done():
     threading.Thread(target=lambda: busy.wait(10), daemon=True).start()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
     try:
-        with _signals_held():
+        with hold_stop_signals():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.1)
             assert got == []  # held back (was: taken by the other thread, run at once)

@@ -137,7 +137,7 @@ def _serve_one(settings, access_log: bool) -> int:
     with sock:
         app = AppFactory(settings)()  # opens the snapshot (a bad --state fails here)
         log.info("serving %s (task %s, step %d) on http://%s:%d%s", settings.state, app.state.snapshot.task,
-                 app.state.snapshot.step, settings.service.host, sock.getsockname()[1], _auth_note(settings))
+                 app.state.snapshot.step, settings.service.host, sock.getsockname()[1], auth_note(settings))
         config = uvicorn.Config(app, host=settings.service.host, port=sock.getsockname()[1], access_log=access_log,
                                 log_level="info")
         uvicorn.Server(config).run(sockets=[sock])
@@ -186,7 +186,7 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
                                 timeout_worker_healthcheck=HEALTHCHECK_S)
         sock = _listen(settings.service.host, settings.service.port)
         log.info("serving %s with %d workers on http://%s:%d%s", settings.state, workers,
-                 settings.service.host, sock.getsockname()[1], _auth_note(settings))
+                 settings.service.host, sock.getsockname()[1], auth_note(settings))
         supervisor = Multiprocess(config, sockets=[sock])
         with sock:
             supervisor.run()
@@ -197,7 +197,7 @@ def _serve_many(settings, workers: int, access_log: bool) -> int:
     return 0
 
 
-def _auth_note(settings) -> str:
+def auth_note(settings) -> str:
     if settings.token:
         return " (bearer token required but on /healthz)"
     if settings.service.host not in ("127.0.0.1", "::1", "localhost"):
