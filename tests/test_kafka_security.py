@@ -76,6 +76,20 @@ def pki(tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------------------- a TLS front
 
+def serve_each_connection(listener: socket.socket, serve) -> None:
+    """Accept on ``listener`` in a daemon thread until it is closed, each connection served
+    by ``serve(conn)`` in a thread of its own."""
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
 class TlsFront:
     """Accepts mutual-TLS connections on a free port and pipes each to ``upstream``."""
 
@@ -87,16 +101,7 @@ class TlsFront:
         self.port = self.listener.getsockname()[1]
         self.upstream: tuple[str, int] | None = None
         self.handshake_failures = 0
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+        serve_each_connection(self.listener, self._serve)
 
     def _serve(self, raw: socket.socket) -> None:
         raw.settimeout(5)
@@ -116,8 +121,7 @@ class TlsFront:
         _pipe(tls, plain)
 
     def close(self) -> None:
-        self._closed.set()
-        self.listener.close()
+        self.listener.close()  # its accept thread ends
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -344,15 +348,7 @@ class PlainLoginBroker:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
         self.logins: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        serve_each_connection(self.server, self._serve)
 
     def _serve(self, conn: socket.socket) -> None:
         import struct
