@@ -20,7 +20,7 @@ from .exceptions import (
     StorePermissionError,
 )
 from .factory import open_store
-from .lmdb_file import check_readable
+from .lmdb_file import check_readable, data_file_identity
 from .schema import SCHEMA_VERSION, Checkpoint, Manifest, TableSpec, shard_of
 from .verify import VerifyReport
 
@@ -40,6 +40,7 @@ __all__ = [
     "TableSpec",
     "VerifyReport",
     "check_readable",
+    "data_file_identity",
     "open_store",
     "shard_of",
 ]

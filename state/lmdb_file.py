@@ -24,6 +24,15 @@ from dataclasses import dataclass
 from .exceptions import NotAStoreError, damaged
 
 DATA = "data.mdb"
+
+
+def data_file_identity(directory: str) -> tuple[int, int]:
+    """(device, inode) of a state directory's data file: another file at the same path
+    (the directory deleted and created again, a state restored over it) differs.
+    OSError (FileNotFoundError when it is gone) as ``os.stat`` raises it."""
+    st = os.stat(os.path.join(directory, DATA))
+    return st.st_dev, st.st_ino
+
 _MAGIC = 0xBEEFC0DE
 _VERSION = 1
 _P_META = 0x08

@@ -64,7 +64,7 @@ from .codec import RawCodec
 from .exceptions import MapFullError, NotAStoreError, StateError, damaged
 from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
 from .lmdb_env import DAMAGE, SharedEnv, acquire, release, wrap_lmdb, wrap_os
-from .lmdb_file import DATA, check_readable
+from .lmdb_file import DATA, check_readable, data_file_identity
 from .lmdb_meta import (
     BLOBS, KV, META, StoreMeta, get_record, manifest_records, parse_manifest, parse_tables, put_record,
     read_meta,
@@ -117,7 +117,7 @@ class LmdbStore(Store):
             check_readable(self.path)
             map_size = _round_pages(int(cfg.map_size_gb * 2**30))
             self._shared = acquire(self.path, readonly, map_size, cfg.sync)
-            self._file_id = _file_id(self.path)
+            self._file_id = data_file_identity(self.path)
             self._meta = self._open_meta()
             self.shards = self._meta.shards
             if not readonly:
@@ -133,7 +133,7 @@ class LmdbStore(Store):
         under a writer leaves it writing to an unlinked file, commits that succeed and
         that nobody can open again (was: the worker said "all saved")."""
         try:
-            same = _file_id(self.path) == self._file_id
+            same = data_file_identity(self.path) == self._file_id
         except OSError:
             same = False
         if not same:
@@ -645,12 +645,6 @@ def hold_stop_signals() -> Iterator[None]:
                 signal.signal(sig, handler)
         for sig in noted:
             signal.raise_signal(sig)
-
-
-def _file_id(path: str) -> tuple[int, int]:
-    """(device, inode) of the state's data file."""
-    st = os.stat(os.path.join(path, DATA))
-    return st.st_dev, st.st_ino
 
 
 def _round_pages(size: int) -> int:

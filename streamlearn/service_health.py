@@ -20,7 +20,7 @@ import lmdb
 from .decoding import DecodingError
 from .exceptions import RecordError, StreamlearnError
 from .snapshot import TaskMismatchError
-from .state import StateError, check_readable
+from .state import StateError, check_readable, data_file_identity
 
 __all__ = ["StateUnavailableError", "StateWatch"]
 
@@ -47,14 +47,14 @@ class StateWatch:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         self._file = os.path.join(self.path, DATA_FILE)
-        self._identity = _identity(self._file)
+        self._identity = data_file_identity(self.path)
         self._failure: tuple[str, bool] | None = None  # (message, raised by a query)
 
     def check(self) -> None:
         """Raise :class:`StateUnavailableError` if ``DIR/data.mdb`` is gone or is another
         file than the one opened, or was cut short. Microseconds (a ``stat``, two small reads)."""
         try:
-            now = _identity(self._file)
+            now = data_file_identity(self.path)
         except FileNotFoundError:
             raise StateUnavailableError(
                 f"the state directory {self.path} (or its {DATA_FILE}) was deleted after the service "
@@ -125,8 +125,3 @@ class StateWatch:
             return str(exc)
         failure = self._failure
         return None if failure is None else failure[0]
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
