@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..exceptions import StreamlearnError
+from ..wording import counted
 
 RESTART = "restart-from-start"
 
@@ -82,7 +83,7 @@ class Mismatch:
                              for p, (stored, end) in sorted(self.beyond.items()))
             parts.append(f"stored offsets are beyond the log's end ({each})")
         if self.count_changed:
-            parts.append(f"the topic has {self.partitions} partitions, the state recorded {self.recorded}")
+            parts.append(f"the topic has {counted(self.partitions, 'partition')}, the state recorded {self.recorded}")
         return f"topic {self.topic!r}: " + "; ".join(parts)
 
     def error(self, when: str = "") -> OffsetsLostError:

@@ -23,6 +23,7 @@ from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
 from ..state import open_store
+from ..wording import counted
 from ..checkpoint import read_live, read_topic_id
 from .checkpoint import Checkpointer, open_learner
 from .fetcher import Fetcher, FetchPlan
@@ -82,8 +83,8 @@ class RunSummary:
 
     def __str__(self) -> str:
         saved = "all saved" if self.saved else "NOT all saved: they will be consumed again on restart"
-        return (f"consumed {self.records} records ({self.learned} learned, {self.dead_letters} dead-lettered), "
-                f"{self.checkpoints} checkpoints, {saved}; offsets {self.offsets}; stopped: {self.stop_reason}")
+        return (f"consumed {counted(self.records, 'record')} ({self.learned} learned, {self.dead_letters} dead-lettered), "
+                f"{counted(self.checkpoints, 'checkpoint')}, {saved}; offsets {self.offsets}; stopped: {self.stop_reason}")
 
 
 class Worker:

@@ -34,6 +34,7 @@ from .config import REDACTED, KafkaConfig
 from .exceptions import StreamlearnError
 from .hashing import derive_seed
 from .records import encode
+from .wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -509,8 +510,8 @@ class ProduceSummary:
         if shown < len(self.per_partition):
             counts += f"/... ({len(self.per_partition) - shown:,} more)"
         rate = self.records / self.seconds if self.seconds > 0 else float("inf")
-        return (f"produced {self.records} records to {self.topic!r} in {self.seconds:.2f} s "
-                f"({rate:,.0f} records/s); {len(self.per_partition)} partitions: {counts}")
+        return (f"produced {counted(self.records, 'record')} to {self.topic!r} in {self.seconds:.2f} s "
+                f"({rate:,.0f} records/s); {counted(len(self.per_partition), 'partition')}: {counts}")
 
 
 _SHOWN_PARTITIONS = 32  # per-partition counts in a produce summary

@@ -291,7 +291,7 @@ def test_a_produce_summary_of_many_partitions_stays_one_short_line():
     from streamlearn.broker import ProduceSummary
 
     line = str(ProduceSummary("t", {p: 1 for p in range(100_000)}, 1.0))
-    assert line.endswith("100000 partitions: " + "/".join(["1"] * 32) + "/... (99,968 more)")
+    assert line.endswith("100,000 partitions: " + "/".join(["1"] * 32) + "/... (99,968 more)")
 
 
 @pytest.mark.broker  # it starts brokers of its own
@@ -317,3 +317,12 @@ def test_a_crashed_broker_restarts_on_its_port_at_once():
     finally:
         producer.close(timeout=1)
         first.stop()
+
+
+def test_a_produce_summary_of_one_record_on_one_partition_reads_in_the_singular():
+    """Was: "produced 1 records ...; 1 partitions: 1"."""
+    from streamlearn.broker import ProduceSummary
+
+    assert str(ProduceSummary("t", {0: 1}, 1.0)).startswith("produced 1 record to 't'")
+    assert str(ProduceSummary("t", {0: 1}, 1.0)).endswith("; 1 partition: 1")
+    assert "produced 2 records" in str(ProduceSummary("t", {0: 1, 1: 1}, 1.0))

@@ -9,6 +9,7 @@ from ..config import WorkerConfig, load_config
 from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
 from ..records import FORMATS as RECORD_FORMATS
+from ..wording import counted
 
 _SHOW_BAD_LINES = 5
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or config.worker.bootstrap  # one config for every command (was: only the worker's)
     partitions = create_topic(bootstrap, args.topic, args.partitions, timeout_s=args.timeout, security=security)
     if partitions != args.partitions:
-        print(f"topic {args.topic!r} already exists with {partitions} partitions; keeping them", file=sys.stderr)
+        print(f"topic {args.topic!r} already exists with {counted(partitions, 'partition')}; keeping them", file=sys.stderr)
     total = reader.estimate_rows() if args.limit is None else min(args.limit, reader.estimate_rows())
     print(reader.preview(), file=sys.stderr)
     rows = itertools.islice(reader, args.limit)
