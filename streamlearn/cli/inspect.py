@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from ..wording import counted
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -173,7 +175,7 @@ def _verify_lines(v: dict) -> list[str]:
     how = ("against their xxh3_64 checksums" if v["checksums"] else
            f"for keys, lengths and finite values only: schema {v['schema_version']} stores no checksums "
            "(written before streamlearn checked values), so an overwritten value can pass")
-    head = "OK" if v["ok"] else f"DAMAGED ({len(v['problems'])} findings)"
+    head = "OK" if v["ok"] else f"DAMAGED ({counted(len(v['problems']), 'finding')})"
     return [f"verify   {head}: {counts} checked {how}"] + [f"         {line}" for line in v["problems"]]
 
 
