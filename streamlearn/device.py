@@ -107,7 +107,8 @@ def check_device(name: str) -> torch.device:
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():
-        raise ConfigError("learner.device asks for CUDA but none is available: set learner.device=auto or cpu")
+        raise ConfigError(f"device {name!r} asks for CUDA but none is available: use auto or cpu "
+                          "(learner.device, or the command's --device)")
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise ConfigError(f"learner.device={name!r}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")

@@ -106,3 +106,18 @@ def test_checking_a_device_opens_no_cuda_context(monkeypatch):
     assert check_device("cuda:1") == torch.device("cuda", 1) and check_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"this machine has 2 GPU\(s\)"):
         check_device("cuda:2")
+
+
+def test_asking_for_cuda_without_one_names_the_device_and_both_places_to_change_it(monkeypatch):
+    """Was: 'learner.device asks for CUDA ... set learner.device=auto or cpu' also for
+    `inspect --device cuda` and `serve --device cuda`, where the value came from the flag."""
+    import torch
+
+    from streamlearn.device import check_device
+    from streamlearn.exceptions import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"device 'cuda:1' asks for CUDA but none is available: use auto or cpu "
+                                          r"\(learner.device, or the command's --device\)"):
+        check_device("cuda:1")
+    assert check_device("auto") == torch.device("cpu")
