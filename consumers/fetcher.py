@@ -385,8 +385,11 @@ class Fetcher(threading.Thread):
         self._unsaved += len(chunk)
         # A timestamp far in the future (a producer's bad clock, ts = 2^63 - 1) would pin
         # the event-time lag at a huge negative value for the rest of the run: not counted.
+        # Only records the learner takes: a dead letter without a ts carries its Kafka
+        # timestamp (about now), which would read as a fresh model.
         horizon = int((time.time() + FUTURE_TS_TOLERANCE_S) * 1000)
-        times = [r.ts for r in records if r.ts is not None and r.ts <= horizon]
+        refused = {j for j, _ in batch.rejected}
+        times = [r.ts for j, r in enumerate(records) if j not in refused and r.ts is not None and r.ts <= horizon]
         self.handoff.put(Prepared(batch, spans, dead, max(times) if times else None))
         self._idle_since = time.monotonic()  # waiting for queue space is not idleness
 

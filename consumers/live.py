@@ -112,7 +112,7 @@ class LiveHistory:
         the prequential scores of the model and of ``baseline``."""
         w = self._window
         w.consumed += item.records
-        w.learned += report.records
+        w.learned += report.learned
         w.dead.update(item.dead)
         if report.skipped:
             w.skipped += 1

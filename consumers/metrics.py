@@ -75,7 +75,7 @@ class WorkerMetrics:
         self.check_metric = ACCURACY if check is None else check.metric
         self.baseline = None if check is None else check.baseline
         self._make_metrics()
-        self.records = self.learned_records = self.dead_letters = self.skipped_steps = 0
+        self.records = self.learned_records = self.dead_letters = self.skipped_steps = self.skipped_records = 0
         self.newest_event_ms: int | None = None  # latest event time learned (ms since the epoch)
         self.loss, self.accuracy = _Average(), _Average()
         self.check_loss, self.baseline_loss = _Average(), _Average()  # LOSS checks: nats per answer
@@ -84,6 +84,26 @@ class WorkerMetrics:
         self._last_line = time.monotonic()
         self._records_at_line = 0
         self._server: Any = None
+        self._lag_partitions: set[str] = set()  # the lag series exported (a rebalance takes some away)
+
+    def resume(self, stored: dict | None, committed_at: float | None) -> None:
+        """Carry the figures of the state's last checkpoint (its manifest's metrics) into
+        this run: the newest event time learned, the moving averages and the last
+        checkpoint's time. A restarted worker on an idle topic then reports how old its
+        data is, not a fresh model, and its first checkpoint keeps them (not nulls)."""
+        stored = stored or {}
+        if committed_at:  # alerts read it: the state's last checkpoint, not 0
+            self.m_ckpt_time.set(committed_at)
+        newest = stored.get("newest_event_ms")
+        if isinstance(newest, int) and not isinstance(newest, bool):
+            self.newest_event_ms = newest
+            self.m_event_lag.set(self.event_lag_s())
+        for name, average, gauge in (("loss", self.loss, self.m_loss), ("prequential_accuracy", self.accuracy, self.m_acc),
+                                     ("prequential_loss", self.check_loss, self.m_check_loss),
+                                     ("prequential_baseline_loss", self.baseline_loss, self.m_baseline_loss)):
+            value = stored.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                gauge.set(average.add(float(value)))
 
     def _make_metrics(self) -> None:
         r, p = self.registry, _PREFIX
@@ -100,7 +120,7 @@ class WorkerMetrics:
                                   "moving average)", registry=r)
         self.m_baseline_loss = Gauge(p + "prequential_baseline_loss", "nats per answer of the check's counting "
                                      "baseline before learning (token tasks; moving average)", registry=r)
-        for gauge in (self.m_acc, self.m_check_loss, self.m_baseline_loss):
+        for gauge in (self.m_loss, self.m_acc, self.m_check_loss, self.m_baseline_loss):
             gauge.set(math.nan)  # no figure yet (and never one where the task's check has another metric), not 0
         self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
         self.m_skipped = Counter(p + "skipped_steps", "steps not applied: loss or gradient not finite", registry=r)
@@ -113,6 +133,7 @@ class WorkerMetrics:
                                  registry=r)
         self.m_event_lag = Gauge(p + "event_time_lag_seconds", "wall clock minus the newest event time learned "
                                  "(record ts, else the Kafka timestamp)", registry=r)
+        self.m_event_lag.set(math.nan)  # nothing learned yet: unknown, not fresh
         self.m_broker_errors = Counter(p + "broker_errors", "failed polls and end-offset probes", registry=r)
 
     def serve(self, port: int) -> None:
@@ -136,15 +157,17 @@ class WorkerMetrics:
         """Count a learned batch; ``scores``: the prequential check's, where the batch was
         evaluated."""
         self.records += item.records
-        self.learned_records += report.records
+        self.learned_records += report.learned
         self.m_records.inc(item.records)
-        self.m_learned.inc(report.records)
+        self.m_learned.inc(report.learned)
         for code in item.dead:
             self.m_dead.labels(code).inc()
         self.dead_letters += len(item.dead)
         if report.skipped:
             self.skipped_steps += 1
+            self.skipped_records += report.records
             self.m_skipped.inc()
+            self.m_loss.set(math.nan)  # not the last good step's loss: this one was not finite
         elif report.examples:
             self.m_steps.inc()
             self.m_loss.set(self.loss.add(report.loss))
@@ -223,6 +246,10 @@ class WorkerMetrics:
         if not end_offsets:
             return None
         total, negative = 0, {}
+        exported = {str(partition) for partition in end_offsets}
+        for gone in self._lag_partitions - exported:  # revoked in a rebalance: another worker reports it
+            self.m_lag.remove(gone)
+        self._lag_partitions = exported
         for partition, end in end_offsets.items():
             lag = end - positions.get(partition, 0)
             self.m_lag.labels(str(partition)).set(lag)

@@ -408,16 +408,17 @@ class GroupWorker(Worker):
         super()._checkpoint(request)
 
     def _sync(self, request: CheckpointRequest) -> None:
+        started = time.monotonic()
         everyone = self._gather()  # before averaging: a peer dying in between leaves both unmerged
         if self.exchange is not None:
             report = self.exchange.settle()  # the replicas are equal already
         else:
             report = average_replicas(self.learner, self.group)
         merged = self._merge(everyone)
-        ok, seconds = True, 0.0
+        ok = True
         if self.writer:
             try:
-                seconds = self.checkpointer.commit(self.metrics.snapshot(), self.cfg)
+                self.checkpointer.commit(self.metrics.snapshot(), self.cfg)
             except StreamlearnError as exc:
                 ok = False
                 log.error("group checkpoint failed, the state is unchanged: %s", exc)
@@ -431,6 +432,7 @@ class GroupWorker(Worker):
             self.checkpointer.clear_audit()
         self.clock.done += 1
         self._base = merged
+        seconds = time.monotonic() - started  # every rank's checkpoint is the whole sync (the writer's commit in it)
         self.metrics.checkpointed(seconds, ok)
         if ok:
             self.summary.checkpoints += 1

@@ -76,6 +76,7 @@ class RunSummary:
     records: int = 0
     learned: int = 0
     dead_letters: int = 0
+    skipped: int = 0  # accepted records of steps not applied (a loss or gradient not finite)
     checkpoints: int = 0
     offsets: dict[int, int] = field(default_factory=dict)
     stop_reason: str = ""
@@ -83,7 +84,9 @@ class RunSummary:
 
     def __str__(self) -> str:
         saved = "all saved" if self.saved else "NOT all saved: they will be consumed again on restart"
-        return (f"consumed {counted(self.records, 'record')} ({self.learned} learned, {self.dead_letters} dead-lettered), "
+        skipped = f", {self.skipped} in SKIPPED STEPS (not learned)" if self.skipped else ""
+        return (f"consumed {counted(self.records, 'record')} ({self.learned} learned, {self.dead_letters} dead-lettered"
+                f"{skipped}), "
                 f"{counted(self.checkpoints, 'checkpoint')}, {saved}; offsets {self.offsets}; stopped: {self.stop_reason}")
 
 
@@ -101,9 +104,8 @@ class Worker:
         self.checkpointer = self._new_checkpointer()
         self.check = self.learner.task.prequential_check()
         self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check)
-        committed_at = self.store.manifest().committed_at
-        if committed_at:  # the state's last checkpoint, not 0, until this run writes one (alerts read it)
-            self.metrics.m_ckpt_time.set(committed_at)
+        manifest = self.store.manifest()
+        self.metrics.resume(manifest.metrics, manifest.committed_at)
         self.handoff = Handoff(cfg.worker.queue_batches)
         plan = FetchPlan(options.topic, self.learner.schedule, options.max_records, options.until_idle_s,
                          assign=cfg.worker.assignment == "manual", steps=self.learner.steps,
@@ -199,12 +201,12 @@ class Worker:
         else:
             scores, report = None, self.learner.learn_batch(item.batch)
         self.check.learn(item.batch)
-        if report.records and not self.metrics.learned_records:  # bench/startup.py reads its time
-            log.info("first records learned (%d)", report.records)
+        if report.learned and not self.metrics.learned_records:  # bench/startup.py reads its time
+            log.info("first records learned (%d)", report.learned)
         self._batches += 1
         hits = None if scores is None else scores.hits
         evaluated = report.examples if hits is not None else 0
-        self.checkpointer.note(item, report.records, evaluated, hits or 0)
+        self.checkpointer.note(item, report.learned, evaluated, hits or 0)
         self.metrics.learned(item, report, scores)
         self.live.learned(item, report, scores, self.check.baseline)
 
@@ -245,7 +247,7 @@ class Worker:
 
     def _summarize(self, finished: Finished) -> RunSummary:
         s, m = self.summary, self.metrics
-        s.records, s.learned, s.dead_letters = m.records, m.learned_records, m.dead_letters
+        s.records, s.learned, s.dead_letters, s.skipped = m.records, m.learned_records, m.dead_letters, m.skipped_records
         s.offsets, s.stop_reason = dict(self.checkpointer.positions), finished.reason
         s.saved = self.fetcher.final_ok is not False and finished.error is None
         kept = ("the state keeps its last checkpoint" if self.checkpointer.commits

@@ -125,6 +125,11 @@ class StepReport:
     truncated: int
     skipped: bool = False  # the step was not applied: its loss or a gradient was not finite
 
+    @property
+    def learned(self) -> int:
+        """Records the model learned from: the accepted ones, none where the step was skipped."""
+        return 0 if self.skipped else self.records
+
 
 def _grad_values(p: torch.nn.Parameter) -> torch.Tensor:
     """A parameter's gradient values: dense, or a sparse gradient's rows. A sparse one is

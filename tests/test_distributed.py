@@ -3,6 +3,7 @@ learners, real LMDB. Replicas trained on different records are averaged exactly 
 parameters and every row table), a dead peer makes the sync fail fast with a clear error,
 labels seen in different orders are merged, and a stale writer cannot overwrite newer state."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -493,6 +494,10 @@ def test_an_idle_group_ends_together_while_one_rank_reads_longer(broker, make_to
     assert any("on any worker of the group (--until-idle)" in o for o in outs)
     with open_store(tmp_path / "state", readonly=True) as store:
         assert store.manifest().records_applied == {f"{topic}:0": 60, f"{topic}:1": 0}
+    # Each rank's checkpoint time is the whole sync: the rank that does not write read 0.000 s.
+    for out in outs:
+        times = re.findall(r"last checkpoint (\d+\.\d+) s", out)
+        assert times and all(float(t) > 0 for t in times), out[-3000:]
 
 
 def exit_codes(ranks: list[Rank], timeout_s: float = 120) -> list[int]:

@@ -106,6 +106,72 @@ def test_event_time_is_the_records_ts_else_the_kafka_timestamp(broker, make_topi
     assert 0 <= worker.metrics.event_lag_s() < 60
 
 
+def test_event_time_and_the_gauges_come_from_learned_records_and_survive_a_restart(broker, make_topic, group,
+                                                                                  tmp_path):
+    """Was: a dead-lettered record without ts (here a missing label) set the newest event
+    time to its Kafka timestamp, so an hour-old model read as seconds old; and a worker
+    restarted on an idle topic exported event_time_lag_seconds 0 and loss 0 (fresh and
+    perfect), then wrote nulls over the stored loss and event time at its checkpoint."""
+    topic = make_topic(1)
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    produce(broker, topic, [dict(r, ts=hour_ago + i) for i, r in enumerate(stream(100))])
+    cfg = config(broker, group)
+    run_worker(cfg, topic, tmp_path / "s", until_idle_s=1.0)
+    stored = manifest(tmp_path / "s")[0].metrics
+    assert stored["newest_event_ms"] == hour_ago + 99 and stored["loss"] > 0
+
+    produce(broker, topic, [{"text": "no label here"}])
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    sample = worker.metrics.registry.get_sample_value
+    assert 3_590 < sample("streamlearn_worker_event_time_lag_seconds") < 3_700  # carried from the state
+    assert sample("streamlearn_worker_loss") == pytest.approx(stored["loss"])
+    summary = worker.run()
+    assert (summary.learned, summary.dead_letters) == (0, 1)
+    assert 3_590 < sample("streamlearn_worker_event_time_lag_seconds") < 3_700
+    after = manifest(tmp_path / "s")[0].metrics
+    assert after["newest_event_ms"] == hour_ago + 99 and after["loss"] == pytest.approx(stored["loss"])
+
+
+def test_a_new_worker_reads_no_figure_as_nan_not_zero(tmp_path):
+    from streamlearn.consumers.metrics import WorkerMetrics
+
+    sample = WorkerMetrics(1.0).registry.get_sample_value
+    assert math.isnan(sample("streamlearn_worker_loss"))
+    assert math.isnan(sample("streamlearn_worker_event_time_lag_seconds"))
+
+
+def test_records_of_skipped_steps_are_not_counted_as_learned(broker, make_topic, group, tmp_path):
+    """Was: learning rates that blow the model up skipped most steps ("nothing was
+    updated"), yet records_learned, the summary and the manifest counted every accepted
+    record as learned, and the loss gauge kept the last good step's value."""
+    topic = make_topic(1)
+    produce(broker, topic, stream(160))
+    cfg = config(broker, group, "optim.dense_lr=1e30", "optim.sparse_lr=1e30")
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    summary = worker.run()
+    assert worker.metrics.skipped_steps > 0 and summary.skipped > 0
+    assert summary.learned + summary.skipped == 160 and f"{summary.skipped} in SKIPPED STEPS" in str(summary)
+    sample = worker.metrics.registry.get_sample_value
+    assert sample("streamlearn_worker_records_learned_total") == summary.learned
+    assert manifest(tmp_path / "s")[0].metrics["records_learned"] == summary.learned
+    assert math.isnan(sample("streamlearn_worker_loss"))  # the last step was skipped: no loss to show
+
+
+def test_the_lag_of_a_partition_taken_away_is_no_longer_exported():
+    """Was: after a rebalance the worker kept exporting the lag it last saw for partitions
+    another worker now holds (5,133 records of lag that was not there, in a sum)."""
+    from streamlearn.consumers.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(0.0)
+    sample = metrics.registry.get_sample_value
+    metrics.status({0: 5, 1: 5, 2: 5, 3: 5}, {0: 10, 1: 10, 2: 2604, 3: 2539})
+    assert sample("streamlearn_worker_lag_records", {"partition": "2"}) == 2599
+    metrics.status({0: 10, 1: 10}, {0: 10, 1: 10})
+    assert sample("streamlearn_worker_lag_records", {"partition": "2"}) is None
+    assert sample("streamlearn_worker_lag_records", {"partition": "3"}) is None
+    assert sample("streamlearn_worker_lag_records", {"partition": "0"}) == 0
+
+
 def logged_run(broker: str, topic: str, group: str, tmp_path, caplog, records: list[dict],
                *overrides: str) -> tuple[Worker, list[str]]:
     """A worker that evaluates every batch and logs its status line every 50 ms, run on
