@@ -11,6 +11,7 @@ from streamlearn.broker import BrokerError, produce_rows, topic_partitions
 from streamlearn.cli import main
 from streamlearn.config import Config
 from streamlearn.replay import KafkaRange, KafkaSource, ReplayOptions, ReplaySourceError, replay
+from streamlearn.replay.sources import parse_offsets, parse_time
 
 from test_replay import TINY, words_stream
 
@@ -56,13 +57,12 @@ def test_a_limited_replay_reports_the_offsets_it_read_not_those_fetched_ahead(br
     assert sum(last - first + 1 for first, last in src.replayed.values()) == 200
 
 
-def test_an_inverted_or_past_the_end_range_says_so_instead_of_replaying_nothing_silently(broker, make_topic):
+def test_a_past_the_end_range_says_so_instead_of_replaying_nothing_silently(broker, make_topic):
     topic = make_topic(2)
     fill(broker, topic, 40)
     end = KafkaSource(broker, KafkaRange(topic)).bounds()[1][1]
-    src = KafkaSource(broker, KafkaRange(topic, start={0: 8, 1: end + 50}, end={0: 3, 1: end + 60}))
-    assert src.bounds() == {0: (8, 8), 1: (end, end)}
-    assert any("partition 0: start offset 8 is after end offset 3" in note for note in src.notes), src.notes
+    src = KafkaSource(broker, KafkaRange(topic, start={0: 3, 1: end + 50}, end={0: 8, 1: end + 60}))
+    assert src.bounds() == {0: (3, 8), 1: (end, end)}
     assert any(f"partition 1: range [{end + 50}, {end + 60}) clamped" in note for note in src.notes), src.notes
 
 
@@ -118,3 +118,86 @@ def test_cli_kafka_range_with_report(broker, make_topic, tmp_path, capsys):
     for extra in (["--start-offset", "3:0", "--end-offset", "3:10"], ["--partitions", "0", "--end-offset", "1:4"]):
         assert main(["replay", "--no-progress", "--topic", topic, "--bootstrap", broker, *extra]) == 2
         assert "which this replay does not read" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- range options (QA walk of --topic)
+
+
+@pytest.mark.parametrize("text, ms", [
+    ("2004-03-15T07:55:47.472Z", 1_079_337_347_472),  # was 1079337347471: through a float
+    ("2024-05-01T12:00:00.001Z", 1_714_564_800_001),
+    ("2038-01-19T03:14:07.999+00:00", 2_147_483_647_999),
+    ("1970-01-01T00:00:00.001", 1),
+    ("2004-03-15T08:55:47.472+01:00", 1_079_337_347_472),
+    ("9223372036854775807", 2**63 - 1),
+])
+def test_iso_times_with_ms_are_read_exactly(text, ms):
+    assert parse_time(text) == ms
+
+
+def test_an_offset_list_naming_a_partition_twice_is_refused():
+    with pytest.raises(ReplaySourceError, match="names partition 0 twice"):
+        parse_offsets("0:1,0:2")  # was: {0: 2}, silently
+
+
+@pytest.mark.parametrize("start, end, where", [
+    (3, 1, "--start-offset 3 is after --end-offset 1"),
+    ({0: 3}, {0: 1}, "for partition 0: --start-offset 0:3 is after --end-offset 0:1"),
+    (5, {1: 2}, "for partition 1: --start-offset 5 is after --end-offset 1:2"),
+])
+def test_an_inverted_offset_range_is_refused(start, end, where):
+    with pytest.raises(ReplaySourceError, match=where):
+        KafkaRange("t", start=start, end=end)
+    KafkaRange("t", start={0: 3}, end={1: 1})  # different partitions: no pair to compare
+
+
+def replay_cli(broker: str, topic: str, *extra: str) -> int:
+    sets = [a for s in TINY for a in ("--set", s)]
+    return main(["replay", "--no-progress", "--topic", topic, "--bootstrap", broker, *sets, *extra])
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--start-time="], "--start-time is empty"),  # was: the whole topic replayed, exit 0
+    (["--end-time="], "--end-time is empty"),
+    (["--start-offset="], "--start-offset is empty"),
+    (["--end-offset", " "], "--end-offset is empty"),
+    (["--start-time", "1900-01-01"], "out of range"),  # was: ValueError from kafka-python, a traceback
+    (["--start-time", "1969-12-31T23:59:59Z"], "out of range"),
+    (["--start-time", "10000000000000000000"], "out of range"),  # was: struct.error
+    (["--end-time", "-1"], "out of range"),
+    (["--start-time", "2024-05-02", "--end-time", "2024-05-01"], "the time range is inverted"),  # was: 0 records
+    (["--start-offset", "3", "--end-offset", "1"], "the offset range is inverted"),  # was: a note, exit 0
+    (["--start-offset", "0:1,0:2"], "names partition 0 twice"),
+])
+def test_bad_range_options_are_one_line_usage_errors(broker, make_topic, capsys, extra, says):
+    topic = make_topic(1)
+    fill(broker, topic, 5)
+    assert replay_cli(broker, topic, *extra) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_start_past_the_log_end_names_the_log_end_not_an_end_offset(broker, make_topic):
+    topic = make_topic(1)
+    fill(broker, topic, 10)
+    end = KafkaSource(broker, KafkaRange(topic)).bounds()[0][1]
+    src = KafkaSource(broker, KafkaRange(topic, start=end + 50))
+    assert src.bounds() == {0: (end, end)}
+    assert src.notes == [f"partition 0: start offset {end + 50} is after the log's end ({end}): nothing to replay there"]
+
+
+def test_a_time_range_reports_the_offsets_it_selected_and_says_when_it_selects_nothing(broker, make_topic):
+    topic = make_topic(2)
+    fill(broker, topic, 60)
+    src = KafkaSource(broker, KafkaRange(topic, start_ms=T0 + 100, end_ms=T0 + 300))  # records 10..29
+    assert src.estimate() is None  # was: the whole partitions, the progress bar's total
+    report = replay(src, ReplayOptions(), config=Config().override(*TINY))
+    assert report["records"] == 20
+    offsets, replayed = report["source"]["offsets"], report["source"]["replayed"]
+    # was: whole partitions, e.g. {"0": [0, 30]}: each partition's [first in range, first at or after the end)
+    assert {p: [first, last + 1] for p, (first, last) in replayed.items()} == offsets, (offsets, replayed)
+    assert sum(e - s for s, e in offsets.values()) == 20 and not report["source"]["notes"]
+    empty = KafkaSource(broker, KafkaRange(topic, start_ms=T0 + 10_000))
+    assert list(empty) == [] and len(empty.notes) == 1 and "holds no record at or after" in empty.notes[0]
+    gap = KafkaSource(broker, KafkaRange(topic, start_ms=T0 + 101, end_ms=T0 + 105))
+    assert list(gap) == [] and "holds no record in the time range [2023-11-14T22:13:20.101Z, " in gap.notes[0]

@@ -119,11 +119,15 @@ def _check_args(args: argparse.Namespace) -> None:
     if (args.file is None) == (args.topic is None):
         raise StreamlearnError("give one source: --file FILE or --topic T")
     kafka_only = ("partitions", "start_offset", "end_offset", "start_time", "end_time")
+    for name in kafka_only:  # was: an empty value read as not given, and the whole topic replayed
+        if getattr(args, name) is not None and not getattr(args, name).strip():
+            raise StreamlearnError(f"--{name.replace('_', '-')} is empty: give a value, or leave the option out")
     if args.file is not None and any(getattr(args, name) is not None for name in kafka_only):
         raise StreamlearnError("--partitions/--start-*/--end-* select a Kafka range: use them with --topic")
     if args.topic is not None and any(getattr(args, n) for n in ("input_format", "text_column", "label_column")):
         raise StreamlearnError("--input-format/--text-column/--label-column read files: use them with --file")
-    if (args.start_offset or args.end_offset) and (args.start_time or args.end_time):
+    offsets, times = (args.start_offset, args.end_offset), (args.start_time, args.end_time)
+    if any(v is not None for v in offsets) and any(v is not None for v in times):
         raise StreamlearnError("give an offset range (--start-offset/--end-offset) or a time range "
                                "(--start-time/--end-time), not both")
     _check_output("report", args.report)
@@ -243,13 +247,23 @@ def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int, boo
                                                  max_line_bytes=max_bytes))
     rng = KafkaRange(
         args.topic,
-        start=parse_offsets(args.start_offset) if args.start_offset else None,
-        end=parse_offsets(args.end_offset) if args.end_offset else None,
-        start_ms=parse_time(args.start_time) if args.start_time else None,
-        end_ms=parse_time(args.end_time) if args.end_time else None,
+        start=_parsed("--start-offset", args.start_offset, parse_offsets),
+        end=_parsed("--end-offset", args.end_offset, parse_offsets),
+        start_ms=_parsed("--start-time", args.start_time, parse_time),
+        end_ms=_parsed("--end-time", args.end_time, parse_time),
         partitions=_partitions(args.partitions),
     )
     return KafkaSource(args.bootstrap or bootstrap, rng, max_bytes=max_bytes, security=security)
+
+
+def _parsed(option: str, value: str | None, parse):
+    """``parse(value)`` (None: not given), its error naming ``option``."""
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except StreamlearnError as exc:
+        raise StreamlearnError(f"{option} {value}: {exc}") from exc
 
 
 def _partitions(spec: str | None) -> tuple[int, ...] | None:

@@ -21,8 +21,10 @@ base offset), which would otherwise cut a range short.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -226,6 +228,14 @@ class KafkaRange:
     def __post_init__(self) -> None:
         if (self.start is not None or self.end is not None) and (self.start_ms is not None or self.end_ms is not None):
             raise ReplaySourceError("give an offset range or a time range, not both")
+        if self.start_ms is not None and self.end_ms is not None and self.start_ms > self.end_ms:
+            raise ReplaySourceError(f"the time range is inverted: --start-time ({_iso(self.start_ms)}) is after "
+                                    f"--end-time ({_iso(self.end_ms)})")
+        inverted = _inverted(self.start, self.end)
+        if inverted is not None:  # was: accepted, a note per partition (or nothing at all) and exit 0
+            where, start, end = inverted
+            raise ReplaySourceError(f"the offset range is inverted{where}: --start-offset {start} is after "
+                                    f"--end-offset {end} (the end is exclusive)")
 
 
 @dataclass
@@ -238,6 +248,7 @@ class _Partition:
     buffer: list = field(default_factory=list)  # fetched, not yet merged
     done: bool = False
     started: bool = False  # a record at or after start_ms was fetched: take every later one
+    begin: int | None = None  # the offset of the first record in the range (found by take)
     first: int | None = None  # offsets actually replayed (handed on): [first, last]
     last: int | None = None
 
@@ -252,8 +263,10 @@ class _Partition:
                 continue
             if self.end_ms is not None and m.timestamp >= self.end_ms:
                 self.end, self.done = m.offset, True
+                self.begin = m.offset if self.begin is None else self.begin
                 return
-            self.started = True
+            if not self.started:
+                self.started, self.begin = True, m.offset
             self.buffer.append(m)
 
     def pop(self) -> Any:
@@ -296,19 +309,30 @@ class KafkaSource:
                                         f"{', '.join(map(str, sorted(parts))) or 'none'})")
         self.partitions = tuple(sorted(parts))
         self._bounds: dict[int, tuple[int, int]] | None = None
+        self._found: dict[int, tuple[int, int]] | None = None  # a time range's offsets, as the last pass found them
         self.notes: list[str] = []
         self.replayed: dict[int, list[int]] = {}  # partition -> [first, last] offset of the last pass
 
     def describe(self) -> dict[str, Any]:
-        bounds = self.bounds()
+        """``offsets``: per partition, the range ``[start, end)`` selected. A time range's is
+        found by reading (its first record at or after ``start_ms``, its first at or after
+        ``end_ms`` or the log's end); before any pass, or where a pass cut short by a limit
+        did not get there, the estimates of :meth:`bounds` stand. ``replayed``: the
+        ``[first, last]`` offsets the last pass read."""
+        offsets = self.bounds() if self._found is None else self._found
         protocol = (self.security or KafkaConfig()).security_protocol
         return {"kind": self.kind, "bootstrap": self.bootstrap, "security_protocol": protocol,
                 "topic": self.range.topic,
-                "offsets": {str(p): [s, e] for p, (s, e) in bounds.items()},
+                "offsets": {str(p): [s, e] for p, (s, e) in offsets.items()},
                 "start_ms": self.range.start_ms, "end_ms": self.range.end_ms,
                 "replayed": {str(p): fl for p, fl in self.replayed.items()}, "notes": list(self.notes)}
 
-    def estimate(self) -> int:
+    def estimate(self) -> int | None:
+        """Records in the range (None: unknown before reading, where ``--end-time`` is set:
+        the broker cannot tell the offset of the first record at or after a time exactly,
+        and a total from the log's end overstated the range)."""
+        if self.range.end_ms is not None:
+            return None
         return sum(max(0, e - s) for s, e in self.bounds().values())
 
     def bounds(self) -> dict[int, tuple[int, int]]:
@@ -352,8 +376,10 @@ class KafkaSource:
         for tp in tps:
             lo, hi = low[tp], high[tp]
             start, end = starts[tp.partition], ends[tp.partition]
-            if start > end:
-                self.notes.append(f"partition {tp.partition}: start offset {start} is after end offset {end}: "
+            if start > end:  # a start and an end both given were refused by KafkaRange
+                given = r.end is not None and (isinstance(r.end, int) or tp.partition in r.end)
+                what = f"end offset {end}" if given else f"the log's end ({end})"  # was: "end offset", never given
+                self.notes.append(f"partition {tp.partition}: start offset {start} is after {what}: "
                                   "nothing to replay there")
             elif start < lo or start > hi or end > hi:
                 self.notes.append(f"partition {tp.partition}: range [{start}, {end}) clamped to the "
@@ -384,14 +410,39 @@ class KafkaSource:
         bounds, r = self.bounds(), self.range
         parts = {p: _Partition(p, s, e, r.start_ms, r.end_ms, done=s >= e) for p, (s, e) in bounds.items()}
         self.replayed = {}
-        if all(part.done for part in parts.values()):
+        if not all(part.done for part in parts.values()):
+            consumer = self._consumer()
+            try:
+                yield from self._merge(consumer, parts)
+            finally:
+                consumer.close()
+                self.replayed = {p: [part.first, part.last] for p, part in parts.items() if part.first is not None}
+                self._found = self._time_range_found(parts)
+        self._found = self._time_range_found(parts)
+        if not self.replayed:
+            self._note_nothing_in_time_range()
+
+    def _time_range_found(self, parts: dict[int, _Partition]) -> dict[int, tuple[int, int]] | None:
+        """A time range's ``[start, end)`` per partition as the pass found it (None: an offset range)."""
+        if self.range.start_ms is None and self.range.end_ms is None:
+            return None
+        return {p: (part.begin if part.begin is not None else part.end if part.done else part.start, part.end)
+                for p, part in parts.items()}
+
+    def _note_nothing_in_time_range(self) -> None:
+        """A whole pass over a time range found no record in it (was: 0 records, no word why)."""
+        r = self.range
+        if r.start_ms is None and r.end_ms is None:
             return
-        consumer = self._consumer()
-        try:
-            yield from self._merge(consumer, parts)
-        finally:
-            consumer.close()
-            self.replayed = {p: [part.first, part.last] for p, part in parts.items() if part.first is not None}
+        if r.end_ms is None:
+            where = f"at or after {_iso(r.start_ms)}"
+        elif r.start_ms is None:
+            where = f"before {_iso(r.end_ms)}"
+        else:
+            where = f"in the time range [{_iso(r.start_ms)}, {_iso(r.end_ms)})"
+        note = f"topic {r.topic!r} holds no record {where} (Kafka timestamps): nothing replayed"
+        if note not in self.notes:
+            self.notes.append(note)
 
     def _merge(self, consumer: Any, parts: dict[int, _Partition]) -> Iterator[Item]:
         """Emit messages in (timestamp, partition, offset) order: a message is emitted only
@@ -458,7 +509,8 @@ def _per_partition(spec: dict[int, int] | int | None, default: dict) -> dict[int
 # ---------------------------------------------------------------------------- CLI parsing
 
 def parse_offsets(spec: str) -> dict[int, int] | int:
-    """``"120"`` (every partition) or ``"0:120,1:80"`` (per partition).
+    """``"120"`` (every partition) or ``"0:120,1:80"`` (per partition); a partition named
+    twice is an error (was: the last one silently won).
 
     >>> parse_offsets("120"), parse_offsets("0:5,2:7")
     (120, {0: 5, 2: 7})
@@ -470,33 +522,74 @@ def parse_offsets(spec: str) -> dict[int, int] | int:
         out = {}
         for part in spec.split(","):
             p, _, off = part.partition(":")
-            out[int(p)] = _offset(int(off))
+            partition = int(p)
+            if partition in out:
+                raise ReplaySourceError(f"offset {spec!r} names partition {partition} twice: give each partition once")
+            out[partition] = _offset(int(off))
         return out
     except ValueError as exc:
-        raise ReplaySourceError(f"offset {spec!r}: use N (every partition) or P:N,P:N with integers >= 0") from exc
+        raise ReplaySourceError(f"offset {spec!r}: use N (every partition) or P:N,P:N with integers "
+                                f"0 to {MAX_MS}") from exc
 
 
 def _offset(n: int) -> int:
-    if n < 0:
+    if not 0 <= n <= MAX_MS:  # Kafka's offsets are int64 too
         raise ValueError(n)
     return n
 
 
+def _inverted(start: dict[int, int] | int | None, end: dict[int, int] | int | None) -> tuple[str, str, str] | None:
+    """``(where, start, end)`` of the first partition whose given start is after its given
+    end (an int applies to every partition), as the user wrote them; None if none is."""
+    if start is None or end is None:
+        return None
+    if isinstance(start, int) and isinstance(end, int):
+        return ("", str(start), str(end)) if start > end else None
+    named = set(start) & set(end) if isinstance(start, dict) and isinstance(end, dict) else \
+        set(start if isinstance(start, dict) else end)
+    for p in sorted(named):
+        a, b = (spec if isinstance(spec, int) else spec[p] for spec in (start, end))
+        if a > b:
+            return (f" for partition {p}", *(str(spec) if isinstance(spec, int) else f"{p}:{spec[p]}"
+                                             for spec in (start, end)))
+    return None
+
+
+MAX_MS = 2**63 - 1  # Kafka timestamps (and offsets) are int64
+
+
 def parse_time(text: str) -> int:
-    """ms since the epoch, from an integer (ms) or an ISO 8601 time (UTC unless it says).
+    """ms since the epoch, from an integer (ms) or an ISO 8601 time (UTC unless it says),
+    exactly (was: through a float, and 2004-03-15T07:55:47.472Z read 1 ms early); from 0
+    (1970-01-01T00:00:00Z) to 2**63 - 1, the range of a Kafka timestamp.
 
-    >>> parse_time("1700000000000"), parse_time("1970-01-01T00:00:01Z")
-    (1700000000000, 1000)
+    >>> parse_time("1700000000000"), parse_time("1970-01-01T00:00:01Z"), parse_time("2004-03-15T07:55:47.472Z")
+    (1700000000000, 1000, 1079337347472)
     """
-    from datetime import datetime, timezone
-
     text = text.strip()
-    if text.isdigit():
-        return int(text)
+    if re.fullmatch(r"[+-]?[0-9]+", text):
+        ms = int(text)
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ReplaySourceError(f"time {text!r}: use ms since the epoch or ISO 8601 "
+                                    "(2024-05-01T12:00:00Z)") from exc
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+    if not 0 <= ms <= MAX_MS:  # was: a traceback from kafka-python (a negative time, struct.error)
+        raise ReplaySourceError(f"time {text!r} is out of range: Kafka timestamps run from 1970-01-01T00:00:00Z "
+                                f"(0 ms) to {MAX_MS} ms")
+    return ms
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _iso(ms: int) -> str:
+    """``ms`` since the epoch as ISO 8601 UTC, to the ms (past year 9999: the number)."""
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ReplaySourceError(f"time {text!r}: use ms since the epoch or ISO 8601 (2024-05-01T12:00:00Z)") from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp() * 1000)
+        return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except OverflowError:
+        return f"{ms} ms"
