@@ -706,3 +706,37 @@ def test_a_file_record_over_max_record_bytes_is_bad_as_it_is_from_kafka(tmp_path
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["records"] == 21 and report["bad_records"]["reasons"] == {"too-large": 1}
     assert report["bad_records"]["examples"][0]["where"] == "big.jsonl:6"
+
+
+def _raising(exc: BaseException):
+    def run(args):
+        raise exc
+    return run
+
+
+def _chained(outer: type[BaseException], how: str) -> BaseException:
+    """``outer`` raised while a KeyboardInterrupt was handled (``context``) or from it (``cause``)."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ki:
+            if how == "cause":
+                raise outer("CPUDispatcher(<function classify_step>) returned a result with an exception set") from ki
+            raise outer("during the interrupt")  # noqa: B904 (the implicit __context__ is the case)
+    except BaseException as exc:
+        return exc
+
+
+@pytest.mark.parametrize("outer, how", [(SystemError, "cause"), (SystemError, "context"),
+                                        (RuntimeError, "context"), (DatasetError, "cause")])
+def test_ctrl_c_inside_numba_exits_130_without_a_traceback(monkeypatch, capsys, outer, how):
+    """Ctrl-C in a numba kernel surfaces as a SystemError caused by the KeyboardInterrupt
+    (was: that traceback, exit 1)."""
+    import streamlearn.cli.replay as cli_replay
+
+    monkeypatch.setattr(cli_replay, "run", _raising(_chained(outer, how)))
+    assert main(["replay", "--file", "x"]) == 130
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cli_replay, "run", _raising(SystemError("no interrupt in its chain")))
+    with pytest.raises(SystemError):  # another error is not taken for an interrupt
+        main(["replay", "--file", "x"])

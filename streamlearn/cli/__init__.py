@@ -58,21 +58,50 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
         return code
-    except StreamlearnError as exc:
-        print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except StreamlearnError as exc:
+        if interrupted(exc):
+            return 130
+        print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         if not _stdout_closed():
             raise  # another pipe broke: not the reader of our output going away
         # the reader of stdout went away (``streamlearn inspect ... | head``): stop as a
         # shell tool does, without a traceback, and without a second one at exit when
         # Python flushes the dead pipe
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         return 141
+    except Exception as exc:
+        if interrupted(exc):
+            return 130
+        raise
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in ``exc``'s ``__cause__`` / ``__context__`` chain:
+    Ctrl-C inside a numba function surfaces as ``SystemError: CPUDispatcher(...) returned
+    a result with an exception set`` caused by it (was: that traceback, exit 1, not 130)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone: what is still buffered, and
+    Python's flush at exit, then write nowhere instead of raising BrokenPipeError again."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stdout_closed() -> bool:
