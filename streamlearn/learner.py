@@ -27,6 +27,10 @@ A training step is split so a worker can overlap ingest with training:
 its batch size is the caller's. ``learn_one`` (river) is a step on a batch of one.
 Batches must be learned in the order they were prepared, and a checkpoint may only be
 taken when every prepared training batch has been learned (both are checked).
+``learn_many`` is a step or nothing: an exception before its step is taken (Ctrl-C
+while its records are prepared, an error in the step) drops its batch
+(:meth:`Learner.discard_prepared`), and Ctrl-C during the step is delivered when the
+step ends; one thread at a time (a second caller is refused).
 
 Seeded: the same config and the same records in the same batches give bit-identical
 parameters (the masking RNG and dropout are seeded from ``learner.seed`` and the batch
@@ -38,6 +42,9 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
+import signal
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -141,6 +148,26 @@ def _grad_values(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad.values()
 
 
+@contextlib.contextmanager
+def _interrupt_after():
+    """Ctrl-C (SIGINT) during the block is raised when the block ends, in the main thread
+    (the only one Python delivers it to); elsewhere, or under a handler Python did not
+    install, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    held: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):
+            previous(signal.SIGINT, held[0])
+        elif held and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def _safe(g: torch.Tensor) -> bool:
     """Whether every value of a closed-form gradient is finite and within
     :data:`MAX_GRADIENT` in magnitude: its largest and smallest value in numpy (NaN
@@ -198,6 +225,8 @@ class Learner(river_base.Classifier):
         self.steps = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps not applied: their loss or a gradient was not finite
         self._applied = 0  # training batches learned
+        self._labels_learned = 0  # classify: labels the learned batches brought (the rest: prepared batches')
+        self._learning = threading.Lock()  # learn_many's one caller (a Learner is not thread-safe)
         self._dirty = DirtyRows({name: t.shape[0] for name, t in self.row_tables().items()},
                                 {f"{name}.{s}": name for name in self.row_optim.tables for s in self.row_optim.state_names})
         self._index_mark = 0  # candidates already in a checkpoint
@@ -297,8 +326,69 @@ class Learner(river_base.Classifier):
     # ------------------------------------------------------------------ batch verbs
 
     def learn_many(self, records: Iterable) -> StepReport:
-        """ONE mini-batch optimizer step over ``records`` (dicts or Record objects)."""
-        return self.learn_batch(self.prepare(records))
+        """ONE mini-batch optimizer step over ``records`` (dicts or Record objects).
+
+        A step or nothing: if anything interrupts it before the step is taken (Ctrl-C
+        while the records are prepared, an exception in the step), its batch is dropped
+        as :meth:`discard_prepared` drops one, and the learner goes on. Ctrl-C during the
+        step (main thread) is held until the step ends, then raised: a step cut half-way
+        would leave rows changed that no checkpoint knows of. A Learner is not
+        thread-safe: a call while another thread's is running raises StreamlearnError."""
+        if not self._learning.acquire(blocking=False):
+            raise StreamlearnError(
+                "a Learner is not thread-safe: learn_many is running in another thread; call it from one "
+                "thread at a time (a lock around your calls), or give each thread its own Learner")
+        try:
+            self._refuse_pending("learn_many")
+            applied, labels = self._applied, len(self.labels)
+            try:
+                batch = self.prepare(records)
+                with _interrupt_after():
+                    return self.learn_batch(batch)
+            except BaseException:
+                if self._applied == applied:  # its step not taken: drop what its prepare did
+                    self._drop_prepared(labels)
+                raise
+        finally:
+            self._learning.release()
+
+    def discard_prepared(self) -> int:
+        """Drop the training batches :meth:`prepare` made that were not learned (a
+        ``prepare`` never followed by :meth:`learn_batch`); returns how many. They count
+        as learned with nothing learned (the batch counter moves past them), and labels
+        they alone brought leave the label table. What stays: next-item histories keep
+        their records' items, and a dictionary embedding scheme (``embedding.scheme``
+        with a vocabulary) keeps the ids it gave their new tokens (unlearned rows)."""
+        pending = self.prep.prepared - self._applied
+        if pending > 0:
+            self._drop_prepared(self._labels_learned)
+        return max(pending, 0)
+
+    def _drop_prepared(self, labels: int) -> None:
+        """Every prepared batch counts as learned; the label table keeps its first
+        ``labels``; gradients a failed step left are cleared."""
+        self._applied = self.prep.prepared
+        if self.label_table is not None and len(self.label_table) > labels:
+            self.replace_labels(self.labels[:labels])
+        self.dense_optim.zero_grad(set_to_none=True)
+        self.row_optim.zero_grad()
+
+    def _refuse_pending(self, verb: str) -> None:
+        pending = self.prep.prepared - self._applied
+        if pending > 0:
+            raise StreamlearnError(
+                f"{verb}: {pending} training batch(es) from prepare() are not learned yet (batch {self._applied} "
+                "is next): learn them in order with learn_batch(batch), or drop them with "
+                "learner.discard_prepared()")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_learning"]  # a lock cannot be pickled or deep-copied; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._learning = threading.Lock()
 
     def predict_many(self, records: Iterable) -> list:
         """classify: the most probable label (None before any label); token tasks: the
@@ -440,7 +530,8 @@ class Learner(river_base.Classifier):
         if batch.seq != self._applied:
             raise StreamlearnError(
                 f"batch {batch.seq} learned out of order (expected batch {self._applied}): "
-                "learn batches in the order prepare() made them"
+                "learn batches in the order prepare() made them (learner.discard_prepared() drops "
+                "the ones not learned)"
             )
         loss, changed, skipped, outputs = 0.0, {}, False, None
         self.task.before_step(self.model, batch)
@@ -451,6 +542,7 @@ class Learner(river_base.Classifier):
             changed.update(counted)
             self.mark_dirty(counted)
         self._applied += 1
+        self._labels_learned = max(batch.label_start, batch.n_labels)
         report = StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated,
                             skipped)
         return report, outputs
@@ -708,6 +800,7 @@ class Learner(river_base.Classifier):
         """classify: the label table holds ``labels`` from now on, in this order (a
         label's id is its position); the label head rows must already match."""
         self.label_table.replace(list(labels))
+        self._labels_learned = len(self.label_table)
 
     def take_histories(self, full: bool = False) -> dict[str, tuple[str, ...]]:
         """next-item: the key histories changed since the last call (every one with

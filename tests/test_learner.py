@@ -1,6 +1,11 @@
 """The Learner: it learns each task, is seeded, reports changed rows, rejects bad records
 with a reason, drops into river, and survives a checkpoint/restore bit for bit."""
+import copy
+import os
+import pickle
 import random
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -580,6 +585,107 @@ def test_batches_must_be_learned_in_order_before_a_checkpoint():
         lrn.learn_batch(lrn.prepare(topic_stream(2), train=False))
     # An empty batch is learned in its turn without an optimizer step.
     assert lrn.learn_many([]) == StepReport(0.0, 0, 0, [], {}, 2, 0) and lrn.steps == 2
+
+
+class _Interrupting(dict):
+    """A record whose fields cannot be read: Ctrl-C lands while learn_many prepares it."""
+
+    def items(self):
+        raise KeyboardInterrupt
+
+
+def _usable_afterwards(lrn: Learner, labels: list) -> None:
+    """The learner learns the next batch, checkpoints, and predicts over ``labels`` only."""
+    report = lrn.learn_many(topic_stream(4, seed=9))
+    assert report.records == 4 and lrn.applied == lrn.prep.prepared
+    checkpoint.write(lrn)  # was: "prepared batch(es) not learned yet", for good
+    assert lrn.labels == labels
+    assert set(lrn.predict_proba_one({"text": "goal chip"})) == set(labels)
+
+
+def test_a_stray_prepare_is_named_with_its_way_out_and_its_labels_leave():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    labels = lrn.labels
+    lrn.prepare([{"text": "x", "label": "stray"}])  # looked at, never learned
+    with pytest.raises(StreamlearnError, match=r"1 training batch\(es\) from prepare\(\) are not learned.*"
+                                               r"learn_batch\(batch\).*discard_prepared\(\)"):
+        lrn.learn_many(topic_stream(4, seed=1) + [{"text": "y", "label": "other"}])
+    assert lrn.labels == [*labels, "stray"]  # the refused call prepared nothing
+    assert lrn.discard_prepared() == 1 and lrn.discard_prepared() == 0
+    _usable_afterwards(lrn, labels)  # was: 'stray' took probability mass
+
+
+def test_ctrl_c_while_learn_many_prepares_drops_its_batch():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    labels, steps = lrn.labels, lrn.steps
+    with pytest.raises(KeyboardInterrupt):
+        lrn.learn_many([{"text": "new words", "label": "brand-new"}, _Interrupting(text="a", label="b")])
+    assert lrn.steps == steps and lrn.labels == labels
+    _usable_afterwards(lrn, labels)
+
+
+def test_an_error_in_the_step_drops_its_batch_and_its_new_labels():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    labels = lrn.labels
+
+    def fail(_learner):
+        raise RuntimeError("the exchange failed")
+    lrn.gradient_hook = fail
+    with pytest.raises(RuntimeError, match="exchange"):
+        lrn.learn_many([{"text": "goal goal", "label": "sport"}, {"text": "new", "label": "brand-new"}])
+    lrn.gradient_hook = None
+    assert all(p.grad is None for p in lrn.model.dense_parameters().values())  # none left for the next step
+    _usable_afterwards(lrn, labels)  # was: batch 2 learned out of order (expected batch 1), on every call
+
+
+def test_ctrl_c_during_the_step_is_raised_once_the_step_is_taken():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    steps = lrn.steps
+
+    def interrupt(_learner):  # a real SIGINT half-way through the step, as Ctrl-C in a notebook
+        os.kill(os.getpid(), signal.SIGINT)
+    lrn.gradient_hook = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        lrn.learn_many([{"text": "goal match", "label": "sport"}, {"text": "new", "label": "brand-new"}])
+    lrn.gradient_hook = None
+    assert lrn.steps == steps + 1 and "brand-new" in lrn.labels  # the step was taken whole
+    assert lrn.take_dirty()  # and its rows are marked for the next checkpoint
+    _usable_afterwards(lrn, lrn.labels)
+
+
+def test_a_second_thread_calling_learn_many_is_refused_and_the_first_goes_on():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def hold(_learner):
+        inside.set()
+        release.wait(10)
+    lrn.gradient_hook = hold
+    first = threading.Thread(target=lambda: lrn.learn_many(topic_stream(4, seed=3)))
+    first.start()
+    assert inside.wait(10)
+    try:
+        lrn.learn_many(topic_stream(4, seed=4))
+    except StreamlearnError as exc:
+        errors.append(str(exc))
+    finally:
+        release.set()
+        first.join(10)
+    assert errors and errors[0].startswith("a Learner is not thread-safe")
+    lrn.gradient_hook = None
+    _usable_afterwards(lrn, lrn.labels)
+
+
+def test_a_learner_still_copies_and_pickles():
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    for twin in (copy.deepcopy(lrn), pickle.loads(pickle.dumps(lrn))):
+        assert twin.learn_many(topic_stream(2)).records == 2
 
 
 # ---------------------------------------------------------------------------- checkpoint / restore
