@@ -740,3 +740,26 @@ def test_ctrl_c_inside_numba_exits_130_without_a_traceback(monkeypatch, capsys, 
     monkeypatch.setattr(cli_replay, "run", _raising(SystemError("no interrupt in its chain")))
     with pytest.raises(SystemError):  # another error is not taken for an interrupt
         main(["replay", "--file", "x"])
+
+
+def test_the_report_is_written_when_stdouts_reader_has_gone(tmp_path):
+    """``replay ... --report r.json | head -1`` (was: with PYTHONUNBUFFERED=1 the summary's
+    BrokenPipeError stopped the run before the report and plot were written)."""
+    import os
+    import subprocess
+    import sys
+
+    data = write_jsonl(tmp_path / "s.jsonl", words_stream(40))
+    report, plot = tmp_path / "r.json", tmp_path / "r.png"
+    sets = [a for s in TINY for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "streamlearn.cli", "replay", "--no-progress", "--file", data, *sets,
+           "--report", str(report), "--plot", str(plot)]
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before anything is printed, as head's after its line
+    try:
+        proc = subprocess.run(cmd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=240,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(report.read_text())["records"] == 40 and plot.stat().st_size > 0

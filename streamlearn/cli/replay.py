@@ -15,6 +15,7 @@ import sys
 from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config, load_config_given
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
+from . import silence_stdout
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,10 +101,13 @@ def run(args: argparse.Namespace) -> int:
               disable=True if args.no_progress else None, file=sys.stderr) as bar:
         report = replay(source, options, state=args.state, compare=tuple(args.compare) if args.compare else None,
                         config=config, overrides=overrides, save=args.save, progress=bar)
-    print(summary(report))  # first: a file that cannot be written loses nothing the terminal shows
+    # the summary first: a file that cannot be written loses nothing the terminal shows;
+    # the files then, even when stdout's reader has gone (``replay ... | head -1``; was:
+    # the BrokenPipeError stopped the run before the report was written)
+    broken = _print_out(summary(report))
     failed = _write(args, report)
-    for line in _written(args, report, failed):
-        print(line)
+    if broken is None:
+        broken = _print_out(*_written(args, report, failed))
     for line in report["source"].get("notes", []):
         print(f"note: {line}", file=sys.stderr)
     if report["config"].get("sizing") and not (args.state or args.compare):  # a snapshot is never sized again
@@ -111,8 +115,23 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"note: new model, {Sizing.from_dict(report['config']['sizing'])}", file=sys.stderr)
     if failed:
+        if broken is not None:
+            silence_stdout()
         raise StreamlearnError("; ".join(failed.values()))
+    if broken is not None:
+        raise broken  # main stops as on any closed pipe (exit 141)
     return 0
+
+
+def _print_out(*lines: str) -> BrokenPipeError | None:
+    """Print ``lines`` to stdout and flush; the BrokenPipeError if its reader has gone."""
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        return exc
+    return None
 
 
 def _check_args(args: argparse.Namespace) -> None:
