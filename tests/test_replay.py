@@ -244,6 +244,7 @@ def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
         commits = store.manifest().commits
     frozen = replay(FileSource(path), ReplayOptions(mode="frozen"), state=saved)
     assert frozen["metrics"]["accuracy"] > 0.9 and frozen["models"]["model"]["records_per_s"] > 0
+    assert frozen["truncated_records"] is None  # nothing learned: not counted, not 0
     pre = replay(FileSource(path), ReplayOptions(), state=saved)  # prequential from the snapshot
     assert pre["evaluated"] == 160
     with open_store(saved, readonly=True) as store:
@@ -763,3 +764,18 @@ def test_the_report_is_written_when_stdouts_reader_has_gone(tmp_path):
         os.close(write)
     assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
     assert json.loads(report.read_text())["records"] == 40 and plot.stat().st_size > 0
+
+
+def test_records_cut_to_max_tokens_are_counted_in_the_summary_and_report(tmp_path, capsys):
+    """Was: the learner counted them (StepReport.truncated), replay showed them nowhere."""
+    records = words_stream(30)
+    for r in records[::3]:  # 10 records of 3 + 12 words, over hashing.max_tokens=8
+        r["text"] += " and then some more words than the model reads at once here"
+    data, out = write_jsonl(tmp_path / "long.jsonl", records), tmp_path / "r.json"
+    sets = [a for s in [*TINY, "hashing.max_tokens=8"] for a in ("--set", s)]
+    assert main(["replay", "--no-progress", "--file", data, *sets, "--report", str(out)]) == 0
+    assert "  10 records cut to hashing.max_tokens=8 tokens" in capsys.readouterr().out.splitlines()
+    report = json.loads(out.read_text())
+    assert report["truncated_records"] == 10 and report["models"]["model"]["truncated_records"] == 10
+    assert main(["replay", "--no-progress", "--file", data, *sets[:-2], "--report", str(out)]) == 0
+    assert "cut to" not in capsys.readouterr().out and json.loads(out.read_text())["truncated_records"] == 0

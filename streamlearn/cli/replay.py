@@ -15,6 +15,7 @@ import sys
 from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config, load_config_given
 from ..datasets import ReadOptions
 from ..exceptions import StreamlearnError
+from ..wording import counted
 from . import silence_stdout
 
 
@@ -350,6 +351,7 @@ def summary(report: dict) -> str:
              f"{bad['total']} bad{_reasons(bad)}, {rej['total']} rejected{_reasons(rej)}"]
     if report["compare"]:
         lines.append(f"  a = {report['compare']['a']['state']}, b = {report['compare']['b']['state']}")
+    lines += _truncated(report)
     names = list(report["metrics"])
     lines.append(f"  {'':<14}" + "".join(f"{n:>11}" for n in names) + f"{'records/s':>14}")
     rows = {**report["models"], **report["baselines"]}
@@ -361,6 +363,18 @@ def summary(report: dict) -> str:
         lines.append(f"  {who:<14}" + "".join(f"{_value(row[n]):>11}" for n in names)
                      + f"{(f'{rate:,.0f}' if rate else '-'):>14}")
     return "\n".join(lines)
+
+
+def _truncated(report: dict) -> list[str]:
+    """How many records each model's learner cut to hashing.max_tokens, where any were
+    (was: counted by the learner, shown nowhere)."""
+    lines = []
+    for who, row in report["models"].items():
+        n = row.get("truncated_records")
+        if n:
+            whose = f"{who}: " if len(report["models"]) > 1 else ""
+            lines.append(f"  {whose}{counted(n, 'record')} cut to hashing.max_tokens={row['max_tokens']} tokens")
+    return lines
 
 
 def _value(x: float | None) -> str:

@@ -48,6 +48,10 @@ class ModelContestant:
         self.labels = learner.task.answers == "labels"
         self.fused = fused and learning and (self.labels or learner.task.events_are_examples)
         self.steps = 0
+        # records the learner cut to hashing.max_tokens, from its step reports (frozen: None,
+        # nothing is learned, and a query batch does not count them)
+        self.truncated: int | None = 0 if learning else None
+        self.max_tokens = learner.cfg.hashing.max_tokens
         self.notes: list[str] = []
         self._learned: tuple[tuple[int, ...], StepReport] | None = None  # fused: the step taken when predicting
         self._had: dict[str, _KeyItems] = {}  # keyed streams: per key, its items' candidate ids
@@ -117,6 +121,7 @@ class ModelContestant:
         if report is None:
             report = self.learner.learn_many([e.record for e in firsts])
             self.steps += 1
+        self.truncated += report.truncated
         return {firsts[i].position: str(err) for i, err in report.rejected}
 
     def _take_learned(self, events: Sequence[Event]) -> StepReport | None:

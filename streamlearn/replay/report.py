@@ -11,7 +11,9 @@ time), ``baselines`` (per name: the same metrics, ``rolling``, ``records_per_s``
 ``skipped`` with the reason), ``models`` (every model by name: one, or ``a`` and ``b`` with
 --compare), ``compare`` (None, or both models and the difference b - a), ``series``
 (``positions`` and, per contestant and metric, the rolling values there: the plot's data),
-``wall_s``.
+``wall_s``, ``truncated_records`` (the model's records cut to ``hashing.max_tokens``
+tokens, from its learner's steps; null in frozen mode, where nothing is learned: each
+model's entry also has its ``truncated_records`` and ``max_tokens``).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def build_report(result: ReplayResult, config: dict[str, Any], source: dict[str,
         "compare": _compare(result, config) if len(result.models) == 2 else None,
         "series": {"positions": result.positions, **{c.name: c.series for c in result.contestants}},
         "wall_s": round(result.wall_s, 3),
+        "truncated_records": primary.impl.truncated,
     }
     return report
 
@@ -62,6 +65,8 @@ def _contestant(c: Contestant, handled: int) -> dict[str, Any]:
     out["rolling"] = c.metrics.rolling()
     out["seconds"] = round(c.seconds, 4)
     out["records_per_s"] = round(handled / c.seconds, 1) if c.seconds > 0 else None
+    if c.is_model:
+        out["truncated_records"], out["max_tokens"] = c.impl.truncated, c.impl.max_tokens
     notes = getattr(c.impl, "notes", None)
     if notes:
         out["notes"] = list(notes)
