@@ -8,7 +8,10 @@ snapshot reader may live in one process; so stores on the same directory share a
   process at once, hence ``db_lock``);
 - a gate between read transactions and ``set_mapsize``, which invalidates every open
   transaction of the process: reads hold it shared, map growth takes it exclusively;
-- the pid that opened it: an environment must be opened after ``fork()``, never before.
+- the pid that opened it: an environment must be opened after ``fork()``, never before;
+- the identity of the data file it opened: a directory reset or replaced since (another
+  process's ``open_store(..., reset=True)``, a state deleted and saved again) holds another
+  file, and a store opened on it then gets an environment of its own, never the stale one.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Iterator
 import lmdb
 
 from .exceptions import DiskFullError, NotAStoreError, StateError, StorePermissionError, damaged
+from .lmdb_file import data_file_identity
 from .schema import MAX_DBS
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,12 @@ class SharedEnv:
         self.db_lock = threading.RLock()
         self.gate = Gate()
         self.refs = 0
+        self.file_id = _identity(path)  # (device, inode) of the data file opened; None if it was gone
+
+    def stale(self) -> bool:
+        """Whether the directory now holds another data file than the one this opened
+        (or none): reset, replaced or deleted since."""
+        return _identity(self.path) != self.file_id
 
     def check_pid(self) -> None:
         if os.getpid() != self.pid:
@@ -154,11 +164,16 @@ def acquire(path: str, readonly: bool, map_size: int, sync: bool) -> SharedEnv:
     """The shared environment of ``path`` in this process, opened on first use.
 
     A read-only store reuses a writer's environment; a writer cannot reuse a read-only one
-    (LMDB fixes the mode at open), and says so.
+    (LMDB fixes the mode at open), and says so. An environment whose data file the
+    directory no longer holds (:meth:`SharedEnv.stale`) is left to the stores using it
+    and a new one is opened: a store opened now reads the directory as it is now.
     """
     key = (os.getpid(), os.path.realpath(path))
     with _registry_lock:
         shared = _registry.get(key)
+        if shared is not None and shared.stale():
+            del _registry[key]  # its stores keep it until they close (release)
+            shared = None
         if shared is None:
             shared = SharedEnv(key[1], _open_env(path, readonly, map_size, sync), readonly)
             _registry[key] = shared
@@ -176,9 +191,18 @@ def release(shared: SharedEnv) -> None:
         shared.refs -= 1
         if shared.refs > 0:
             return
-        _registry.pop((shared.pid, shared.path), None)
+        key = (shared.pid, shared.path)
+        if _registry.get(key) is shared:  # not a newer environment opened on a replaced directory
+            del _registry[key]
         if shared.pid == os.getpid():
             shared.env.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        return data_file_identity(path)
+    except OSError:
+        return None
 
 
 def _open_env(path: str, readonly: bool, map_size: int, sync: bool) -> lmdb.Environment:

@@ -22,6 +22,12 @@ per checkpoint and embedding rows are read lazily, per query, from the store:
    checkpoint, so between checkpoints queries read nothing.
 4. The transaction ends; the forward pass runs on the in-memory model.
 
+Before step 1 a query checks (one ``stat``) that the state directory still holds the
+data file the snapshot opened: a directory reset or replaced since (another process's
+``open_store(..., reset=True)``, a state deleted and saved again) is reopened by a
+snapshot that opened it (:meth:`Snapshot.open`), and raises :class:`SnapshotError` for
+one given its store; a deleted one raises. (LMDB would go on answering from the old file.)
+
 All of one query's state (manifest, dense weights, rows) comes from one transaction,
 so an answer is computed from exactly the checkpoint it names. A row never stored
 keeps its seeded init (stored rows are never deleted, so the in-memory table can hold
@@ -51,7 +57,7 @@ from .config import Config
 from .exceptions import NoCheckpointError, RecordError, StreamlearnError
 from .hashing import canonical_id
 from .learner import Learner
-from .state import Manifest, NotAStoreError, Store, open_store
+from .state import Manifest, NotAStoreError, Store, data_file_identity, open_store
 
 __all__ = [
     "Answer", "NoCheckpointError", "Snapshot", "SnapshotError", "TaskMismatchError", "TokenVectors",
@@ -110,6 +116,8 @@ class Snapshot:
     def __init__(self, store: Store, device: str | None = None, owns_store: bool = False):
         self._store = store
         self._owns_store = owns_store
+        self._device = device
+        self._file_id = _file_identity(store)  # the data file opened (LMDB); None: not a file
         self._lock = threading.Lock()
         self._version = _Version()
         _require_checkpoint(store)
@@ -162,9 +170,10 @@ class Snapshot:
         return self._store.manifest()
 
     def behind(self) -> bool:
-        """Whether the store committed since the checkpoint answers come from, so the next
-        query advances first. One manifest read; does not wait for a running query."""
-        return self._store.manifest().commits != self._version.commits
+        """Whether the store committed since the checkpoint answers come from, or its
+        directory was reset or replaced, so the next query advances (or reopens) first.
+        One ``stat`` and one manifest read; does not wait for a running query."""
+        return self._moved() is not None or self._store.manifest().commits != self._version.commits
 
     def refresh(self) -> int:
         """Move to the latest checkpoint if the store has a newer one; returns the step."""
@@ -230,6 +239,7 @@ class Snapshot:
         the rows the answer reads (per table) and a context handed to ``run``."""
         records = list(records)
         with self._lock:
+            self._follow_directory()
             with self._store.snapshot():  # 1. one short read transaction
                 manifest = self._store.manifest()
                 if manifest.commits != self._version.commits:
@@ -298,6 +308,43 @@ class Snapshot:
             raise RecordError(f"wrong-type: query {i}: a record must be a dict, got {type(record).__name__}")
         return self._learner.prep.query_tokens(record, i)
 
+    # ------------------------------------------------------------------ a replaced directory
+
+    def _moved(self) -> str | None:
+        """How the state directory changed since the data file was opened ("deleted",
+        "replaced"); None while it holds that file (or the store has none: in memory)."""
+        if self._file_id is None:
+            return None
+        try:
+            now = data_file_identity(self._store.path)
+        except OSError:
+            return "deleted"
+        return None if now == self._file_id else "replaced"
+
+    def _follow_directory(self) -> None:
+        """A directory reset or replaced since it was opened: reopen it (a snapshot that
+        opened its store) or raise SnapshotError; a deleted one raises."""
+        moved = self._moved()
+        if moved is None:
+            return
+        path = self._store.path
+        if moved == "deleted":
+            raise SnapshotError(f"the state directory {path} (its data.mdb) was deleted after this snapshot opened "
+                                "it: restore it, or save a model there again and query again")
+        if not self._owns_store:
+            raise SnapshotError(f"the state directory {path} was reset or replaced after its store was opened (another "
+                                "data.mdb): open a new store, or use Snapshot.open, which reopens it")
+        store = open_ready_store(path)  # LMDB: a new environment, not the stale one (state.lmdb_env)
+        try:
+            reader = read_lazy(store, self._device)
+        except BaseException:
+            store.close()
+            raise
+        log.info("the state directory %s was reset or replaced: reopened it", path)
+        old, self._store, self._reader, self._file_id = self._store, store, reader, _file_identity(store)
+        old.close()
+        self._adopt()
+
     # ------------------------------------------------------------------ advancing
 
     @property
@@ -363,6 +410,17 @@ def _load_whole(reader: LazyCheckpoint, name: str, table: torch.Tensor, chunk: i
         ids = np.arange(start, min(start + chunk, table.shape[0]), dtype=np.int64)
         values, found = reader.read_rows(name, ids)  # (n, width), (n,)
         _write_rows(table, ids[found], values[found])
+
+
+def _file_identity(store: Store) -> tuple[int, int] | None:
+    """The identity of an LMDB store's data file (state.data_file_identity); None for a
+    store without one (the in-memory backend)."""
+    if store.backend != "lmdb" or store.path is None:
+        return None
+    try:
+        return data_file_identity(store.path)
+    except OSError:
+        return None
 
 
 def _is_key_query(record: Any) -> bool:

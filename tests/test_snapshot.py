@@ -4,6 +4,7 @@ writer in another process through every checkpoint; bad directories fail with cl
 (How soon it follows, the freshness target of 1 s, is bench/serve.py's to measure.)"""
 import json
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from streamlearn.checkpoint import read_full, write
 from streamlearn.config import Config
 from streamlearn.exceptions import RecordError
 from streamlearn.learner import Learner
-from streamlearn.snapshot import NoCheckpointError, Snapshot, TaskMismatchError
+from streamlearn.snapshot import NoCheckpointError, Snapshot, SnapshotError, TaskMismatchError
 from streamlearn.state import Checkpoint, NotAStoreError, open_store
 
 SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "embedding.tfree_rows=512",
@@ -250,3 +251,67 @@ def test_answers_follow_a_writer_in_another_process_through_every_checkpoint(tmp
         writer.kill()
         writer.wait()
     assert committed == answered == list(range(1, 8))
+
+
+RESETTER = r"""
+import random, shutil, sys
+from streamlearn.checkpoint import write
+from streamlearn.config import Config
+from streamlearn.learner import Learner
+from streamlearn.state import Checkpoint, open_store
+import torch
+torch.set_num_threads(1)
+state, how, small = sys.argv[1], sys.argv[2], sys.argv[3:]
+learner = Learner(Config().override(*small))
+rng = random.Random(1)
+learner.learn_many([{"tokens": rng.sample([f"w{i}" for i in range(50)], 4), "label": rng.choice("xy")}
+                    for _ in range(16)])
+if how == "rm":
+    shutil.rmtree(state)
+with open_store(state, reset=how == "reset") as store:
+    specs, rows, blobs, kv = write(learner)
+    store.declare_tables(specs)
+    store.commit(Checkpoint(step=3, rows=rows, blobs=blobs, kv=kv, config=learner.cfg.to_dict()))
+"""
+
+
+@pytest.mark.parametrize("how", ["reset", "rm"])
+def test_a_snapshot_follows_a_directory_another_process_resets_or_replaces(how, tmp_path):
+    """Another process resets the directory (open_store(reset=True)), or deletes it and
+    saves again, and commits a new model (labels x, y): the open snapshot says it is
+    behind and answers from the new model, and so does a new Snapshot.open in this
+    process (was: both kept answering from the old one, whose LMDB environment the
+    process shared per path)."""
+    state = str(tmp_path / "state")
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 16, random.Random(4)))  # labels a, b, c
+    with open_store(state) as store:
+        commit(store, learner, 9)
+    with Snapshot.open(state) as snap:
+        assert set(snap.predict_proba([{"tokens": ["w1"]}]).values[0]) == set("abc")
+        subprocess.run([sys.executable, "-c", RESETTER, state, how, *SMALL], check=True, timeout=120)
+        with Snapshot.open(state) as fresh:
+            answer = fresh.predict_proba([{"tokens": ["w1"]}])
+            assert answer.step == 3 and set(answer.values[0]) == set("xy")
+        assert snap.behind()
+        answer = snap.predict_proba([{"tokens": ["w1"]}])
+        assert answer.step == 3 and set(answer.values[0]) == set("xy")
+        assert not snap.behind()
+
+
+def test_a_snapshot_of_a_store_it_was_given_refuses_a_replaced_or_deleted_directory(tmp_path):
+    state = str(tmp_path / "state")
+    learner = Learner(Config().override(*SMALL))
+    learner.learn_many(stream("classify", 8, random.Random(4)))
+    with open_store(state) as store:
+        commit(store, learner, 1)
+    with open_store(state, readonly=True) as store:
+        snap = Snapshot(store)
+        subprocess.run([sys.executable, "-c", RESETTER, state, "reset", *SMALL], check=True, timeout=120)
+        with pytest.raises(SnapshotError, match="reset or replaced after its store was opened.*Snapshot.open"):
+            snap.predict([{"tokens": ["w1"]}])
+    with Snapshot.open(state) as snap:
+        shutil.rmtree(state)
+        assert snap.behind()
+        with pytest.raises(SnapshotError, match="was deleted after this snapshot opened it"):
+            snap.predict([{"tokens": ["w1"]}])
