@@ -15,6 +15,7 @@ Metric names (all prefixed ``streamlearn_worker_``; counters end in ``_total``):
 ``prequential_baseline_loss``                   the same for the check's counting baseline (popularity)
 ``steps_total``                                 optimizer steps
 ``skipped_steps_total``                         steps not applied: loss or gradient not finite
+``records_truncated_total``                     records cut to their first ``hashing.max_tokens`` tokens
 ``checkpoint_seconds``                          histogram of checkpoint durations
 ``checkpoint_failures_total``                   checkpoints that failed (state unchanged)
 ``checkpoints_postponed_total``                 checkpoints put off (dead letters unconfirmed, no answer)
@@ -69,13 +70,16 @@ class WorkerMetrics:
     <streamlearn.tasks.base.Task.prequential_check>`): its metric says what the status
     line reports, a classifier's accuracy or a token task's loss against its baseline's."""
 
-    def __init__(self, log_seconds: float, registry: CollectorRegistry | None = None, check: Check | None = None):
+    def __init__(self, log_seconds: float, registry: CollectorRegistry | None = None, check: Check | None = None,
+                 max_tokens: int | None = None):
         self.registry = registry or CollectorRegistry()
         self.log_seconds = log_seconds
         self.check_metric = ACCURACY if check is None else check.metric
         self.baseline = None if check is None else check.baseline
         self._make_metrics()
         self.records = self.learned_records = self.dead_letters = self.skipped_steps = self.skipped_records = 0
+        self.truncated = 0  # records cut to hashing.max_tokens tokens (the first cut is logged)
+        self.max_tokens = max_tokens
         self.newest_event_ms: int | None = None  # latest event time learned (ms since the epoch)
         self.loss, self.accuracy = _Average(), _Average()
         self.check_loss, self.baseline_loss = _Average(), _Average()  # LOSS checks: nats per answer
@@ -124,6 +128,8 @@ class WorkerMetrics:
             gauge.set(math.nan)  # no figure yet (and never one where the task's check has another metric), not 0
         self.m_steps = Counter(p + "steps", "optimizer steps", registry=r)
         self.m_skipped = Counter(p + "skipped_steps", "steps not applied: loss or gradient not finite", registry=r)
+        self.m_truncated = Counter(p + "records_truncated", "records cut to their first hashing.max_tokens tokens",
+                                   registry=r)
         self.m_ckpt = Histogram(p + "checkpoint_seconds", "checkpoint duration", registry=r,
                                 buckets=_CHECKPOINT_BUCKETS)
         self.m_ckpt_failed = Counter(p + "checkpoint_failures", "failed checkpoints", registry=r)
@@ -162,6 +168,14 @@ class WorkerMetrics:
         self.m_learned.inc(report.learned)
         for code in item.dead:
             self.m_dead.labels(code).inc()
+        if report.truncated:
+            if not self.truncated:
+                log.warning("records longer than hashing.max_tokens=%s tokens are cut to their first %s (%d in this "
+                            "batch); counted in records_truncated_total. A new model with a larger "
+                            "hashing.max_tokens keeps more of each record", self.max_tokens, self.max_tokens,
+                            report.truncated)
+            self.truncated += report.truncated
+            self.m_truncated.inc(report.truncated)
         self.dead_letters += len(item.dead)
         if report.skipped:
             self.skipped_steps += 1

@@ -85,7 +85,7 @@ class HashingConfig:
     ngrams: int = key(2, at_least(1))
     # the digit shape of each word holding a digit ("07090201529" -> "00000000000") is added as a token
     shapes: bool = key(True, flag())
-    max_tokens: int = key(128, at_least(2))  # longer token lists are truncated (counted, not an error)
+    max_tokens: int = key(4096, at_least(2))  # longer token lists are truncated (counted, not an error)
 
     def __post_init__(self) -> None:
         check_keys(self)

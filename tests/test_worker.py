@@ -653,3 +653,18 @@ def test_postponed_checkpoints_are_counted(broker, make_topic, group, tmp_path):
     worker.fetcher.postponed = 2  # two checkpoints the fetch thread put off, as it counts them
     worker.run()
     assert worker.metrics.registry.get_sample_value("streamlearn_worker_checkpoints_postponed_total") == 2
+
+
+def test_records_cut_to_max_tokens_are_logged_once_and_counted(broker, make_topic, group, tmp_path, caplog):
+    """Was: a text past hashing.max_tokens lost its tail without a word anywhere (the
+    learner counted it and nothing read the count)."""
+    topic = make_topic(1)
+    long_text = " ".join(f"w{i}" for i in range(40))  # 40 words and 39 bigrams: 79 tokens
+    produce(broker, topic, [dict(r, text=long_text) if i % 10 == 0 else r for i, r in enumerate(stream(100))])
+    cfg = config(broker, group, "hashing.max_tokens=64")
+    worker = Worker(cfg, RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0))
+    with caplog.at_level(logging.WARNING, logger="streamlearn.consumers"):
+        assert worker.run().learned == 100
+    cuts = [r.getMessage() for r in caplog.records if "hashing.max_tokens=64" in r.getMessage()]
+    assert len(cuts) == 1, cuts
+    assert worker.metrics.registry.get_sample_value("streamlearn_worker_records_truncated_total") == 10

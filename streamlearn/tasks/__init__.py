@@ -42,12 +42,16 @@ class Entry(NamedTuple):
     derived: tuple[str, ...] = ()
 
 
-# The global defaults are classify's (the default task): word bigrams and digit shapes.
-# A token task predicts the tokens themselves, one word each, so it keeps words alone.
+# The global defaults are classify's (the default task): word bigrams and digit shapes, and
+# texts of up to 4,096 tokens (about 2,000 words with their bigrams: a bag of words loses what
+# a cut drops, and reviews and articles run past 128, docs/choosing-a-configuration.md).
+# A token task predicts the tokens themselves, one word each, so it keeps words alone, in
+# windows of 128 tokens (its records are cut to 32 words; attention grows with the square).
 # Token streams: a sampled softmax over hashed output rows plus the Kneser-Ney count part (each
 # task names its order), mini-batches of 8 records, output rows slower than input rows
 # (docs/choosing-a-configuration.md)
-_TOKEN_STREAM = ("hashing.ngrams=1", "hashing.shapes=false", "model.positions=true", "model.output=sampled",
+_TOKEN_STREAM = ("hashing.ngrams=1", "hashing.shapes=false", "hashing.max_tokens=128", "model.positions=true",
+                 "model.output=sampled",
                  "model.negatives=128", "optim.output_lr=0.01", "learner.batch_size=8")
 
 REGISTRY: dict[str, Entry] = {
@@ -58,7 +62,7 @@ REGISTRY: dict[str, Entry] = {
     # item in 4 of its buckets (out_m); the transition counts of the last 1 and 2 items, their
     # log-probability added to the network's logits with a learned weight (a product of experts)
     "next-item": Entry("next_item:NextItem", (
-        "hashing.tokenizer=ids", "model.tie_output=false", "model.out_B=0", "model.out_m=4", "embedding.K=100000",
+        "hashing.tokenizer=ids", "hashing.max_tokens=128", "model.tie_output=false", "model.out_B=0", "model.out_m=4", "embedding.K=100000",
         "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=128", "model.counts=transitions",
         "model.count_slots=262144"), derived=("model.out_B",)),
     # a 4-gram order on the count part's trigram, the last 1,000 (previous token, token) pairs
