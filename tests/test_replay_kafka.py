@@ -13,7 +13,7 @@ from streamlearn.config import Config
 from streamlearn.replay import KafkaRange, KafkaSource, ReplayOptions, ReplaySourceError, replay
 from streamlearn.replay.sources import parse_offsets, parse_time
 
-from test_replay import TINY, words_stream
+from test_replay import TINY, TINY_ITEMS, words_stream
 
 T0 = 1_700_000_000_000
 
@@ -201,3 +201,29 @@ def test_a_time_range_reports_the_offsets_it_selected_and_says_when_it_selects_n
     assert list(empty) == [] and len(empty.notes) == 1 and "holds no record at or after" in empty.notes[0]
     gap = KafkaSource(broker, KafkaRange(topic, start_ms=T0 + 101, end_ms=T0 + 105))
     assert list(gap) == [] and "holds no record in the time range [2023-11-14T22:13:20.101Z, " in gap.notes[0]
+
+
+def test_a_new_model_on_a_topic_takes_the_task_its_records_say(broker, make_topic, tmp_path, capsys):
+    """Was: a next-item or token topic replayed with no --task was scored as classify:
+    "60 records, 0 scored, 60 bad (missing-field: 60)", exit 0."""
+    items = make_topic(2)
+    rows = [(f"u{i % 6}".encode(), {"key": f"u{i % 6}", "item": f"i{(i * 7) % 13}"}, T0 + i) for i in range(60)]
+    produce_rows(broker, items, rows)
+    out = tmp_path / "r.json"
+    sets = [a for s in TINY_ITEMS if not s.startswith("learner.task") for a in ("--set", s)]
+    assert main(["replay", "--no-progress", "--topic", items, "--bootstrap", broker, *sets, "--report", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["task"] == "next-item" and report["records"] == 60 and report["bad_records"]["total"] == 0
+    assert report["evaluated"] > 0 and "note: task next-item" in capsys.readouterr().err  # all 60 read, none lost to the peek
+    text = make_topic(1)
+    produce_rows(broker, text, [(None, {"text": f"the cat sat on mat {i}"}, T0 + i) for i in range(30)])
+    assert replay_cli(broker, text) == 2
+    err = capsys.readouterr().err
+    assert "pass --task next-token or --task mlm" in err and len(err.strip().splitlines()) == 1, err
+    mixed = make_topic(1)
+    produce_rows(broker, mixed, [(None, {"text": "a b c"}, T0), (None, {"key": "u", "item": "i"}, T0 + 1)])
+    assert replay_cli(broker, mixed) == 2 and "cannot tell the task; pass --task" in capsys.readouterr().err
+    # a task given keeps the old behaviour: each record is a bad classify record
+    assert replay_cli(broker, items, "--task", "classify", "--report", str(out)) == 0
+    assert json.loads(out.read_text())["bad_records"]["reasons"] == {"missing-field": 60}
+    assert replay_cli(broker, text, "--limit", "0") == 0  # nothing read: nothing to tell, classify as before

@@ -167,6 +167,8 @@ def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
     if stored is not None:
         _check_file_fits(args, stored, file_task, file_question)
         file_task, file_question = None, None
+    elif args.topic is not None:
+        file_task = _topic_task(args)
     overrides = [*args.set, *([f"learner.task={args.task}"] if args.task else [])]
     try:
         config, given = load_config_given(args.config, overrides, default_task=stored or file_task)
@@ -238,6 +240,39 @@ def _file_task(args: argparse.Namespace) -> tuple[str | None, StreamlearnError |
         return task_of_records(args.file, args.input_format), None
     except StreamlearnError as question:
         return None, question
+
+
+_PEEK = 20  # records a new model's task is read from, on a topic
+
+
+def _topic_task(args: argparse.Namespace) -> str | None:
+    """For a new model given no task (--task, --set, --config or the environment), the
+    task the topic's first records say: ``key`` and ``item`` are next-item; labels are
+    classify (None). Records of text without labels (a token stream), or a mix, stop the
+    run asking for --task. Read in a pass of their own: the replay starts from the
+    range's first record all the same. Was: every such record scored as a bad classify
+    record ("0 scored, 3000 bad (missing-field: 3000)"), exit status 0."""
+    if _task_typed(args):
+        return None
+    from ..replay.sources import first_records
+
+    connection = [s for s in args.set if s.partition("=")[0].strip().startswith(("kafka.", "worker."))]
+    config, given = load_config_given(args.config, connection)  # the task's rules wait for the task
+    if "learner.task" in given:
+        return None
+    source = _source(args, config.kafka, config.worker.max_record_bytes, config.worker.bootstrap)
+    records = first_records(source, _PEEK if args.limit is None else max(0, min(_PEEK, args.limit)))
+    if not records or any(r.label is not None for r in records):
+        return None
+    if all(r.is_next_item for r in records):
+        print(f"note: task next-item: the first records of {args.topic!r} hold a key and an item "
+              "(--task to choose another)", file=sys.stderr)
+        return "next-item"
+    if all(r.key is None and r.item is None and (r.text is not None or r.tokens is not None) for r in records):
+        raise StreamlearnError(f"topic {args.topic!r}: its first records hold text without labels, a token stream; "
+                               "pass --task next-token or --task mlm")
+    raise StreamlearnError(f"topic {args.topic!r}: its first records hold no labels, and not all of them a key and "
+                           "an item: cannot tell the task; pass --task")
 
 
 def _seed(args: argparse.Namespace, config: Config, given: frozenset[str]) -> int:

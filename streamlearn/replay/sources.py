@@ -38,7 +38,7 @@ from ..exceptions import RecordError, StreamlearnError
 from ..records import Record, decode, from_dict
 
 __all__ = ["FILE_FORMATS", "FileSource", "Item", "KafkaRange", "KafkaSource", "ReplaySourceError",
-           "parse_offsets", "parse_time"]
+           "first_records", "parse_offsets", "parse_time"]
 
 FILE_FORMATS = (*DATASET_FORMATS, "msgpack")
 _NOT_A_MAP = "invalid-msgpack: expected a map"
@@ -495,6 +495,17 @@ class KafkaSource:
             return Item(decode(msg.value, self.max_bytes), None, origin)
         except RecordError as exc:
             return Item(None, str(exc), origin)
+
+
+def first_records(source: FileSource | KafkaSource, n: int = 20, scan: int = 200) -> list[Record]:
+    """Up to ``n`` valid records among the first ``scan`` items of a pass over ``source``
+    (a peek: the pass is closed, and the next one starts from the range's start again)."""
+    import contextlib
+    import itertools
+
+    with contextlib.closing(iter(source)) as items:  # a Kafka source's consumer closes with it
+        records = (item.record for item in itertools.islice(items, scan) if item.record is not None)
+        return list(itertools.islice(records, n))
 
 
 def _per_partition(spec: dict[int, int] | int | None, default: dict) -> dict[int, int]:
