@@ -82,8 +82,8 @@ CONFIG_BLOB = "learner.config"
 # the version before them did: a stored config without the key was written by that
 # version, so it reads as that value (and a restart with today's default is refused,
 # naming the key), never as today's default applied silently to rows trained without it.
-ABSENT_KEYS = {("hashing", "shapes"): False, ("learner", "recency"): 0, ("learner", "key_token"): False,
-                ("learner", "place_weights"): False, ("model", "count_join"): "mixture",
+ABSENT_KEYS = {("hashing", "shapes"): False, ("hashing", "scripts"): False, ("learner", "recency"): 0,
+                ("learner", "key_token"): False, ("learner", "place_weights"): False, ("model", "count_join"): "mixture",
                 ("model", "count_fit"): "joint", ("model", "recent_pairs"): 0}
 META_BLOB = "learner.meta"
 LABELS_BLOB = "learner.labels"

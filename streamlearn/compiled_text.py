@@ -9,7 +9,8 @@ bytes once and hashes each token as it finds it, into the same 64-bit values
 :func:`streamlearn.hashing.hash64` gives the same tokens' strings.
 
 It takes ASCII text only (:meth:`TextHasher.__call__` answers None otherwise, and the
-caller tokenizes in Python): on ASCII, ``\\w`` and ``\\s`` are fixed byte classes,
+caller tokenizes in Python, which reads ``hashing.scripts``: the two settings give ASCII
+the same tokens, so one kernel serves both): on ASCII, ``\\w`` and ``\\s`` are fixed byte classes,
 read off the tokenizer's own regex (:func:`byte_classes`), and a lowercased byte is a
 lowercased character. A token over 240 bytes (xxh3's long-input path, not written here)
 sends its text the same way. ``xxh3_64`` follows the reference algorithm's short and

@@ -81,6 +81,9 @@ class HashingConfig:
     seed: int = key(0, between(0, SEED_RANGE, high_open=True))
     tokenizer: str = key("words", one_of("words", "ids"))  # "words": regex words of `text`; "ids": tokens as given
     lowercase: bool = key(True, flag())
+    # words of every script: each Han or kana character a token, combining marks and emoji joiners
+    # inside their token (streamlearn.hashing.words); false: the regex \w+|[^\w\s] alone
+    scripts: bool = key(True, flag())
     # word n-grams up to this n are added as extra tokens (classify: to the network, not the Naive Bayes part)
     ngrams: int = key(2, at_least(1))
     # the digit shape of each word holding a digit ("07090201529" -> "00000000000") is added as a token
@@ -562,7 +565,7 @@ class Config:
 # from 0.997 to 0.003 with exit code 0), so it is refused, naming the keys. A RUN key is
 # safe to change between runs. Every key is in exactly one set (a test checks).
 MODEL_KEYS: frozenset[str] = frozenset({
-    "hashing.seed", "hashing.tokenizer", "hashing.lowercase", "hashing.ngrams", "hashing.shapes",
+    "hashing.seed", "hashing.tokenizer", "hashing.lowercase", "hashing.scripts", "hashing.ngrams", "hashing.shapes",
     "hashing.max_tokens",
     "embedding.scheme", "embedding.d", "embedding.K", "embedding.B", "embedding.k", "embedding.m",
     "embedding.append_p", "embedding.combine", "embedding.init", "embedding.hashformer_hash",

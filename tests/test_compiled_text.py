@@ -30,8 +30,9 @@ def test_xxh3_is_the_xxhash_packages_at_every_length_it_takes(seed):
         assert int(xxh3_64(data, 5, n, np.uint64(seed))) == xxhash.xxh3_64_intdigest(bytes(data[5:5 + n]), seed), n
 
 
-def python_hashes(text: str, seed: int, ngrams: int, lowercase: bool, shapes: bool) -> tuple[np.ndarray, int]:
-    return hash64(tokenize(text, ngrams, lowercase, shapes), seed), len(words(text, lowercase))
+def python_hashes(text: str, seed: int, ngrams: int, lowercase: bool, shapes: bool,
+                  scripts: bool = False) -> tuple[np.ndarray, int]:
+    return hash64(tokenize(text, ngrams, lowercase, shapes, scripts), seed), len(words(text, lowercase, scripts))
 
 
 # every ASCII character, the marks the tokenizer treats specially and long runs of each kind
@@ -40,11 +41,12 @@ ASCII_TEXT = st.lists(st.sampled_from([chr(c) for c in range(128)] + ["word", "1
 
 
 @settings(max_examples=300, deadline=None)
-@given(ASCII_TEXT, st.integers(1, 3), st.booleans(), st.booleans(), st.sampled_from(SEEDS))
-def test_a_texts_hashes_are_its_tokens_hashes(text, ngrams, lowercase, shapes, seed):
+@given(ASCII_TEXT, st.integers(1, 3), st.booleans(), st.booleans(), st.sampled_from(SEEDS), st.booleans())
+def test_a_texts_hashes_are_its_tokens_hashes(text, ngrams, lowercase, shapes, seed, scripts):
+    """Under either hashing.scripts: on ASCII the two tokenizers agree, so one kernel serves both."""
     hasher = TokenHasher(K=10, B=10, k=1, seed=seed)
     hashed = TextHasher(hasher, ngrams, lowercase, shapes)(text)
-    base, count = python_hashes(text, hasher.base_seed, ngrams, lowercase, shapes)
+    base, count = python_hashes(text, hasher.base_seed, ngrams, lowercase, shapes, scripts)
     assert hashed is not None and hashed.words == count
     np.testing.assert_array_equal(hashed.base, base)
 
@@ -83,6 +85,25 @@ def test_the_byte_classes_are_the_regexs():
     assert classes[ord("a")] == classes[ord("_")] == classes[ord("7")] == 1
     assert classes[ord(" ")] == classes[ord("\x1c")] == classes[ord("\n")] == 0
     assert classes[ord("!")] == classes[ord(SHAPE_MARK)] == 2
+    # read off the tokenizer of hashing.scripts=false: the other reads every ASCII byte alike
+    for c in range(128):
+        for pair in (chr(c), chr(c) * 2, f"a{chr(c)}b", f"!{chr(c)}"):
+            assert words(pair, False, scripts=True) == words(pair, False), repr(pair)
+
+
+# the cases hashing.scripts reads otherwise: Han and kana, marks, emoji sequences, the dotted I
+SCRIPT_TEXTS = ["我喜欢吃苹果，你呢？", "東京タワーへ行きました", "नमस्ते दुनिया", "cafe\u0301 au lait",
+                "\U0001f468\u200d\U0001f469\u200d\U0001f467 love \u2764\ufe0f", "İstanbul 2024", "\U0001f1eb\U0001f1f7 4u"]
+
+
+def test_the_texts_hashing_scripts_reads_otherwise_are_left_to_python():
+    """The kernel takes ASCII alone, where hashing.scripts changes no token, so the key
+    needs no compiled twin: each text it does change goes to Python's tokenizer, which
+    reads the key (a kernel grown to take more than ASCII must read it too)."""
+    hasher = TextHasher(TokenHasher(K=1000, B=100, k=2, seed=3), 2, True, True)
+    for text in SCRIPT_TEXTS:
+        assert tokenize(text, 2, True, True, scripts=True) != tokenize(text, 2, True, True), text
+        assert hasher(text) is None, text
 
 
 # ---------------------------------------------------------------------------- through a learner

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from streamlearn import checkpoint
+from streamlearn.config import Config
 from streamlearn.exceptions import ConfigError
 from streamlearn.hashing import (
-    SHAPE_MARK, TokenHasher, canonical_id, derive_seed, digit_shapes, multi_hash, tfree_hashes, tfree_trigrams,
-    token_bits, tokenize, with_ngrams, word_ngrams, words,
+    SHAPE_MARK, TokenHasher, canonical_id, derive_seed, digit_shapes, is_word_token, multi_hash, split_pieces,
+    tfree_hashes, tfree_trigrams, token_bits, tokenize, with_ngrams, word_ngrams, words,
 )
+from streamlearn.state import Checkpoint, open_store
 
 _DUMP = """
 import json
@@ -174,3 +177,103 @@ def test_batch_flattens_in_order():
     d1, buckets, lengths = h.batch([["a", "b"], [], ["c"]])
     assert lengths.tolist() == [2, 0, 1]
     assert d1.tolist() == h(["a", "b", "c"])[0].tolist()
+
+
+# ---------------------------------------------------------------------------- words of every script
+
+ZWJ, VS16 = "\u200d", "\ufe0f"
+FAMILY = f"\U0001f468{ZWJ}\U0001f469{ZWJ}\U0001f467"  # man, woman, girl
+
+
+def scripts(text: str, lowercase: bool = True) -> list[str]:
+    return words(text, lowercase, scripts=True)
+
+
+def test_each_han_and_kana_character_is_a_token_and_hangul_keeps_its_words():
+    """Was: an unspaced Chinese or Japanese clause was one token, seen once."""
+    assert words("我喜欢吃苹果，你呢？") == ["我喜欢吃苹果", "，", "你呢", "？"]  # scripts=false, as stored
+    assert scripts("我喜欢吃苹果，你呢？") == ["我", "喜", "欢", "吃", "苹", "果", "，", "你", "呢", "？"]
+    assert scripts("東京タワーへ行きました") == list("東京タワーへ行きました")  # kanji, katakana, hiragana
+    assert scripts("ｶﾀｶﾅ 𠮷野家") == ["ｶ", "ﾀ", "ｶ", "ﾅ", "𠮷", "野", "家"]  # halfwidth kana, extension B
+    assert scripts("iPhone价格 2024年") == ["iphone", "价", "格", "2024", "年"]
+    assert scripts("안녕하세요, 세계!") == ["안녕하세요", ",", "세계", "!"]  # spaced words: whole
+    assert scripts("か\u3099") == ["か\u3099"]  # a decomposed voiced kana keeps its mark
+
+
+def test_combining_marks_stay_inside_their_word():
+    """Was: Python's \\w matches no mark (Mn, Mc, Me), so each cut the word."""
+    assert words("नमस्ते") == ["नमस", "्", "त", "े"]
+    assert scripts("नमस्ते दुनिया") == ["नमस्ते", "दुनिया"]
+    assert scripts("வணக்கம் ভাষা") == ["வணக்கம்", "ভাষা"]  # Tamil, Bengali
+    assert scripts("cafe\u0301 e\u0301te") == ["cafe\u0301", "e\u0301te"]  # accents written apart
+    assert scripts("می\u200cخواهم") == ["می\u200cخواهم"]  # Persian's zero-width non-joiner
+
+
+def test_the_dotted_capital_i_lowercases_into_one_word():
+    """Was: 'İ'.lower() is 'i' and a combining dot, cut into 'i', '\u0307', 'stanbul'."""
+    assert words("İstanbul") == ["i", "\u0307", "stanbul"]
+    assert scripts("İstanbul") == ["i\u0307stanbul"]
+    assert scripts("İstanbul", lowercase=False) == ["İstanbul"]
+
+
+def test_an_emoji_sequence_is_one_token():
+    """Was: the zero-width joiner and the variation selector were tokens of their own."""
+    assert words(FAMILY) == ["\U0001f468", ZWJ, "\U0001f469", ZWJ, "\U0001f467"]
+    assert scripts(f"{FAMILY} ok") == [FAMILY, "ok"]
+    assert scripts(f"I \u2764{VS16} it") == ["i", f"\u2764{VS16}", "it"]
+    assert scripts("\U0001f44d\U0001f3fd\U0001f44d") == ["\U0001f44d\U0001f3fd", "\U0001f44d"]  # skin tone
+    assert scripts("\U0001f1eb\U0001f1f7\U0001f1e9\U0001f1ea") == ["\U0001f1eb\U0001f1f7", "\U0001f1e9\U0001f1ea"]
+    assert scripts(f"1{VS16}\u20e3 #{VS16}\u20e3") == [f"1{VS16}\u20e3", f"#{VS16}\u20e3"]  # keycaps
+    assert scripts("!!") == ["!", "!"]  # punctuation: still one token a mark
+
+
+def test_the_digit_shape_mark_stays_a_token_alone():
+    """is_word_token reads a token that starts with SHAPE_MARK and is longer as a shape."""
+    assert scripts(f"a{SHAPE_MARK}\u0301b") == ["a", SHAPE_MARK, "\u0301", "b"]
+    assert all(is_word_token(t) for t in tokenize(f"{SHAPE_MARK}\u0301 x{ZWJ}", scripts=True))
+
+
+# the characters of English and other Latin text without combining marks (but İ, whose
+# lowercase holds one), and a few of every kind
+LATIN = st.text(alphabet=st.characters(max_codepoint=0x2FF, exclude_categories=("Cs",), exclude_characters="İ")
+                | st.sampled_from("\u2019\u201c\u2014\u2026\u00a3\u20ac\u00ad\u200e\u2122\x05"), max_size=60)
+EVERY = st.text(alphabet=st.characters(exclude_categories=("Cs",))
+                | st.sampled_from(["\u0301", "\u094d", ZWJ, "\u200c", VS16, "\U0001f1eb", "\U0001f3fd", "我", "か", "\x05"]),
+                max_size=40)
+
+
+@given(LATIN, st.booleans())
+def test_latin_text_without_marks_tokenizes_as_before(text, lowercase):
+    """English and Latin text: the tokens of hashing.scripts=false, to the token (the
+    benchmarks' data sets are checked whole the same way)."""
+    assert words(text, lowercase, scripts=True) == words(text, lowercase)
+
+
+@given(EVERY, st.booleans())
+def test_every_character_but_spaces_lands_in_a_token_and_no_token_holds_a_space(text, lowercase):
+    tokens = words(text, lowercase, scripts=True)
+    assert "".join(tokens) == "".join((text.lower() if lowercase else text).split())
+    assert all(t and not any(c.isspace() for c in t) for t in tokens)
+    assert all(is_word_token(t) for t in tokens)
+
+
+def test_a_state_stored_before_hashing_scripts_keeps_its_tokens():
+    """A checkpoint's config without the key was written by a version that cut Chinese by
+    clause and words at marks: it reads hashing.scripts false, and tokenizes so."""
+    stored = Config().to_dict()
+    del stored["hashing"]["scripts"]
+    with open_store(None, backend="memory") as store:
+        store.commit(Checkpoint(step=1, blobs={checkpoint.CONFIG_BLOB: json.dumps(stored).encode()}, config=stored))
+        old = checkpoint.stored_config(store).hashing
+    new = Config().hashing
+    assert (old.scripts, new.scripts) == (False, True)
+    text = "我喜欢吃苹果 नमस्ते"
+    assert tokenize(text, 1, old.lowercase, False, old.scripts) == ["我喜欢吃苹果", "नमस", "्", "त", "े"]
+    assert tokenize(text, 1, new.lowercase, False, new.scripts) == [*"我喜欢吃苹果", "नमस्ते"]
+
+
+def test_a_word_splits_into_pieces_at_each_han_or_kana_character():
+    assert split_pieces("我喜欢，你呢？") == ["我", "喜", "欢", "，", "你", "呢", "？"]
+    assert split_pieces("don't价") == ["don't", "价"]
+    assert split_pieces("か\u3099き") == ["か\u3099", "き"]
+    assert split_pieces("नमस्ते") == ["नमस्ते"] and split_pieces("word") == ["word"]
