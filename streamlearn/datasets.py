@@ -23,7 +23,10 @@ Formats (autodetected from the file name and first line; ``--input-format`` over
 - ``text``: plain running text (a book, a log of messages; ``.txt`` files whose first
   line has no tab): a token stream whose words, in file order and across line breaks,
   are cut into records ``{"text": ...}`` of :data:`TEXT_WORDS` words (the last one
-  shorter), for the token tasks (``next-token``, ``mlm``).
+  shorter), for the token tasks (``next-token``, ``mlm``). Each Han ideograph and kana
+  character counts as a word (Chinese and Japanese put no space between words, and the
+  tokenizer reads each as a token: ``hashing.scripts``), and so does each run of other
+  characters between them; a record may then end inside a space-separated word.
 
 A line that cannot become a valid record stops the read with ``FILE:LINE: reason``, or,
 with ``skip_bad_lines``, is counted in :attr:`DatasetReader.bad_lines` (line, reason) for
@@ -51,12 +54,13 @@ from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple
 import numpy as np
 
 from .exceptions import RecordError, StreamlearnError
+from .hashing import has_split_chars, split_pieces
 from .records import encode, from_dict
 
 FORMATS = ("jsonl", "csv", "tsv", "movielens", "movielens-csv", "text")
 MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack-stream")  # see is_msgpack_name
 # ``text`` files: words per record (the token tasks cut each record to hashing.max_tokens
-# tokens, 64 by default, and punctuation marks are tokens: 32 words stay within it)
+# tokens, 128 by default, and punctuation marks are tokens: 32 words stay within it)
 TEXT_WORDS = 32
 _MOVIELENS_LINE = re.compile(r"\d+\t\d+\t\d+(\.\d+)?\t\d+")
 _MOVIELENS_CSV_HEADER = ["userid", "movieid", "rating", "timestamp"]
@@ -424,20 +428,37 @@ class DatasetReader:
 
     # ---- plain text
     def _text(self) -> Iterator[Row]:
+        # words: each space-separated word, or (Chinese, Japanese: no spaces) each Han or
+        # kana character and each run between them (hashing.split_pieces), as the
+        # tokenizer reads them; glued[i]: words[i] continues the word before it, no space
         words: list[str] = []
+        glued: list[bool] = []
         lineno = 0
         for lineno, line in self._lines():
-            words += line.split()
+            if not has_split_chars(line):
+                found = line.split()
+                words += found
+                glued += [False] * len(found)
+            else:
+                for word in line.split():
+                    pieces = split_pieces(word)
+                    words += pieces
+                    glued += [False] + [True] * (len(pieces) - 1)
             while len(words) >= TEXT_WORDS:
-                yield from self._text_row(lineno, words[:TEXT_WORDS])
-                del words[:TEXT_WORDS]
+                yield from self._text_row(lineno, words[:TEXT_WORDS], glued[:TEXT_WORDS])
+                del words[:TEXT_WORDS], glued[:TEXT_WORDS]
         if words:
-            yield from self._text_row(lineno, words)
+            yield from self._text_row(lineno, words, glued)
 
-    def _text_row(self, lineno: int, words: list[str]) -> Iterator[Row]:
-        """The record of ``words`` (ending on line ``lineno``), or a too-large bad line where
-        its encoding is over ``max_line_bytes``, as the worker would refuse the message."""
-        record = {"text": " ".join(words)}
+    def _text_row(self, lineno: int, words: list[str], glued: list[bool]) -> Iterator[Row]:
+        """The record of ``words`` (ending on line ``lineno``; ``glued``: those that continue
+        the word before them, joined without a space), or a too-large bad line where its
+        encoding is over ``max_line_bytes``, as the worker would refuse the message."""
+        if any(glued):
+            text = "".join(w if glue or not i else " " + w for i, (w, glue) in enumerate(zip(words, glued)))
+        else:
+            text = " ".join(words)
+        record = {"text": text}
         limit = self.options.max_line_bytes
         if limit is not None and (size := len(encode(record))) > limit:  # msgpack, as produce writes it
             self._bad(lineno, f"too-large: a record of {len(words)} words is {size} > {limit} bytes "

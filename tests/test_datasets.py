@@ -360,6 +360,23 @@ def test_plain_text_is_cut_into_records_of_32_words_across_line_breaks(tmp_path)
     assert all(from_dict(r).text for r in got)
 
 
+def test_unspaced_chinese_is_cut_at_32_characters_not_32_clauses(tmp_path):
+    """Was: a space-separated word was the unit, so a record of Chinese held 32 clauses
+    (~336 characters) and its tokens past hashing.max_tokens were never learned or scored."""
+    from streamlearn.hashing import words
+
+    clause = "我喜欢吃苹果，你呢？"  # 10 words: 8 characters and 2 marks
+    text = clause * 7 + "\nhello 世界 world " + clause
+    got = [row.record["text"] for row in rows(write(tmp_path, "zh.txt", text + "\n"))]
+    assert got[0] == clause * 3 + "我喜" and got[1] == "欢吃苹果，你呢？" + clause * 2 + "我喜欢吃"
+    assert got[2] == "苹果，你呢？ hello 世界 world " + clause
+    assert [len(words(t, scripts=True)) for t in got] == [32, 32, 20]
+    assert "".join(got).replace(" ", "") == text.replace("\n", "").replace(" ", "")  # nothing lost nor added
+    korean = " ".join(["안녕하세요"] * 40)  # spaced: words, as before
+    assert [row.record["text"] for row in rows(write(tmp_path, "ko.txt", korean))] == [
+        " ".join(["안녕하세요"] * 32), " ".join(["안녕하세요"] * 8)]
+
+
 def test_replay_of_a_text_file_asks_which_token_task(tmp_path):
     from streamlearn.datasets import task_of
 
