@@ -133,6 +133,7 @@ KEYS: dict[str, Case] = {
     "hashing.lowercase": Case(False, 1),
     "hashing.ngrams": Case(3, 0),
     "hashing.shapes": Case(False, "yes"),
+    "hashing.scripts": Case(False, "yes"),
     "hashing.max_tokens": Case(64, 1),
     "embedding.scheme": Case("bloom", "word2vec"),
     "embedding.d": Case(32, 0),

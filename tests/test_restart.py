@@ -19,6 +19,7 @@ SMALL = ("embedding.K=2000", "embedding.B=256", "embedding.d=16", "model.d_model
 # A valid value other than SMALL's for every model key (each must be refused on a restart).
 CHANGED = {
     "hashing.seed": "5", "hashing.tokenizer": "ids", "hashing.lowercase": "false", "hashing.ngrams": "3", "hashing.shapes": "false",
+    "hashing.scripts": "false",
     "hashing.max_tokens": "64", "embedding.scheme": "bloom", "embedding.d": "8", "embedding.K": "3000",
     "embedding.B": "128", "embedding.k": "3", "embedding.m": "3", "embedding.append_p": "true",
     "embedding.combine": "concat", "embedding.init": "paper", "embedding.hashformer_hash": "lsh",
