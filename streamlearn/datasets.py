@@ -68,7 +68,7 @@ _MOVIELENS_CSV_HEADER = ["userid", "movieid", "rating", "timestamp"]
 TEXT_NAMES = ("text", "message", "msg", "sms", "sentence", "review", "content", "body", "comment", "tweet",
               "document", "doc", "title", "description", "headline", "question", "utterance", "query")
 LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "target", "tag", "topic", "polarity",
-               "intent", "y")
+               "intent", "stars", "rating", "score", "y")
 _CSV_FIELD_LIMIT = 1 << 26  # bytes of one CSV field when no max_line_bytes is given (csv's default: 128 KiB)
 _PREVIEW_CHARS = 200  # of the first record, in preview()
 _SAMPLE_ROWS = 1000  # rows read ahead to decide a headerless or unnamed layout
@@ -118,6 +118,7 @@ class ReadOptions:
     skip_bad_lines: bool = False  # False: the first bad line raises DatasetError
     max_line_bytes: int | None = None  # jsonl/csv/tsv: a longer line or CSV field is bad, too-large (None: no
     # limit on a line; a CSV field stops at 64 MiB)
+    labels: bool = False  # csv/tsv: a label column is needed (classify): a table without one is refused
 
 
 class _BadLine(Exception):
@@ -481,6 +482,9 @@ class DatasetReader:
             return
         columns = _Columns.resolve([cells for _, cells in sample], self.options, self.path)
         self.layout = columns.describe()
+        if self.options.labels and columns.label is None:  # was: every row a bad record, exit 0
+            raise DatasetError(f"{self.path}: no label column found ({self.layout}), and classify learns from "
+                               "labels: pass --label-column (a name or a 0-based index)")
         if columns.header:
             sample = sample[1:]
         self.notes.columns = columns.width

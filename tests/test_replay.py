@@ -779,3 +779,21 @@ def test_records_cut_to_max_tokens_are_counted_in_the_summary_and_report(tmp_pat
     assert report["truncated_records"] == 10 and report["models"]["model"]["truncated_records"] == 10
     assert main(["replay", "--no-progress", "--file", data, *sets[:-2], "--report", str(out)]) == 0
     assert "cut to" not in capsys.readouterr().out and json.loads(out.read_text())["truncated_records"] == 0
+
+
+def test_a_table_without_a_label_column_is_refused_for_classify_and_stars_is_a_label(tmp_path, capsys):
+    """Was: a CSV whose label column had a name the reader did not know ("stars") ran as
+    classify with every row a bad record ("0 scored, N bad (missing-field)"), exit 0."""
+    rows = [(f"the food was {'great' if i % 2 else 'awful'} today {i}", str(1 + 4 * (i % 2))) for i in range(40)]
+    sets = [a for s in TINY for a in ("--set", s)]
+    for name, code in (("stars", 0), ("grade", 2)):
+        path = tmp_path / f"{name}.csv"
+        path.write_text(f"body,{name}\n" + "".join(f"{text},{label}\n" for text, label in rows))
+        capsys.readouterr()
+        assert run_cli("--file", str(path), *sets) == code
+        out, err = capsys.readouterr()
+        if code == 0:
+            assert "40 records, 40 scored, 0 bad" in out
+        else:
+            assert "no label column found" in err and "--label-column" in err and "Traceback" not in err
+    assert run_cli("--file", str(tmp_path / "grade.csv"), "--label-column", "grade", *sets) == 0

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import replay
     from ..replay.baselines import parse_baselines
 
-    source = _source(args, config.kafka, config.worker.max_record_bytes, config.worker.bootstrap)
+    source = _source(args, config.kafka, config.worker.max_record_bytes, config.worker.bootstrap,
+                     labels=config.learner.task == "classify")
     if args.file is not None:
         print(source.preview(), file=sys.stderr)
     torch.set_num_threads(intra_op_threads(config))
@@ -292,14 +293,15 @@ def _kafka_only(path: str) -> bool:
     return dataclasses.replace(file_config, kafka=KafkaConfig()) == Config()
 
 
-def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int, bootstrap: str):
+def _source(args: argparse.Namespace, security: KafkaConfig, max_bytes: int, bootstrap: str, labels: bool = False):
     """The records to replay; one over ``max_bytes`` (``worker.max_record_bytes``) is bad,
-    too-large, from a file as from Kafka, as the worker has it."""
+    too-large, from a file as from Kafka, as the worker has it. ``labels``: the task learns
+    from labels, so a table without a label column is refused."""
     from ..replay.sources import FileSource, KafkaRange, KafkaSource, parse_offsets, parse_time
 
     if args.file is not None:
         return FileSource(args.file, ReadOptions(args.input_format, args.text_column, args.label_column,
-                                                 max_line_bytes=max_bytes))
+                                                 max_line_bytes=max_bytes, labels=labels))
     rng = KafkaRange(
         args.topic,
         start=_parsed("--start-offset", args.start_offset, parse_offsets),
