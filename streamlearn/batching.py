@@ -27,7 +27,7 @@ from .exceptions import RecordError
 from .featurize import Featurizer
 from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
-from .records import Record, from_dict
+from .records import Record, from_dict, valid_utf8
 
 __all__ = ["Batch", "Preparer", "QUERY_MASK", "QUERY_MASK_ANY_CASE", "Schedule", "seed_of"]
 
@@ -97,8 +97,9 @@ class Preparer:
 
     def train(self, records: Iterable) -> Batch:
         """A training batch; advances the task's stream-ordered state and the batch
-        counter, in record order. Invalid records land in ``Batch.rejected``."""
-        records = list(records)
+        counter, in record order. Invalid records land in ``Batch.rejected``; ``records``
+        that are not a list of records (one record, a string) raise RecordError."""
+        records = record_list(records)
         batch = Batch(True, self.prepared, 0)
         accepted: list[tuple[Record, list[str] | None]] = []
         for i, obj in enumerate(records):
@@ -118,9 +119,15 @@ class Preparer:
         self.prepared += 1
         return batch
 
-    def query(self, records: Iterable) -> Batch:
-        """A query batch; changes nothing. A bad query raises its RecordError."""
-        records = list(records)
+    def query(self, records: Iterable, empty_tokens: bool = False) -> Batch:
+        """A query batch; changes nothing. A bad query raises its RecordError: a query
+        without input (blank text, ``"tokens": []``: the model would answer it from
+        nothing, a classifier's label prior) is ``bad-value``, a lone surrogate
+        ``invalid-utf8``. ``empty_tokens``: an explicit ``"tokens": []`` is a question
+        (top-k: next-token's first token, next-item's new key), as the service takes it."""
+        records = record_list(records)
+        for i, obj in enumerate(records):
+            check_query(obj, i, empty_tokens)
         batch = Batch(False, -1, len(records))
         self.fill_query(batch, records)
         return batch
@@ -202,7 +209,10 @@ class Preparer:
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
                 return self.query_cut(self.query_list([canonical_id(t) for t in tokens]))
             if isinstance(text, str):
-                return self.query_cut(self.query_text(text))
+                tokens = self.query_text(text)
+                if not tokens:
+                    raise RecordError(f"bad-value: query {i}: the text has no tokens after tokenization")
+                return self.query_cut(tokens)
         except TypeError as exc:
             raise RecordError(f"wrong-type: query {i}: {exc}") from exc
         raise RecordError(f"missing-field: query {i} needs text (str) or tokens (task {self.task})")
@@ -324,6 +334,42 @@ def fields_of(obj: Any) -> Mapping:
     if isinstance(obj, (str, bytes)) or not any(hasattr(obj, name) for name in _FIELDS):
         raise RecordError(f"wrong-type: a record must be a dict or a Record, got {type(obj).__name__}")
     return {name: getattr(obj, name, None) for name in _FIELDS}
+
+
+def record_list(records: Iterable) -> list:
+    """``records`` as a list; RecordError for one record, a string or a non-iterable
+    passed where a list of records is meant (a dict's keys would be read as records)."""
+    if isinstance(records, (Mapping, str, bytes, Record)):
+        raise RecordError(f"wrong-type: pass a list of records, got {type(records).__name__}"
+                          + (" (one record: [record])" if isinstance(records, (Mapping, Record)) else ""))
+    try:
+        return list(records)
+    except TypeError as exc:
+        raise RecordError(f"wrong-type: pass a list of records, got {type(records).__name__}") from exc
+
+
+def check_query(obj: Any, i: int, empty_tokens: bool = False) -> None:
+    """RecordError unless query ``i`` has input: text that is not blank, or tokens (an
+    empty list only with ``empty_tokens``, or beside a next-item ``key``), every string
+    valid UTF-8. Types are the tasks' to check (:meth:`Preparer.query_tokens`)."""
+    fields = fields_of(obj)
+    text, tokens, key = fields.get("text"), fields.get("tokens"), fields.get("key")
+    if isinstance(key, str):
+        valid_utf8(f"query {i}: key", key)
+    if tokens is not None:
+        if isinstance(tokens, (list, tuple)):
+            if not tokens and not empty_tokens and key is None:
+                raise RecordError(f"bad-value: query {i}: tokens is empty: give at least one token (an empty list "
+                                  "is a question for top-k only: next-token's first token, next-item's new key)")
+            for j, token in enumerate(tokens):
+                if isinstance(token, str):
+                    valid_utf8(f"query {i}: tokens[{j}]", token)
+        return
+    if isinstance(text, str):
+        if not text or text.isspace():
+            raise RecordError(f"bad-value: query {i}: text is empty or only whitespace: send at least one word"
+                              + (' (top-k of a first token or a new key: "tokens": [])' if empty_tokens else ""))
+        valid_utf8(f"query {i}: text", text)
 
 
 def _as_record(obj: Any) -> Record:

@@ -29,10 +29,11 @@ is deterministic. See docs/decoding.md for the algorithm and why the certificate
 """
 from __future__ import annotations
 
+import numbers
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -311,6 +312,24 @@ def _as_scores(x, shape: tuple[int, ...], what: str) -> np.ndarray:
     if np.isnan(a).any() or np.isposinf(a).any():
         raise DecodingError(f"{what} contains NaN or +inf: check the model output (log-probabilities are <= 0)")
     return a
+
+
+def check_k(k: Any) -> int:
+    """``k`` (answers per query) as an int; DecodingError unless it is an integer >= 1
+    (one rule for every task and verb: top-k, explanations)."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise DecodingError(f"k must be an int >= 1, got {k!r}")
+    return int(k)
+
+
+def check_beam(beam: Any) -> int | None:
+    """``beam`` (the hashed head's search width) as an int, or None (the model's
+    ``learner.beam``, at least k); DecodingError unless it is an integer >= 1 or None."""
+    if beam is None:
+        return None
+    if isinstance(beam, bool) or not isinstance(beam, numbers.Integral) or beam < 1:
+        raise DecodingError(f"beam must be an int >= 1 or None (the model's learner.beam), got {beam!r}")
+    return int(beam)
 
 
 def _check_k(k: int, beam: int = 1) -> None:

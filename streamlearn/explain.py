@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from .batching import QUERY_MASK, Batch
+from .batching import QUERY_MASK, Batch, check_query, record_list
 from .exceptions import RecordError
 
 if TYPE_CHECKING:
@@ -111,6 +111,9 @@ class _Explainer:
 
     def plan(self, records: Sequence, outputs: Sequence | None = None) -> Plan:
         prep = self.learner.prep
+        records = record_list(records)
+        for i, r in enumerate(records):
+            check_query(r, i)  # a query without input has nothing to explain
         lists = [prep.query_tokens(r, i) for i, r in enumerate(records)]
         outputs = list(outputs) if outputs is not None else [None] * len(lists)
         if len(outputs) != len(lists):
@@ -126,7 +129,8 @@ class _Explainer:
                     if token != QUERY_MASK:
                         variants[i].append((pos, len(queries)))
                         queries.append({"tokens": tokens[:pos] + tokens[pos + 1:]})
-        return Plan(lists, outputs, self.learner.prepare(queries, train=False), variants)
+        # a one-token query's variant leaves no token: the model's answer to nothing
+        return Plan(lists, outputs, prep.query(queries, empty_tokens=True), variants)
 
     def leave_one_out(self) -> bool:
         """Whether some part is measured by leaving tokens out."""

@@ -56,7 +56,7 @@ from river import base as river_base
 from .batching import QUERY_MASK, Batch, Schedule, seed_of
 from .compiled_loading import WhenLoaded
 from .config import Config
-from .decoding import TopK
+from .decoding import TopK, check_beam, check_k
 from .device import Device, adopt_threads
 from .embeddings import build_embedding
 from .exceptions import RecordError, StreamlearnError
@@ -415,14 +415,17 @@ class Learner(river_base.Classifier):
         ``beam`` (the hashed head's search width): ``learner.beam``, or k if larger; a
         beam given below k can list fewer than k answers.
         """
-        return self.topk_batch(self.prepare(records, train=False), k, beam, exclude)
+        check_k(k), check_beam(beam)  # before the records are prepared
+        return self.topk_batch(self.prep.query(records, empty_tokens=True), k, beam, exclude)
 
     def topk_batch(self, batch: Batch, k: int = 10, beam: int | None = None,
                    exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
-        """:meth:`topk_many` of an already prepared query batch."""
+        """:meth:`topk_many` of an already prepared query batch. DecodingError unless ``k``
+        is an int >= 1 and ``beam`` one or None."""
         # the default beam goes at least k deep: a beam search narrower than k lists fewer than
         # k answers where more candidates exist; a beam given is taken as given
-        beam = beam or max(self.cfg.learner.beam, k)
+        k, beam = check_k(k), check_beam(beam)
+        beam = max(self.cfg.learner.beam, k) if beam is None else beam
         with self._inference():
             return self.task.topk(self.model, batch, self.dev, k, beam, exclude)
 
@@ -463,16 +466,18 @@ class Learner(river_base.Classifier):
     def explain_many(self, records: Iterable, outputs: Sequence | None = None, k: int = 5) -> list[Explanation]:
         """Per record, why the model answers as it does (:mod:`streamlearn.explain`): each
         token's contribution to ``outputs[i]`` (a label, or a token; None: the best
-        answer), the top ``k`` answers, each token's importance weights."""
+        answer), the top ``k`` answers (an int >= 1), each token's importance weights."""
+        check_k(k)  # before the records are prepared
         return self.explain_batch(self.explain_plan(records, outputs), k)
 
     def explain_plan(self, records: Iterable, outputs: Sequence | None = None) -> Plan:
         """:meth:`explain_many`'s preparation (numpy): its ``batch`` lists the rows the
         explanation reads (:meth:`rows_read`). RecordError for a bad query."""
-        return explainer(self).plan(list(records), outputs)
+        return explainer(self).plan(records, outputs)
 
     def explain_batch(self, plan: Plan, k: int = 5) -> list[Explanation]:
         """:meth:`explain_many` of a prepared :class:`~streamlearn.explain.Plan`."""
+        k = check_k(k)
         with self._inference():
             return explainer(self).run(plan, k)
 

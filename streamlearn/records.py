@@ -213,8 +213,9 @@ def _getter(obj: Mapping[Any, Any]):
     return obj.get
 
 
-def _utf8(name: str, value: str) -> str:
-    # JSON "\ud800" escapes decode to lone surrogates, which no UTF-8 hasher can take.
+def valid_utf8(name: str, value: str) -> str:
+    """``value`` if it encodes as UTF-8; RecordError ``invalid-utf8`` naming ``name`` if it
+    holds a lone surrogate (JSON "\\ud800" escapes decode to one; no UTF-8 hasher takes it)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -233,7 +234,7 @@ def _text(value: Any) -> str | None:
         raise RecordError(f"wrong-type: text must be str, got {type(value).__name__}")
     if not value:
         raise RecordError("bad-value: text is empty")
-    return _utf8("text", value)
+    return valid_utf8("text", value)
 
 
 def _tokens(value: Any) -> tuple[Token, ...] | None:
@@ -262,7 +263,7 @@ def _token_field(name: str, value: Any) -> str | int | None:
             raise RecordError(f"bad-value: {name} {value} does not fit in 64 bits; send it as a string")
         return value
     if isinstance(value, str):
-        return _utf8(name, value)
+        return valid_utf8(name, value)
     raise RecordError(f"wrong-type: {name} must be str or int, got {type(value).__name__}")
 
 

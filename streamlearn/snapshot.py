@@ -52,8 +52,10 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from .batching import check_query, record_list
 from .checkpoint import LazyCheckpoint, has_checkpoint, read_lazy
 from .config import Config
+from .decoding import check_beam, check_k
 from .exceptions import NoCheckpointError, RecordError, StreamlearnError
 from .hashing import canonical_id
 from .learner import Learner
@@ -212,7 +214,9 @@ class Snapshot:
                 "the model's task is classify: top-k decodes tokens for tasks mlm, next-token and next-item; "
                 "use predict / predict_proba (POST /v1/predict) for labels"
             )
-        return self._answer(records, lambda rs, _: self._learner.topk_many(rs, k=k, beam=beam))
+        k, beam = check_k(k), check_beam(beam)  # before a query waits for the lock
+        return self._answer(records, lambda rs, batch: self._learner.topk_batch(batch, k=k, beam=beam),
+                            prepare=self._topk_batch)
 
     def embed(self, records: Iterable) -> Answer:
         """:class:`TokenVectors` per record (``text`` or ``tokens``): each token's input
@@ -224,6 +228,7 @@ class Snapshot:
         next-item also ``key``): each token's contribution to ``outputs[i]`` (a label or a
         token; None: the best answer), the top ``k`` answers and each token's importance
         weights (:meth:`Learner.explain_many <streamlearn.learner.Learner.explain_many>`)."""
+        k = check_k(k)
         return self._answer(records, lambda rs, plan: self._learner.explain_batch(plan, k),
                             prepare=lambda rs: self._explain_plan(rs, outputs))
 
@@ -237,7 +242,7 @@ class Snapshot:
                 prepare: Callable[[list], tuple[dict, Any]] | None = None) -> Answer:
         """Steps 1-4 of the module docstring, under the lock. ``prepare(records)`` gives
         the rows the answer reads (per table) and a context handed to ``run``."""
-        records = list(records)
+        records = record_list(records)  # one record passed alone: RecordError, not its keys as records
         with self._lock:
             self._follow_directory()
             with self._store.snapshot():  # 1. one short read transaction
@@ -255,6 +260,10 @@ class Snapshot:
 
     def _query_rows(self, records: list) -> tuple[dict[str, np.ndarray], None]:
         return self._learner.rows_read(self._learner.prepare(records, train=False)), None
+
+    def _topk_batch(self, records: list) -> tuple[dict[str, np.ndarray], Any]:
+        batch = self._learner.prep.query(records, empty_tokens=True)  # "tokens": []: a first token, a new key
+        return self._learner.rows_read(batch), batch
 
     def _query_batch(self, records: list) -> tuple[dict[str, np.ndarray], Any]:
         batch = self._learner.prepare(records, train=False)
@@ -306,6 +315,7 @@ class Snapshot:
     def _record_tokens(self, record: Any, i: int) -> list[str]:
         if not isinstance(record, Mapping):
             raise RecordError(f"wrong-type: query {i}: a record must be a dict, got {type(record).__name__}")
+        check_query(record, i)  # blank text, no tokens, a lone surrogate
         return self._learner.prep.query_tokens(record, i)
 
     # ------------------------------------------------------------------ a replaced directory

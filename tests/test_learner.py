@@ -14,6 +14,7 @@ from river import evaluate, metrics
 
 from streamlearn import checkpoint
 from streamlearn.config import SCHEMES, TASKS, Config, StoreConfig
+from streamlearn.decoding import DecodingError
 from streamlearn.exceptions import CheckpointMismatchError, ConfigError, RecordError, StreamlearnError
 from streamlearn.learner import MAX_GRADIENT, LabelCapacityError, Learner, StepReport
 from streamlearn.records import Record, from_features
@@ -563,6 +564,73 @@ def test_bad_queries_raise_record_errors():
     for key in (True, 1.5, ["u"]):  # with tokens too: the key still enters as its token, so it must be one
         with pytest.raises(RecordError, match="wrong-type: query 0: key must be a str or an int"):
             nxt.topk_many([{"tokens": ["a"], "key": key}])
+
+
+@pytest.mark.parametrize("query", [{"text": ""}, {"text": "   "}, {"text": "\t\n"}, {"tokens": []}])
+def test_a_query_without_input_is_refused_not_answered_with_the_prior(query):
+    lrn = learner()
+    lrn.learn_many(topic_stream(16))
+    for ask in (lrn.predict_many, lrn.predict_proba_many, lrn.explain_many):
+        with pytest.raises(RecordError, match=r"^bad-value: query 1: (text|tokens) is empty"):
+            ask([{"text": "goal"}, query])  # was: ['sport', <the label prior>]
+    with pytest.raises(RecordError, match="bad-value"):
+        lrn.predict_one(query)
+
+
+@pytest.mark.parametrize("task", ["next-token", "next-item", "mlm"])
+def test_top_k_of_empty_tokens_is_still_a_question_but_blank_text_is_not(task):
+    lrn = learner(f"learner.task={task}")
+    stream = cycle_stream(40)[0] if task == "next-item" else set_stream(40)
+    for i in range(0, 40, 8):
+        lrn.learn_many(stream[i:i + 8])
+    assert len(lrn.topk_many([{"tokens": []}], k=3)[0].tokens) > 0  # a first token, a new key's first item
+    with pytest.raises(RecordError, match=r"bad-value: query 0: text is empty or only whitespace.*\"tokens\": \[\]"):
+        lrn.topk_many([{"text": " "}], k=3)
+    with pytest.raises(RecordError, match="bad-value: query 0: tokens is empty"):
+        lrn.explain_many([{"tokens": []}])
+
+
+@pytest.mark.parametrize("query", [{"text": "free \ud800 prize"}, {"tokens": ["free", "\udfff"]}])
+def test_a_lone_surrogate_in_a_query_is_an_invalid_utf8_record_error(query):
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    for ask in (lrn.predict_many, lrn.explain_many):
+        with pytest.raises(RecordError, match="^invalid-utf8: query 0: (text|tokens\\[1\\]) holds a lone surrogate"):
+            ask([query])  # was: UnicodeEncodeError deep in hashing.py
+    nxt = learner("learner.task=next-item")
+    with pytest.raises(RecordError, match="^invalid-utf8: query 0: key holds a lone surrogate"):
+        nxt.topk_many([{"key": "user\ud800"}])
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("k,beam,bad", [(None, None, "k"), ("3", None, "k"), (0, None, "k"), (-1, None, "k"),
+                                        (2.0, None, "k"), (True, None, "k"), (3, 0, "beam"), (3, -1, "beam"),
+                                        (3, "8", "beam")])
+def test_k_and_beam_are_checked_up_front_alike_for_every_task(task, k, beam, bad):
+    """Was: a TypeError from max(beam, k), torch's RuntimeError for explain's k=-1, [] for
+    classify's k=0 but DecodingError for next-item's, and beam=0 silently the default."""
+    lrn = learner(f"learner.task={task}")
+    query = [{"key": "u1"}] if task == "next-item" else [{"tokens": ["goal", "[MASK]"] if task == "mlm" else ["goal"]}]
+    want = r"^k must be an int >= 1, got" if bad == "k" else r"^beam must be an int >= 1 or None"
+    with pytest.raises(DecodingError, match=want):
+        lrn.topk_many(query, k=k, beam=beam)
+    if bad == "k":
+        with pytest.raises(DecodingError, match=want):
+            lrn.explain_many(query, k=k)
+    assert len(lrn.topk_many(query, k=np.int64(2), beam=None)) == 1  # a numpy integer is an integer
+
+
+@pytest.mark.parametrize("records", [{"text": "free prize", "label": "spam"}, "hello", Record(text="hi", label="a"), 7])
+def test_one_record_or_a_string_where_a_list_of_records_is_meant_is_refused(records):
+    """Was: predict_many read a dict's keys as records ("a record must be a dict or a
+    Record, got str"), learn_many learned nothing and reported each key or character
+    rejected."""
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    for verb in (lrn.learn_many, lrn.predict_many, lrn.predict_proba_many, lrn.explain_many):
+        with pytest.raises(RecordError, match=r"^wrong-type: pass a list of records, got (dict \(one record: \[record\]\)|str|Record|int)"):
+            verb(records)
+    assert lrn.applied == lrn.prep.prepared == 1
 
 
 def test_empty_state_predictions():

@@ -16,6 +16,7 @@ import torch
 
 from streamlearn.checkpoint import read_full, write
 from streamlearn.config import Config
+from streamlearn.decoding import DecodingError
 from streamlearn.exceptions import RecordError
 from streamlearn.learner import Learner
 from streamlearn.snapshot import NoCheckpointError, Snapshot, SnapshotError, TaskMismatchError
@@ -161,7 +162,11 @@ def test_task_mismatch_and_bad_queries_raise_clear_errors(tmp_path):
         snap = Snapshot(store)
         with pytest.raises(TaskMismatchError, match="use predict"):
             snap.topk([{"text": "w1"}])
-        for bad in ({"tokens": "w1 w2"}, {"tokens": [1.5]}, {"nothing": 1}, "text"):
+        for k in (None, "3", 0):  # was: a TypeError from max(beam, k), or torch's RuntimeError
+            with pytest.raises(DecodingError, match="k must be an int >= 1"):
+                snap.explain([{"text": "w1"}], k=k)
+        for bad in ({"tokens": "w1 w2"}, {"tokens": [1.5]}, {"nothing": 1}, "text", {"text": ""}, {"text": "  "},
+                    {"tokens": []}, {"text": "w1 \ud800"}):  # blank, empty and a lone surrogate: was an answer, a crash
             with pytest.raises(RecordError):
                 snap.predict([bad])
             with pytest.raises(RecordError):
@@ -179,6 +184,10 @@ def test_predict_on_a_non_classifier_names_topk(tmp_path):
             snap.predict_proba([{"text": "w1"}])
         with pytest.raises(TaskMismatchError, match=r"^predict answers labels, from a classify model.*Snapshot.topk"):
             snap.predict([{"text": "w1"}])
+        for k, beam in ((None, None), ("3", None), (0, None), (3, 0)):  # was: TypeError, or beam 0 the default
+            with pytest.raises(DecodingError, match="(k|beam) must be an int >= 1"):
+                snap.topk([{"tokens": ["w1", "[MASK]"]}], k=k, beam=beam)
+        assert len(snap.topk([{"tokens": []}], k=2).values) == 1  # empty tokens: still a top-k question
 
 
 def test_open_rejects_missing_foreign_and_empty_directories(tmp_path):
