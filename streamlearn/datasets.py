@@ -308,14 +308,28 @@ def task_of_records(path: str | Path, fmt: str | None = None, sample: int = 20) 
             continue
         if isinstance(obj, dict):
             objects.append(obj)
-    if not objects or any("label" in o for o in objects):
+    return task_of_fields([set(o) for o in objects], str(path))
+
+
+def task_of_fields(fields: list[set[str]], where: str) -> str | None:
+    """The task a stream's first records say by the fields they hold (a file's JSON lines,
+    a topic's records), for a new model given none: ``key`` and ``item`` in every one are
+    next-item; None where a record holds a label, or there are none (classify). Text
+    without labels raises :class:`TokenStreamQuestion` (which token task?); a mix of
+    neither raises :class:`DatasetError` (``where`` names the stream).
+
+    >>> task_of_fields([{"key", "item"}, {"key", "item", "ts"}], "f")
+    'next-item'
+    """
+    if not fields or any("label" in f for f in fields):
         return None
-    if all("key" in o and "item" in o for o in objects):
+    if all({"key", "item"} <= f for f in fields):
         return "next-item"
-    if all("text" in o or "tokens" in o for o in objects):
-        raise TokenStreamQuestion(f"{path}: its records hold text without labels, a token stream; pass --task next-token "
-                           "or --task mlm")
-    return None
+    if all("text" in f or "tokens" in f for f in fields):
+        raise TokenStreamQuestion(f"{where}: its records hold text without labels, a token stream; pass --task "
+                                  "next-token or --task mlm")
+    raise DatasetError(f"{where}: its first records hold no labels, and not all of them a key and an item: cannot "
+                       "tell the task; pass --task")
 
 
 # ---------------------------------------------------------------------------- the reader

@@ -65,7 +65,8 @@ def test_json_lines_are_next_item_only_with_key_and_item(tmp_path):
     """evaluation.md: JSON lines of key and item are next-item (was: item alone was taken
     for next-item, and every record then lacked its key)."""
     assert task_of_records(write(tmp_path, "ki.jsonl", '{"key": "u1", "item": "a"}\n')) == "next-item"
-    assert task_of_records(write(tmp_path, "i.jsonl", '{"item": "a"}\n')) is None
+    with pytest.raises(DatasetError, match="cannot tell the task; pass --task"):  # was: classify, every record bad
+        task_of_records(write(tmp_path, "i.jsonl", '{"item": "a"}\n'))
 
 def test_deeply_nested_json_does_not_stop_the_task_guess(tmp_path):
     """Was: RecursionError from task_of_records when replay had no --task."""

@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config, load_config_given
-from ..datasets import ReadOptions
+from ..datasets import ReadOptions, task_of_fields
 from ..exceptions import StreamlearnError
 from ..wording import counted
 from . import silence_stdout
@@ -263,17 +263,11 @@ def _topic_task(args: argparse.Namespace) -> str | None:
         return None
     source = _source(args, config.kafka, config.worker.max_record_bytes, config.worker.bootstrap)
     records = first_records(source, _PEEK if args.limit is None else max(0, min(_PEEK, args.limit)))
-    if not records or any(r.label is not None for r in records):
-        return None
-    if all(r.is_next_item for r in records):
-        print(f"note: task next-item: the first records of {args.topic!r} hold a key and an item "
+    task = task_of_fields([set(r.to_dict()) for r in records], f"topic {args.topic!r}")
+    if task is not None:
+        print(f"note: task {task}: the first records of {args.topic!r} hold a key and an item "
               "(--task to choose another)", file=sys.stderr)
-        return "next-item"
-    if all(r.key is None and r.item is None and (r.text is not None or r.tokens is not None) for r in records):
-        raise StreamlearnError(f"topic {args.topic!r}: its first records hold text without labels, a token stream; "
-                               "pass --task next-token or --task mlm")
-    raise StreamlearnError(f"topic {args.topic!r}: its first records hold no labels, and not all of them a key and "
-                           "an item: cannot tell the task; pass --task")
+    return task
 
 
 def _seed(args: argparse.Namespace, config: Config, given: frozenset[str]) -> int:
