@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Iterable
@@ -105,6 +106,7 @@ class Preparer:
         for i, obj in enumerate(records):
             try:
                 rec = _as_record(obj)
+                self._one_json_key(rec.label)
                 tokens = self.validate(rec)
             except RecordError as exc:
                 batch.rejected.append((i, exc))
@@ -131,6 +133,23 @@ class Preparer:
         batch = Batch(False, -1, len(records))
         self.fill_query(batch, records)
         return batch
+
+    def _one_json_key(self, label: Any) -> None:
+        """RecordError when ``label`` and a label of the table would be one key in a JSON
+        answer (3 and "3": the service's /v1/predict would drop one's probability)."""
+        if self.label_table is None or label is None or isinstance(label, bool):
+            return
+        twin: Any = None
+        if isinstance(label, int):
+            twin = str(label)
+        else:
+            try:
+                twin = int(label) if str(int(label)) == label else None
+            except ValueError:
+                return
+        if twin is not None and self.label_table.get(twin) is not None:
+            raise RecordError(f"bad-value: label {label!r} and the label {twin!r} would be one label in JSON answers "
+                              "(the service's): send every label with one spelling, str or int")
 
     def replace_histories(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> None:
         """A task that keeps per-key histories: they become ``pairs`` of (key, items,
@@ -207,7 +226,7 @@ class Preparer:
                 if not isinstance(tokens, (list, tuple)) and (isinstance(tokens, (str, bytes))
                                                               or not isinstance(tokens, Sequence)):
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
-                return self.query_cut(self.query_list([canonical_id(t) for t in tokens]))
+                return self.query_cut(self.query_list([canonical_id(t if type(t) is str else _plain(t)) for t in tokens]))
             if isinstance(text, str):
                 tokens = self.query_text(text)
                 if not tokens:
@@ -334,6 +353,11 @@ def fields_of(obj: Any) -> Mapping:
     if isinstance(obj, (str, bytes)) or not any(hasattr(obj, name) for name in _FIELDS):
         raise RecordError(f"wrong-type: a record must be a dict or a Record, got {type(obj).__name__}")
     return {name: getattr(obj, name, None) for name in _FIELDS}
+
+
+def _plain(token: Any) -> Any:
+    """A numpy integer token as a Python int (canonical_id takes those); else as it is."""
+    return int(token) if isinstance(token, numbers.Integral) and not isinstance(token, bool) else token
 
 
 def record_list(records: Iterable) -> list:

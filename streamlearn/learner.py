@@ -59,7 +59,7 @@ from .config import Config
 from .decoding import TopK, check_beam, check_k
 from .device import Device, adopt_threads
 from .embeddings import build_embedding
-from .exceptions import RecordError, StreamlearnError
+from .exceptions import ConfigError, RecordError, StreamlearnError
 from .explain import Explanation, Plan, explainer
 from .featurize import input_rows
 from .model import HashedTransformer
@@ -137,6 +137,13 @@ class StepReport:
         """Records the model learned from: the accepted ones, none where the step was skipped."""
         return 0 if self.skipped else self.records
 
+    def __repr__(self) -> str:
+        # counts, not the arrays: a loop of learn_many at the REPL echoes one per step
+        rows = {name: len(ids) for name, ids in self.rows.items()}
+        return (f"StepReport(step={self.step}, loss={self.loss:.4g}, examples={self.examples}, "
+                f"records={self.records}, rejected={len(self.rejected)}, rows={rows}, truncated={self.truncated}"
+                + (", skipped=True)" if self.skipped else ")"))
+
 
 def _grad_values(p: torch.nn.Parameter) -> torch.Tensor:
     """A parameter's gradient values: dense, or a sparse gradient's rows. A sparse one is
@@ -200,6 +207,9 @@ class Learner(river_base.Classifier):
         """``cfg``: the model. A size it leaves to the stream (``model.out_B=0``, next-item's
         default) that nobody derived (the worker and replay do; :func:`~streamlearn.sizing.sized_config`
         for a sample) is :data:`~streamlearn.sizing.OUT_B_MIN` here."""
+        if cfg is not None and not isinstance(cfg, Config):
+            raise ConfigError(f"Learner takes a Config (None: the defaults), got {type(cfg).__name__}: read a TOML "
+                              "file with streamlearn.load_config(path), or Config().override('section.key=value', ...)")
         cfg = cfg if cfg is not None else Config()
         if derived_keys(cfg):
             cfg = cfg.override(f"model.out_B={OUT_B_MIN}")
@@ -306,7 +316,7 @@ class Learner(river_base.Classifier):
         ``{"tokens": [...]}``, ...) or river's bag of words ``{token: count}``; ``y`` is the
         record's answer field (the label for classify, the item for next-item); ``w`` the
         sample weight. A rejected record raises its RecordError."""
-        record = from_features(x)
+        record = self._from_features(x)
         if y is not None:
             if self.task.target_field is None:
                 raise StreamlearnError(f"task {self.task.name} learns from the record's tokens: pass y=None")
@@ -318,10 +328,16 @@ class Learner(river_base.Classifier):
             raise report.rejected[0][1]
 
     def predict_proba_one(self, x: Mapping, **kwargs: Any) -> dict:
-        return self.predict_proba_many([from_features(x)])[0]
+        return self.predict_proba_many([self._from_features(x)])[0]
 
     def predict_one(self, x: Mapping, **kwargs: Any) -> Any:
-        return self.predict_many([from_features(x)])[0]
+        return self.predict_many([self._from_features(x)])[0]
+
+    def _from_features(self, x: Mapping) -> dict:
+        """river's ``x`` as a record (:func:`~streamlearn.records.from_features`): counts
+        taken up to what the model reads, ``{"key": n, "item": m}`` a next-item record only
+        for a learner that keeps key histories (else the words "key" and "item")."""
+        return from_features(x, self.cfg.hashing.max_tokens + 1, keyed=self.histories is not None)
 
     # ------------------------------------------------------------------ batch verbs
 

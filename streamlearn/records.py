@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -224,7 +225,14 @@ def valid_utf8(name: str, value: str) -> str:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer, Python's or numpy's (``numbers.Integral``), not a bool; fields keep it
+    as a Python int (:func:`_int`)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int(value: Any) -> Any:
+    """An integer field's value as a Python int (np.int64 -> int); anything else as it is."""
+    return int(value) if _is_int(value) and type(value) is not int else value
 
 
 def _text(value: Any) -> str | None:
@@ -249,7 +257,7 @@ def _tokens(value: Any) -> tuple[Token, ...] | None:
             _token_field(f"tokens[{i}]", token)  # an int beyond 64 bits: msgpack cannot write it
         else:
             raise RecordError(f"wrong-type: tokens[{i}] must be str or int, got {type(token).__name__}")
-    return tuple(value)
+    return tuple(map(_int, value))
 
 
 MAX_NAME_CHARS = 1024  # a label, key or item string
@@ -261,7 +269,7 @@ def _token_field(name: str, value: Any) -> str | int | None:
     if _is_int(value):
         if not -(2**63) <= value < 2**64:  # what msgpack (a checkpoint's labels, a dead letter) can hold
             raise RecordError(f"bad-value: {name} {value} does not fit in 64 bits; send it as a string")
-        return value
+        return _int(value)
     if isinstance(value, str):
         return valid_utf8(name, value)
     raise RecordError(f"wrong-type: {name} must be str or int, got {type(value).__name__}")
@@ -288,13 +296,13 @@ def _ts(value: Any) -> int | None:
         raise RecordError(f"wrong-type: ts must be int (ms since the epoch), got {type(value).__name__}")
     if not 0 <= value <= _INT64_MAX:
         raise RecordError(f"bad-value: ts must be in [0, 2**63) ms, got {value}")
-    return value
+    return _int(value)
 
 
 def _weight(value: Any) -> float:
     if value is None:
         return 1.0
-    if not (_is_int(value) or isinstance(value, float)):
+    if not _is_number(value):
         raise RecordError(f"wrong-type: weight must be a number, got {type(value).__name__}")
     try:
         weight = float(value)
@@ -311,15 +319,19 @@ def _weight(value: Any) -> float:
 RECORD_FIELDS = ("text", "tokens", "label", "key", "item", "ts", "weight")
 
 
-def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
+def from_features(x: Mapping[Any, Any], max_count: int | None = None, keyed: bool = True) -> dict[str, Any]:
     """A river-style ``x`` as a record dict: a record (a dict with any of
-    :data:`RECORD_FIELDS` and a value that is not a number, or a next-item record of
-    integer ``key`` and ``item`` and no other name) as it is, or a feature dict ``{token: count}`` (river's
-    bag-of-words, e.g. ``{"free": 1, "prize": 2}``) as its tokens, each repeated ``count``
-    times, in the dict's order. A dict of numbers only is a feature dict even when a
-    token is spelled like a field (``{"text": 1, "me": 1}`` is the message "text me").
-    Counts must be whole numbers >= 0; anything else (TF-IDF floats, strings) is refused
-    with a message that says what to pass.
+    :data:`RECORD_FIELDS` and a value that is not a number, or, with ``keyed``, a
+    next-item record of integer ``key`` and ``item`` and no other name) as it is, or a
+    feature dict ``{token: count}`` (river's bag-of-words, e.g. ``{"free": 1, "prize": 2}``)
+    as its tokens, each repeated ``count`` times, in the dict's order. A dict of numbers
+    only is a feature dict even when a token is spelled like a field (``{"text": 1, "me":
+    1}`` is the message "text me"; ``{"key": 1, "item": 2}`` too, unless ``keyed``: a
+    learner passes whether its task reads keys). Counts must be whole numbers >= 0;
+    anything else (TF-IDF floats, strings) is refused with a message that says what to pass.
+    ``max_count``: a token is repeated at most this many times (a learner passes
+    ``hashing.max_tokens + 1``: it reads no more, so its first and last ``max_tokens``
+    tokens and whether it is truncated stay the same, and ``{"free": 10**8}`` costs nothing).
 
     >>> from_features({"free": 1, "prize": 2})
     {'tokens': ['free', 'prize', 'prize']}
@@ -333,7 +345,7 @@ def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
     numbers = all(_is_number(v) for v in x.values())
     if not numbers and any(name in x for name in RECORD_FIELDS):
         return dict(x)
-    if numbers and "key" in x and "item" in x and set(x) <= set(RECORD_FIELDS):
+    if keyed and numbers and "key" in x and "item" in x and set(x) <= set(RECORD_FIELDS):
         return dict(x)  # a next-item record of integer ids
     tokens: list[Any] = []
     for token, count in x.items():
@@ -341,7 +353,7 @@ def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
             raise RecordError(
                 f"wrong-type: a feature dict maps tokens to counts (whole numbers >= 0), got {token!r}: {count!r}; "
                 "streamlearn learns from tokens: pass {'text': '...'}, {'tokens': [...]} or {token: count}")
-        tokens.extend([token] * int(count))
+        tokens.extend([token] * int(count if max_count is None else min(count, max_count)))
     if not tokens:
         raise RecordError("missing-field: an empty feature dict: pass {'text': '...'}, {'tokens': [...]} "
                           "or {token: count}")
@@ -349,7 +361,8 @@ def from_features(x: Mapping[Any, Any]) -> dict[str, Any]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real number, Python's or numpy's (``numbers.Real``: np.float32 too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------------------- encoding

@@ -150,6 +150,80 @@ def test_a_bag_of_words_whose_tokens_are_spelled_like_record_fields_is_still_a_b
     assert from_features({"key": 3, "item": 7}) == {"key": 3, "item": 7}  # a next-item record of integer ids
 
 
+def test_a_message_of_the_words_key_and_item_is_a_bag_of_words_unless_the_task_reads_keys():
+    """Was: river's BagOfWords of "key item item" ({"key": 1, "item": 2}) read as a
+    next-item record by a classifier: RecordError missing-field."""
+    from river import feature_extraction
+
+    counts = feature_extraction.BagOfWords().transform_one("key item item")
+    lrn = learner()
+    lrn.learn_one(counts, "ham")
+    assert lrn.labels == ["ham"] and lrn.predict_one(counts) == "ham"
+    nxt = learner("learner.task=next-item")
+    nxt.learn_one({"key": 3, "item": 7})  # a next-item learner: a record of integer ids, as before
+    assert nxt.histories.get("3") == ("7",)
+
+
+def test_a_huge_count_costs_nothing_and_changes_no_answer():
+    """Was: {"free": 10**8} built a list of 10**8 tokens (GBs, 21 s); the model reads
+    hashing.max_tokens of them. Counts are cut at max_tokens + 1: the same first and last
+    tokens, still truncated."""
+    lrn = learner()
+    lrn.learn_many(topic_stream(16))
+    m = lrn.cfg.hashing.max_tokens
+    assert (lrn.predict_proba_one({"goal": 10**12, "chip": 1})  # was: MemoryError, or GBs and seconds
+            == lrn.predict_proba_one({"tokens": ["goal"] * m}))  # its first max_tokens
+    assert lrn.predict_proba_one({"goal": m + 5}) == lrn.predict_proba_one({"goal": m})
+    lrn.learn_one({"goal": 10**12}, "sport")
+    assert lrn.steps == 2
+    record = from_features({"goal": 10**12}, max_count=m + 1)
+    assert lrn.prepare([{**record, "label": "sport"}]).truncated == 1  # still counted as truncated
+    assert from_features({"a": 10**9, "b": 2}, max_count=4) == {"tokens": ["a"] * 4 + ["b"] * 2}
+
+
+def test_numpy_numbers_are_numbers_where_numbers_are_taken():
+    """Was: np.int64 refused as a label, key, item, token, ts or count ("must be str or
+    int, got int64") while np.float64 passed; now integers are Python ints in the record."""
+    lrn = learner()
+    report = lrn.learn_many([{"tokens": [np.int64(7), "goal"], "label": np.int64(5), "ts": np.int64(1),
+                              "weight": np.float32(0.5)}])
+    assert report.rejected == [] and lrn.labels == [5] and type(lrn.labels[0]) is int
+    assert lrn.predict_one({"goal": np.int64(2), "chip": np.float64(1)}) == 5
+    assert lrn.predict_many([{"tokens": [np.int64(7)]}]) == [5]
+    nxt = learner("learner.task=next-item")
+    assert nxt.learn_many([{"key": np.int64(3), "item": np.int64(9)}]).rejected == []
+    assert nxt.histories.get("3") == ("9",)
+
+
+def test_labels_that_would_be_one_key_in_json_are_refused():
+    """3 and "3" are two labels to a learner but one key in a JSON answer (the service's
+    /v1/predict dropped one probability): the second spelling is refused."""
+    lrn = learner()
+    report = lrn.learn_many([{"text": "a", "label": 3}, {"text": "b", "label": "3"}, {"text": "c", "label": "03"}])
+    assert [(i, str(e)) for i, e in report.rejected] == [
+        (1, "bad-value: label '3' and the label 3 would be one label in JSON answers (the service's): send every "
+            "label with one spelling, str or int")]
+    assert lrn.labels == [3, "03"]
+    assert lrn.learn_many([{"text": "d", "label": 3}]).rejected == []
+    other = learner()
+    other.learn_many([{"text": "a", "label": "7"}])
+    assert str(other.learn_many([{"text": "b", "label": 7}]).rejected[0][1]).startswith("bad-value: label 7 and")
+
+
+@pytest.mark.parametrize("cfg", ["my.toml", {"embedding": {"K": 1000}}, 7])
+def test_a_learner_of_something_not_a_config_says_what_to_pass(cfg):
+    with pytest.raises(ConfigError, match=r"^Learner takes a Config \(None: the defaults\), got .*load_config\(path\)"):
+        Learner(cfg)  # was: AttributeError
+
+
+def test_a_step_report_reads_in_one_line_of_counts():
+    lrn = learner()
+    report = lrn.learn_many(topic_stream(4) + [{"text": "no label"}])
+    text = repr(report)
+    assert text.startswith(f"StepReport(step=1, loss={report.loss:.4g}, examples=4, records=4, rejected=1, rows={{")
+    assert "array" not in text and len(text) < 200
+
+
 @pytest.mark.parametrize("x", [{"free": float("nan")}, {"free": float("inf")}])
 def test_a_count_that_is_not_finite_is_refused_saying_what_to_pass(x):
     with pytest.raises(RecordError, match="counts \\(whole numbers >= 0\\).*pass \\{'text'"):
@@ -906,10 +980,10 @@ def _head_rows(L: Learner) -> dict:
 
 def test_label_rows_start_from_the_seed_and_the_label():
     L = learner()
-    L.prepare([{"text": "x", "label": "tech"}, {"text": "y", "label": "sport"}, {"text": "z", "label": 1},
-               {"text": "w", "label": "1"}])
-    L.start_label_rows(range(4))
-    rows = _head_rows(L)
+    L.prepare([{"text": "x", "label": "tech"}, {"text": "y", "label": "sport"}, {"text": "z", "label": 1}])
+    L.start_label_rows(range(3))
+    L.start_label_rows([3], ["1"])  # a record's "1" beside 1 is refused (one key in JSON), not a row's seed
+    rows = {**_head_rows(L), "1": L.model.head.weight[3].detach().clone()}
     many = learner()
     many.prepare([{"text": "x", "label": f"l{i}"} for i in range(16)])
     many.start_label_rows(range(16))
