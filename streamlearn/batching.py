@@ -190,7 +190,9 @@ class Preparer:
             return [canonical_id(t) for t in rec.tokens]
         if rec.text is None:
             return None
-        return tokenize(rec.text, h.ngrams, h.lowercase, h.shapes) if h.tokenizer == "words" else rec.text.split()
+        if h.tokenizer != "words":
+            return rec.text.split()
+        return tokenize(rec.text, h.ngrams, h.lowercase, h.shapes, h.scripts)
 
     def text_tokens(self, rec: Record) -> list[str]:
         """:meth:`tokens`, required and non-empty (RecordError otherwise)."""

@@ -1364,3 +1364,16 @@ def test_naive_bayes_scores_in_order_are_a_record_by_record_loop(seed):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     fast.learn(tokens, labels, weight)
     assert torch.equal(fast.counts, slow.counts)
+
+
+def test_text_of_every_script_reaches_the_model_as_words_and_a_stored_model_keeps_its_tokens():
+    """Was: the learner tokenized with the plain regex whatever hashing.scripts said, so an
+    unspaced Chinese clause stayed one token (seen once) and Devanagari was cut at its marks."""
+    from streamlearn.records import from_dict
+
+    record = from_dict({"text": "我喜欢吃苹果 नमस्ते", "label": "a"})
+    new = Learner(Config().override("embedding.K=2000", "embedding.B=256", "hashing.ngrams=1", "hashing.shapes=false"))
+    assert new.prep.tokens(record) == ["我", "喜", "欢", "吃", "苹", "果", "नमस्ते"]
+    old = Learner(Config().override("embedding.K=2000", "embedding.B=256", "hashing.ngrams=1", "hashing.shapes=false",
+                                    "hashing.scripts=false"))
+    assert old.prep.tokens(record) == ["我喜欢吃苹果", "नमस", "्", "त", "े"]
