@@ -193,6 +193,7 @@ def test_numpy_numbers_are_numbers_where_numbers_are_taken():
     nxt = learner("learner.task=next-item")
     assert nxt.learn_many([{"key": np.int64(3), "item": np.int64(9)}]).rejected == []
     assert nxt.histories.get("3") == ("9",)
+    assert nxt.topk_many([{"key": np.int64(3)}]) == nxt.topk_many([{"key": 3}])  # was: wrong-type in a query
 
 
 def test_labels_that_would_be_one_key_in_json_are_refused():

@@ -496,7 +496,8 @@ def test_compare_plot_and_summary_name_the_two_directories(tmp_path, capsys):
     (["--file", "{path}", "--baselines", "knn"], "unknown baseline 'knn'"),
     (["--file", "{path}", "--window", "0"], "--window must be an integer >= 1"),
     (["--file", "{path}", "--state", "{tmp}/none"], "no state directory"),
-    (["--file", "{path}", "--save", "{path}"], "exists and is not empty"),
+    (["--file", "{path}", "--save", "{path}"], "a file, not a directory"),  # was: "the directory exists and is not empty"
+    (["--file", "{path}", "--save", "{tmp}"], "exists and is not empty"),
     (["--file", "{tmp}/missing.jsonl"], "no such file"),
     (["--topic", "t", "--start-offset", "x"], "offset 'x'"),
     (["--topic", "t", "--start-offset", "1", "--end-time", "5"], "not both"),

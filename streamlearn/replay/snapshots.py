@@ -38,7 +38,9 @@ def check_new_dir(path: str | os.PathLike, name: str = "the state directory") ->
     """``path`` as a Path if it is free for a new state (absent, or an empty directory);
     ``name`` is what the caller called it in the error (``--save`` on the command line)."""
     target = Path(path)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and not target.is_dir():  # was: "the directory exists and is not empty" for a file
+        raise StreamlearnError(f"{name} {path}: a file, not a directory; choose a new directory")
+    if target.exists() and any(target.iterdir()):
         raise StreamlearnError(f"{name} {path}: the directory exists and is not empty; choose a new directory")
     return target
 

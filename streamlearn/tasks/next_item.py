@@ -27,6 +27,7 @@ list (a recommender does not recommend what the user already rated).
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +175,8 @@ class NextItemPreparer(TokenPreparer):
         (a snapshot asks so, with the history it stored for the key)."""
         fields = fields_of(obj)
         key = fields.get("key")
+        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+            key = int(key)  # numpy's too, as records take them
         if key is not None and (isinstance(key, bool) or not isinstance(key, (str, int))):
             raise RecordError(f"wrong-type: query {i}: key must be a str or an int, got {type(key).__name__}")
         key = None if key is None else canonical_id(key)
