@@ -41,7 +41,7 @@ setup(
         "crc32c>=2.3",  # bootstrap_timeout_ms, allow_auto_create_topics, dict create_topics
         "river>=0.21",
         "xxhash>=3.4",
-        "lmdb>=1.4",
+        "lmdb>=3.0",  # an environment known by its files, not its path (a state directory reset and opened again)
         "msgpack>=1.0",
         "numpy>=1.24",
         # compiles the default classify step into one call (streamlearn/compiled.py): 2.0-2.3x

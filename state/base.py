@@ -96,6 +96,12 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release the store (idempotent)."""
 
+    def file_change(self) -> str | None:
+        """How the store's files changed since it opened them: ``"deleted"``, ``"replaced"``
+        (another data file at its path: a reset, a restore), or None (the same files, or a
+        store without files)."""
+        return None
+
     # -- shared helpers -----------------------------------------------------------------
     def tables(self) -> dict[str, TableSpec]:
         return self.manifest().tables

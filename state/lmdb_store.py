@@ -132,14 +132,17 @@ class LmdbStore(Store):
         """The data file is still the one opened: a state directory deleted (or replaced)
         under a writer leaves it writing to an unlinked file, commits that succeed and
         that nobody can open again (was: the worker said "all saved")."""
-        try:
-            same = data_file_identity(self.path) == self._file_id
-        except OSError:
-            same = False
-        if not same:
+        if self.file_change() is not None:
             raise StateError(f"the state directory {self.path} was deleted or replaced after this process opened "
                              "it: a commit would go to a file nobody can open again; stop, restore the directory "
                              "(or let the next start create a new state) and start again")
+
+    def file_change(self) -> str | None:
+        try:
+            now = data_file_identity(self.path)
+        except OSError:
+            return "deleted"
+        return None if now == self._file_id else "replaced"
 
     # -- opening ----------------------------------------------------------------------
     def _prepare_dir(self, reset: bool) -> None:

@@ -59,7 +59,7 @@ from .decoding import check_beam, check_k
 from .exceptions import NoCheckpointError, RecordError, StreamlearnError
 from .hashing import canonical_id
 from .learner import Learner
-from .state import Manifest, NotAStoreError, Store, data_file_identity, open_store
+from .state import Manifest, NotAStoreError, StateError, Store, open_store
 
 __all__ = [
     "Answer", "NoCheckpointError", "Snapshot", "SnapshotError", "TaskMismatchError", "TokenVectors",
@@ -119,7 +119,6 @@ class Snapshot:
         self._store = store
         self._owns_store = owns_store
         self._device = device
-        self._file_id = _file_identity(store)  # the data file opened (LMDB); None: not a file
         self._lock = threading.Lock()
         self._version = _Version()
         _require_checkpoint(store)
@@ -175,7 +174,7 @@ class Snapshot:
         """Whether the store committed since the checkpoint answers come from, or its
         directory was reset or replaced, so the next query advances (or reopens) first.
         One ``stat`` and one manifest read; does not wait for a running query."""
-        return self._moved() is not None or self._store.manifest().commits != self._version.commits
+        return self._store.file_change() is not None or self._store.manifest().commits != self._version.commits
 
     def refresh(self) -> int:
         """Move to the latest checkpoint if the store has a newer one; returns the step."""
@@ -320,39 +319,35 @@ class Snapshot:
 
     # ------------------------------------------------------------------ a replaced directory
 
-    def _moved(self) -> str | None:
-        """How the state directory changed since the data file was opened ("deleted",
-        "replaced"); None while it holds that file (or the store has none: in memory)."""
-        if self._file_id is None:
-            return None
-        try:
-            now = data_file_identity(self._store.path)
-        except OSError:
-            return "deleted"
-        return None if now == self._file_id else "replaced"
-
     def _follow_directory(self) -> None:
         """A directory reset or replaced since it was opened: reopen it (a snapshot that
         opened its store) or raise SnapshotError; a deleted one raises."""
-        moved = self._moved()
+        moved = self._store.file_change()
         if moved is None:
             return
         path = self._store.path
         if moved == "deleted":
-            raise SnapshotError(f"the state directory {path} (its data.mdb) was deleted after this snapshot opened "
-                                "it: restore it, or save a model there again and query again")
+            raise SnapshotError(f"the state directory {path} (its data.mdb) is gone: deleted, or being reset by a "
+                                "worker; query again once a model is saved there (or restore it)")
         if not self._owns_store:
             raise SnapshotError(f"the state directory {path} was reset or replaced after its store was opened (another "
                                 "data.mdb): open a new store, or use Snapshot.open, which reopens it")
-        store = open_ready_store(path)  # LMDB: a new environment, not the stale one (state.lmdb_env)
+        # LMDB allows one environment per file in a process, and py-lmdb knows a file by
+        # its lock.mdb too (a data.mdb restored alone keeps it): the old store goes first
+        self._store.close()
+        try:
+            store = open_ready_store(path)
+        except StateError as exc:
+            raise SnapshotError(f"the state directory {path} was reset or replaced, and could not be opened again "
+                                f"here ({exc}); another store or snapshot of it in this process may hold its old "
+                                "files: close those, or restart the process") from exc
         try:
             reader = read_lazy(store, self._device)
         except BaseException:
             store.close()
             raise
         log.info("the state directory %s was reset or replaced: reopened it", path)
-        old, self._store, self._reader, self._file_id = self._store, store, reader, _file_identity(store)
-        old.close()
+        self._store, self._reader = store, reader
         self._adopt()
 
     # ------------------------------------------------------------------ advancing
@@ -420,17 +415,6 @@ def _load_whole(reader: LazyCheckpoint, name: str, table: torch.Tensor, chunk: i
         ids = np.arange(start, min(start + chunk, table.shape[0]), dtype=np.int64)
         values, found = reader.read_rows(name, ids)  # (n, width), (n,)
         _write_rows(table, ids[found], values[found])
-
-
-def _file_identity(store: Store) -> tuple[int, int] | None:
-    """The identity of an LMDB store's data file (state.data_file_identity); None for a
-    store without one (the in-memory backend)."""
-    if store.backend != "lmdb" or store.path is None:
-        return None
-    try:
-        return data_file_identity(store.path)
-    except OSError:
-        return None
 
 
 def _is_key_query(record: Any) -> bool:

@@ -3,6 +3,7 @@ checkpoints and schemes; rows are read lazily (once per checkpoint); it follows 
 writer in another process through every checkpoint; bad directories fail with clear errors.
 (How soon it follows, the freshness target of 1 s, is bench/serve.py's to measure.)"""
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -308,6 +309,28 @@ def test_a_snapshot_follows_a_directory_another_process_resets_or_replaces(how, 
         assert not snap.behind()
 
 
+def test_a_snapshot_follows_a_data_file_restored_alone(tmp_path):
+    """A data.mdb copied over the directory's own (its lock.mdb kept, as a restore of the
+    data file alone leaves it): was "already open in this process" on every later query
+    (py-lmdb knows an environment by its lock file too, and the new one was opened before
+    the old one closed)."""
+    state, other = str(tmp_path / "state"), str(tmp_path / "other")
+    first = Learner(Config().override(*SMALL))
+    first.learn_many(stream("classify", 16, random.Random(4)))  # labels a, b, c
+    with open_store(state) as store:
+        commit(store, first, 9)
+    second = Learner(Config().override(*SMALL))
+    second.learn_many([{"tokens": ["w1", "w2"], "label": label} for label in ("x", "y")])
+    with open_store(other) as store:
+        commit(store, second, 3)
+    with Snapshot.open(state) as snap:
+        assert set(snap.predict_proba([{"tokens": ["w1"]}]).values[0]) == set("abc")
+        os.replace(os.path.join(other, "data.mdb"), os.path.join(state, "data.mdb"))
+        for _ in range(2):
+            answer = snap.predict_proba([{"tokens": ["w1"]}])
+            assert answer.step == 3 and set(answer.values[0]) == set("xy")
+
+
 def test_a_snapshot_of_a_store_it_was_given_refuses_a_replaced_or_deleted_directory(tmp_path):
     state = str(tmp_path / "state")
     learner = Learner(Config().override(*SMALL))
@@ -322,5 +345,5 @@ def test_a_snapshot_of_a_store_it_was_given_refuses_a_replaced_or_deleted_direct
     with Snapshot.open(state) as snap:
         shutil.rmtree(state)
         assert snap.behind()
-        with pytest.raises(SnapshotError, match="was deleted after this snapshot opened it"):
+        with pytest.raises(SnapshotError, match="is gone: deleted, or being reset by a worker"):
             snap.predict([{"tokens": ["w1"]}])
