@@ -158,13 +158,26 @@ def _grad_values(p: torch.nn.Parameter) -> torch.Tensor:
 @contextlib.contextmanager
 def _interrupt_after():
     """Ctrl-C (SIGINT) during the block is raised when the block ends, in the main thread
-    (the only one Python delivers it to); elsewhere, or under a handler Python did not
-    install, the block runs as it is."""
+    (the only one Python delivers it to); a second Ctrl-C is raised at once (a step that
+    hangs can still be stopped). Elsewhere, or under a handler Python did not install, the
+    block runs as it is."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return
     held: list = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+
+    def hold(signum, frame) -> None:
+        if held:  # a second Ctrl-C: the step may hang (a dead peer); stop now, as without the hold
+            signal.signal(signal.SIGINT, previous)
+            held.clear()
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise KeyboardInterrupt
+            return
+        held.append(frame)
+
+    previous = signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
@@ -558,12 +571,15 @@ class Learner(river_base.Classifier):
         self.task.before_step(self.model, batch)
         if batch.examples:
             loss, changed, skipped, outputs = self._step(batch, predict)
+        # The step is taken: the batch is learned from here on, whatever the counting does
+        # (learn_many drops only a batch whose step was not taken; was: an error in the
+        # counting dropped the labels the step had just trained)
+        self._applied += 1
+        self._labels_learned = max(batch.label_start, batch.n_labels)
         counted = {} if skipped else self.task.learned(batch)
         if counted:
             changed.update(counted)
             self.mark_dirty(counted)
-        self._applied += 1
-        self._labels_learned = max(batch.label_start, batch.n_labels)
         report = StepReport(loss, batch.examples, batch.records, batch.rejected, changed, self.steps, batch.truncated,
                             skipped)
         return report, outputs
@@ -819,7 +835,9 @@ class Learner(river_base.Classifier):
 
     def replace_labels(self, labels: Sequence) -> None:
         """classify: the label table holds ``labels`` from now on, in this order (a
-        label's id is its position); the label head rows must already match."""
+        label's id is its position); the label head rows must already match. They all count
+        as learned: :meth:`discard_prepared` keeps them (call it with no batch prepared,
+        as a worker's label merge and a checkpoint read do)."""
         self.label_table.replace(list(labels))
         self._labels_learned = len(self.label_table)
 

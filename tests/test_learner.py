@@ -800,6 +800,42 @@ def test_ctrl_c_during_the_step_is_raised_once_the_step_is_taken():
     _usable_afterwards(lrn, lrn.labels)
 
 
+def test_a_second_ctrl_c_during_the_step_stops_it_at_once():
+    """A step that hangs (a dead peer in gradient_hook) can still be stopped: the first
+    Ctrl-C is held, the second is raised where it lands (was: every one held)."""
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    after_second = []
+
+    def interrupt_twice(_learner):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        after_second.append(True)  # not reached: the second Ctrl-C is raised here
+    lrn.gradient_hook = interrupt_twice
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        lrn.learn_many(topic_stream(4, seed=3))
+    assert after_second == [] and signal.getsignal(signal.SIGINT) is handler
+
+
+def test_an_error_after_the_step_keeps_the_batch_it_learned():
+    """Was: an error in the counting after the optimizer step dropped the batch's new
+    labels (their rows already trained) as if the step had not been taken."""
+    lrn = learner()
+    lrn.learn_many(topic_stream(8))
+    steps = lrn.steps
+
+    def counting_fails(batch):
+        raise RuntimeError("counting failed")
+    lrn.task.learned = counting_fails
+    with pytest.raises(RuntimeError, match="counting failed"):
+        lrn.learn_many([{"text": "goal match", "label": "sport"}, {"text": "new", "label": "brand-new"}])
+    del lrn.task.learned
+    assert lrn.steps == steps + 1 and "brand-new" in lrn.labels
+    assert lrn.discard_prepared() == 0
+    _usable_afterwards(lrn, lrn.labels)
+
+
 def test_a_second_thread_calling_learn_many_is_refused_and_the_first_goes_on():
     lrn = learner()
     lrn.learn_many(topic_stream(8))
@@ -1367,7 +1403,7 @@ def test_naive_bayes_scores_in_order_are_a_record_by_record_loop(seed):
     assert torch.equal(fast.counts, slow.counts)
 
 
-def test_text_of_every_script_reaches_the_model_as_words_and_a_stored_model_keeps_its_tokens():
+def test_text_of_every_script_reaches_the_model_as_words_unless_hashing_scripts_is_off():
     """Was: the learner tokenized with the plain regex whatever hashing.scripts said, so an
     unspaced Chinese clause stayed one token (seen once) and Devanagari was cut at its marks."""
     from streamlearn.records import from_dict
