@@ -128,6 +128,7 @@ class Preparer:
         ``invalid-utf8``. ``empty_tokens``: an explicit ``"tokens": []`` is a question
         (top-k: next-token's first token, next-item's new key), as the service takes it."""
         records = record_list(records)
+        empty_tokens = empty_tokens or self.cfg.learner.task in _PREFIX_TASKS
         for i, obj in enumerate(records):
             check_query(obj, i, empty_tokens)
         batch = Batch(False, -1, len(records))
@@ -372,6 +373,11 @@ def record_list(records: Iterable) -> list:
         return list(records)
     except TypeError as exc:
         raise RecordError(f"wrong-type: pass a list of records, got {type(records).__name__}") from exc
+
+
+# Tasks whose query is a prefix or a history: an empty one is a question (next-token's first
+# token, a new key's first item), whichever verb asks it
+_PREFIX_TASKS = frozenset({"next-token", "next-item"})
 
 
 def check_query(obj: Any, i: int, empty_tokens: bool = False) -> None:

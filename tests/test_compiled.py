@@ -77,7 +77,7 @@ def test_the_compiled_step_equals_torchs(overrides):
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(dense_a[i][key], dense_b[i][key], rtol=1e-4, atol=1e-7, msg=key)
     assert fast.take_dirty().keys() == slow.take_dirty().keys()
-    queries = topic_stream(16, seed=7) + [{"text": ""}, {"text": "sofa unknown words"}]
+    queries = topic_stream(16, seed=7) + [{"text": "sofa unknown words"}]  # a blank one is refused, not answered
     for a_row, b_row in zip(fast.predict_proba_many(queries), slow.predict_proba_many(queries)):  # the query forward
         assert a_row.keys() == b_row.keys()
         assert [a_row[k] for k in a_row] == pytest.approx([b_row[k] for k in a_row], rel=1e-4, abs=1e-6)

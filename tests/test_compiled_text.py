@@ -160,7 +160,8 @@ def test_a_learner_prepares_and_learns_the_same_with_the_kernel(overrides):
     for name in pb:
         assert torch.equal(pa[name], pb[name]), name
     # queries too (frozen replay, predict, the service): the same arrays and answers
-    queries = [{k: v for k, v in r.items() if k != "label"} for r in records]
+    queries = [{k: v for k, v in r.items() if k != "label"} for r in records
+               if not (isinstance(r.get("text"), str) and r["text"].isspace())]  # a blank query is refused
     for i in range(0, len(queries), 16):
         assert_same_arrays(fast.prepare(queries[i:i + 16], train=False), slow.prepare(queries[i:i + 16], train=False))
     assert fast.predict_proba_many(queries) == slow.predict_proba_many(queries)

@@ -32,6 +32,7 @@ class _Item:
 class _Report:
     def __init__(self, records: int, loss: float = 0.5, skipped: bool = False):
         self.records, self.examples, self.loss, self.skipped = records, records, loss, skipped
+        self.learned = 0 if skipped else records  # as StepReport.learned
 
 
 def history(points=(), max_points: int = 1024, position=None) -> LiveHistory:
