@@ -64,7 +64,7 @@ def test_a_learners_schedule_is_its_batch_size_its_tasks_ramp_and_its_doubling()
     schedules = {name: Learner(Config().override(*SMALL, f"learner.task={name}")).schedule for name in TASKS}
     assert schedules == {"classify": Schedule(8, ramp=True, double_after=0),
                          "mlm": Schedule(8, ramp=False, double_after=0),
-                         "next-item": Schedule(128, ramp=False, double_after=0),
+                         "next-item": Schedule(64, ramp=False, double_after=0),
                          "next-token": Schedule(8, ramp=False, double_after=250)}
     mine = Learner(Config().override(*SMALL, "learner.task=next-token", "learner.batch_size=4",
                                      "learner.double_batch_after=3")).schedule

@@ -60,10 +60,12 @@ REGISTRY: dict[str, Entry] = {
     "mlm": Entry("mlm:MaskedToken", (*_TOKEN_STREAM, "model.counts=kn3")),
     # opaque ids, not words; an own output space sized from the stream (out_B=0: streamlearn.sizing), each
     # item in 4 of its buckets (out_m); the transition counts of the last 1 and 2 items, their
-    # log-probability added to the network's logits with a learned weight (a product of experts)
+    # log-probability added to the network's logits with a learned weight (a product of experts);
+    # batches of 64: items new within a batch are unknown until its step, and a catalog that
+    # grows or a popularity that shifts pays for that (docs/choosing-a-configuration.md)
     "next-item": Entry("next_item:NextItem", (
         "hashing.tokenizer=ids", "hashing.max_tokens=128", "model.tie_output=false", "model.out_B=0", "model.out_m=4", "embedding.K=100000",
-        "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=128", "model.counts=transitions",
+        "embedding.B=20000", "optim.dense_lr=0.01", "learner.batch_size=64", "model.counts=transitions",
         "model.count_slots=262144"), derived=("model.out_B",)),
     # a 4-gram order on the count part's trigram, the last 1,000 (previous token, token) pairs
     # mixed into it; a feed-forward half as wide (recall level on four streams, ~1.06-1.09x the
