@@ -613,7 +613,7 @@ def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tupl
     >>> old = Config().override("learner.task=next-item", "learner.recency=1", "model.out_B=4096")
     >>> cfg, kept = keep_stored(old, Config(), given=())
     >>> cfg.learner.task, cfg.learner.recency, cfg.learner.batch_size
-    ('next-item', 1, 128)
+    ('next-item', 1, 64)
     >>> [line for line in kept if line.startswith("learner.")]
     ['learner.recency: stored 1, now 3', "learner.task: stored 'next-item', now 'classify'"]
     >>> keep_stored(old, Config().override("learner.recency=5"), given={"learner.recency"})[0].learner.recency
