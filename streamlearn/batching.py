@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import numbers
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Iterable
@@ -28,7 +27,7 @@ from .exceptions import RecordError
 from .featurize import Featurizer
 from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
-from .records import Record, from_dict, valid_utf8
+from .records import Record, from_dict, plain_int, valid_utf8
 
 __all__ = ["Batch", "Preparer", "QUERY_MASK", "QUERY_MASK_ANY_CASE", "Schedule", "seed_of"]
 
@@ -229,7 +228,7 @@ class Preparer:
                 if not isinstance(tokens, (list, tuple)) and (isinstance(tokens, (str, bytes))
                                                               or not isinstance(tokens, Sequence)):
                     raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
-                return self.query_cut(self.query_list([canonical_id(t if type(t) is str else _plain(t)) for t in tokens]))
+                return self.query_cut(self.query_list([canonical_id(plain_int(t)) for t in tokens]))
             if isinstance(text, str):
                 tokens = self.query_text(text)
                 if not tokens:
@@ -356,11 +355,6 @@ def fields_of(obj: Any) -> Mapping:
     if isinstance(obj, (str, bytes)) or not any(hasattr(obj, name) for name in _FIELDS):
         raise RecordError(f"wrong-type: a record must be a dict or a Record, got {type(obj).__name__}")
     return {name: getattr(obj, name, None) for name in _FIELDS}
-
-
-def _plain(token: Any) -> Any:
-    """A numpy integer token as a Python int (canonical_id takes those); else as it is."""
-    return int(token) if isinstance(token, numbers.Integral) and not isinstance(token, bool) else token
 
 
 def record_list(records: Iterable) -> list:

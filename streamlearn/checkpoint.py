@@ -144,9 +144,9 @@ def write(learner: Learner, full: bool = False) -> Parts:
     make the next one ``full=True``. Refused while a prepared training batch is not
     learned yet: the labels and histories would hold records the model has not applied.
     """
-    if learner.prep.prepared != learner.applied:
+    if learner.pending:
         raise CheckpointError(
-            f"{learner.prep.prepared - learner.applied} prepared batch(es) not learned yet: learn them "
+            f"{learner.pending} prepared batch(es) not learned yet: learn them "
             "before checkpointing, or the checkpoint would hold labels/histories of unapplied records"
         )
     tables = learner.row_tables()

@@ -388,10 +388,10 @@ class Learner(river_base.Classifier):
         they alone brought leave the label table. What stays: next-item histories keep
         their records' items, and a dictionary embedding scheme (``embedding.scheme``
         with a vocabulary) keeps the ids it gave their new tokens (unlearned rows)."""
-        pending = self.prep.prepared - self._applied
-        if pending > 0:
+        pending = self.pending
+        if pending:
             self._drop_prepared(self._labels_learned)
-        return max(pending, 0)
+        return pending
 
     def _drop_prepared(self, labels: int) -> None:
         """Every prepared batch counts as learned; the label table keeps its first
@@ -403,10 +403,9 @@ class Learner(river_base.Classifier):
         self.row_optim.zero_grad()
 
     def _refuse_pending(self, verb: str) -> None:
-        pending = self.prep.prepared - self._applied
-        if pending > 0:
+        if self.pending:
             raise StreamlearnError(
-                f"{verb}: {pending} training batch(es) from prepare() are not learned yet (batch {self._applied} "
+                f"{verb}: {self.pending} training batch(es) from prepare() are not learned yet (batch {self._applied} "
                 "is next): learn them in order with learn_batch(batch), or drop them with "
                 "learner.discard_prepared()")
 
@@ -795,6 +794,11 @@ class Learner(river_base.Classifier):
     def applied(self) -> int:
         """Training batches learned so far (every one :meth:`prepare` made, once learned)."""
         return self._applied
+
+    @property
+    def pending(self) -> int:
+        """Training batches :meth:`prepare` made that are not learned yet."""
+        return self.prep.prepared - self._applied
 
     def resume(self, steps: int, prepared: int, applied: int) -> None:
         """Continue from a checkpoint's counters (optimizer steps, training batches

@@ -226,12 +226,12 @@ def valid_utf8(name: str, value: str) -> str:
 
 def _is_int(value: Any) -> bool:
     """An integer, Python's or numpy's (``numbers.Integral``), not a bool; fields keep it
-    as a Python int (:func:`_int`)."""
+    as a Python int (:func:`plain_int`)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _int(value: Any) -> Any:
-    """An integer field's value as a Python int (np.int64 -> int); anything else as it is."""
+def plain_int(value: Any) -> Any:
+    """An integer (numpy's too) as a Python int (np.int64 -> int); anything else as it is."""
     return int(value) if _is_int(value) and type(value) is not int else value
 
 
@@ -257,7 +257,7 @@ def _tokens(value: Any) -> tuple[Token, ...] | None:
             _token_field(f"tokens[{i}]", token)  # an int beyond 64 bits: msgpack cannot write it
         else:
             raise RecordError(f"wrong-type: tokens[{i}] must be str or int, got {type(token).__name__}")
-    return tuple(map(_int, value))
+    return tuple(map(plain_int, value))
 
 
 MAX_NAME_CHARS = 1024  # a label, key or item string
@@ -269,7 +269,7 @@ def _token_field(name: str, value: Any) -> str | int | None:
     if _is_int(value):
         if not -(2**63) <= value < 2**64:  # what msgpack (a checkpoint's labels, a dead letter) can hold
             raise RecordError(f"bad-value: {name} {value} does not fit in 64 bits; send it as a string")
-        return _int(value)
+        return plain_int(value)
     if isinstance(value, str):
         return valid_utf8(name, value)
     raise RecordError(f"wrong-type: {name} must be str or int, got {type(value).__name__}")
@@ -296,7 +296,7 @@ def _ts(value: Any) -> int | None:
         raise RecordError(f"wrong-type: ts must be int (ms since the epoch), got {type(value).__name__}")
     if not 0 <= value <= _INT64_MAX:
         raise RecordError(f"bad-value: ts must be in [0, 2**63) ms, got {value}")
-    return _int(value)
+    return plain_int(value)
 
 
 def _weight(value: Any) -> float:

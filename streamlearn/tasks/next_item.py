@@ -27,7 +27,6 @@ list (a recommender does not recommend what the user already rated).
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +46,7 @@ from ..heads import HashedHead, Prior, add_prior
 from ..model import HashedTransformer
 from ..objectives import BOS_TOKEN, Histories
 from ..outputs import HashedCode, OutputCode
-from ..records import Record
+from ..records import Record, plain_int
 from .base import Event, TokenPreparer, TokenTask
 
 __all__ = ["MixtureHead", "NextItem", "NextItemPreparer", "RECENT", "TransitionHead"]
@@ -174,9 +173,7 @@ class NextItemPreparer(TokenPreparer):
         ``tokens``, those tokens as the history, and the key too if the query names one
         (a snapshot asks so, with the history it stored for the key)."""
         fields = fields_of(obj)
-        key = fields.get("key")
-        if isinstance(key, numbers.Integral) and not isinstance(key, bool):
-            key = int(key)  # numpy's too, as records take them
+        key = plain_int(fields.get("key"))  # numpy's too, as records take them
         if key is not None and (isinstance(key, bool) or not isinstance(key, (str, int))):
             raise RecordError(f"wrong-type: query {i}: key must be a str or an int, got {type(key).__name__}")
         key = None if key is None else canonical_id(key)
