@@ -25,7 +25,7 @@ from typing import Iterator
 import lmdb
 
 from .exceptions import DiskFullError, NotAStoreError, StateError, StorePermissionError, damaged
-from .lmdb_file import data_file_identity
+from .lmdb_file import data_file_change, data_file_identity
 from .schema import MAX_DBS
 
 log = logging.getLogger(__name__)
@@ -94,12 +94,15 @@ class SharedEnv:
         self.db_lock = threading.RLock()
         self.gate = Gate()
         self.refs = 0
-        self.file_id = _identity(path)  # (device, inode) of the data file opened; None if it was gone
+        try:
+            self.file_id: tuple[int, int] | None = data_file_identity(path)  # (device, inode) of the file opened
+        except OSError:
+            self.file_id = None  # gone already: stale at once
 
     def stale(self) -> bool:
         """Whether the directory now holds another data file than the one this opened
         (or none): reset, replaced or deleted since."""
-        return _identity(self.path) != self.file_id
+        return data_file_change(self.path, self.file_id) is not None
 
     def check_pid(self) -> None:
         if os.getpid() != self.pid:
@@ -196,13 +199,6 @@ def release(shared: SharedEnv) -> None:
             del _registry[key]
         if shared.pid == os.getpid():
             shared.env.close()
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        return data_file_identity(path)
-    except OSError:
-        return None
 
 
 def _open_env(path: str, readonly: bool, map_size: int, sync: bool) -> lmdb.Environment:

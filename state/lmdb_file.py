@@ -33,6 +33,16 @@ def data_file_identity(directory: str) -> tuple[int, int]:
     st = os.stat(os.path.join(directory, DATA))
     return st.st_dev, st.st_ino
 
+
+def data_file_change(directory: str, opened: tuple[int, int] | None) -> str | None:
+    """How ``directory``'s data file changed since the one of identity ``opened`` (from
+    :func:`data_file_identity`) was opened: ``"deleted"``, ``"replaced"`` or None."""
+    try:
+        now = data_file_identity(directory)
+    except OSError:
+        return "deleted"
+    return None if now == opened else "replaced"
+
 _MAGIC = 0xBEEFC0DE
 _VERSION = 1
 _P_META = 0x08

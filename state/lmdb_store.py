@@ -64,7 +64,7 @@ from .codec import RawCodec
 from .exceptions import MapFullError, NotAStoreError, StateError, damaged
 from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
 from .lmdb_env import DAMAGE, SharedEnv, acquire, release, wrap_lmdb, wrap_os
-from .lmdb_file import DATA, check_readable, data_file_identity
+from .lmdb_file import DATA, check_readable, data_file_change, data_file_identity
 from .lmdb_meta import (
     BLOBS, KV, META, StoreMeta, get_record, manifest_records, parse_manifest, parse_tables, put_record,
     read_meta,
@@ -138,11 +138,7 @@ class LmdbStore(Store):
                              "(or let the next start create a new state) and start again")
 
     def file_change(self) -> str | None:
-        try:
-            now = data_file_identity(self.path)
-        except OSError:
-            return "deleted"
-        return None if now == self._file_id else "replaced"
+        return data_file_change(self.path, self._file_id)
 
     # -- opening ----------------------------------------------------------------------
     def _prepare_dir(self, reset: bool) -> None:
