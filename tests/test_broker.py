@@ -291,7 +291,7 @@ def test_a_produce_summary_of_many_partitions_stays_one_short_line():
     from streamlearn.broker import ProduceSummary
 
     line = str(ProduceSummary("t", {p: 1 for p in range(100_000)}, 1.0))
-    assert line.endswith("100,000 partitions: " + "/".join(["1"] * 32) + "/... (99,968 more)")
+    assert line.endswith("100000 partitions: " + "/".join(["1"] * 32) + "/... (99,968 more)")
 
 
 @pytest.mark.broker  # it starts brokers of its own
