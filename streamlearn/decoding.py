@@ -430,7 +430,7 @@ def exhaustive_topk(logp, index: CandidateIndex, k: int) -> TopK:
 
 
 def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
-                         exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
+                         exclude: Sequence[np.ndarray] | None = None, fresh: Fresh | None = None) -> list[TopK]:
     """:func:`exhaustive_topk` for N positions, logp (N, m, size), batched: every
     candidate's score for every position is one gather and sum over (N, m, n), and the k
     best from one lexsort over the entries at or above a bound on each row's k-th best
@@ -439,8 +439,11 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
     of candidates are read, so only there are NaN and +inf an error.
 
     ``exclude``: per position, candidate ids (:meth:`CandidateIndex.ids`; -1 and ids
-    past the index are ignored) that may not be returned, e.g. the items a user already
+    past the candidates are ignored) that may not be returned, e.g. the items a user already
     had. A position then gets its k best allowed candidates (fewer if fewer are allowed).
+
+    ``fresh``: candidates not in the index yet (:class:`Fresh`), after its n: ids n, n + 1,
+    ... in ``exclude``, and ties broken after every indexed candidate.
     """
     _check_k(k)
     lp = _as_array(logp, (index.m, index.size), "logp")
@@ -449,12 +452,30 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
     if exclude is not None and len(exclude) != len(lp):
         raise DecodingError(f"exclude has {len(exclude)} entries for {len(lp)} positions: pass one id array per position")
     view = index.view()
-    scores = _score_many(lp, view.hashes)  # (N, n) float64
+    hashes, tokens = view.hashes, view.tokens
+    if fresh is not None and len(fresh.tokens):
+        hashes, tokens = np.concatenate([hashes, fresh.hashes]), tokens[:view.n] + list(fresh.tokens)
+    scores = _score_many(lp, hashes)  # (N, n) float64
     if not (scores < np.inf).all():  # NaN compares False
         raise DecodingError("logp contains NaN or +inf: check the model output (log-probabilities are <= 0)")
+    if fresh is not None and len(fresh.tokens):
+        early = np.arange(len(lp))[:, None] < np.asarray(fresh.since)[None, :]  # (N, F) before its first row
+        more = [np.nonzero(r)[0] + view.n for r in early]
+        exclude = more if exclude is None else [np.concatenate([e, f]) for e, f in zip(exclude, more)]
     banned = _ban(scores, exclude) if exclude is not None else None
-    tokens = view.tokens
-    return [TopK([tokens[i] for i in ids.tolist()], s, True, view.n) for ids, s in _best_many(scores, int(k), banned)]
+    return [TopK([tokens[i] for i in ids.tolist()], s, True, len(tokens)) for ids, s in _best_many(scores, int(k), banned)]
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """Candidates a batch brings before the index holds them (a training batch predicted
+    before it is learned, its records in stream order): ``tokens`` (F,), their output
+    hashes ``hashes`` (F, m), and ``since`` (F,) the first position (row) each may be
+    answered at: the positions after the record that first showed it."""
+
+    tokens: Sequence[str]
+    hashes: np.ndarray
+    since: np.ndarray
 
 
 def candidate_topk_many(scores, index: CandidateIndex, k: int,

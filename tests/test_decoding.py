@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from streamlearn.decoding import (
-    CandidateIndex, DecodingError, PatternIndex, TopK, beam_topk, beam_topk_many,
+    CandidateIndex, DecodingError, Fresh, PatternIndex, TopK, beam_topk, beam_topk_many,
     candidate_topk_many, exhaustive_topk, exhaustive_topk_many, tfree_topk,
 )
 from streamlearn.exceptions import StreamlearnError
@@ -174,6 +174,33 @@ def test_exhaustive_topk_many_is_brute_force_minus_the_excluded(p, data):
         keep = [i for i, t in enumerate(tokens) if t not in banned][:p["k"]]
         assert got_masked.tokens == [tokens[i] for i in keep]
         assert got_masked.scores.tolist() == scores[keep].tolist() and got_masked.exact
+
+
+@settings(max_examples=80, deadline=None)
+@given(problems(), st.data())
+def test_fresh_candidates_are_the_index_grown_and_barred_before_their_row(p, data):
+    """Candidates a batch brings (:class:`Fresh`) rank as if the index held them after its
+    own, and a row before a fresh candidate's first row never gets it; ids past the
+    index exclude them like any other."""
+    rng = np.random.default_rng(p["seed"])
+    tokens = [str(i) for i in rng.integers(0, 500, p["n"])]
+    index = superbloom(p["m"], p["size"], tokens)
+    new = [t for t in dict.fromkeys(str(i) for i in rng.integers(500, 600, 6))]
+    grown = superbloom(p["m"], p["size"], [*tokens, *new])
+    rows = 5
+    logp = np.stack([random_logp(rng, p["m"], p["size"], p["ties"]) for _ in range(rows)])
+    since = np.array(data.draw(st.lists(st.integers(0, rows), min_size=len(new), max_size=len(new))))
+    n = len(index)
+    exclude = [np.array(data.draw(st.lists(st.integers(-1, n + len(new) + 1), max_size=6)), dtype=np.int64)
+               for _ in range(rows)]
+    got = exhaustive_topk_many(logp, index, p["k"], exclude, Fresh(new, grown.hashes[n:], since))
+    for r in range(rows):
+        barred = {grown.tokens[c] for c in exclude[r] if 0 <= c < len(grown)}
+        barred |= {t for t, s in zip(new, since) if r < s}
+        ranked, scores = brute(logp[r], grown, len(grown))
+        keep = [i for i, t in enumerate(ranked) if t not in barred][:p["k"]]
+        assert got[r].tokens == [ranked[i] for i in keep]
+        assert got[r].scores.tolist() == scores[keep].tolist() and got[r].exact
 
 
 @pytest.mark.parametrize("n", [300, 5_000])  # 5,000: enough candidates for the blocks' bound
