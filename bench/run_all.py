@@ -104,6 +104,8 @@ BENCHMARKS = (
               what="War and Peace as a token stream: next-token and mlm at depths 0/1/2 against Markov and KN n-grams"),
     Benchmark("item_speed", ("--limit", "4000", "--rounds", "1"), (), 15, 300, r"^best|SYNTHETIC", data=True,
               what="next-item learn_many of the defaults against other configurations, side by side"),
+    Benchmark("moving_items", ("--streams", "growing,one-event"), ("--seeds", "0,1,2"), 6, 330, r"^\| |^worst",
+              what="next-item streams whose catalog, popularity or taste moves: the model against Markov, popularity, ngram"),
     Benchmark("profile_step", ("--warm", "20", "--steps", "20", "--top", "8"), ("--task", "next-token"), 15, 60,
               r"^learn_many|^torch operators|^per step|SYNTHETIC", data=True,
               what="where a learn_many step's time goes by torch operator; launches, copies and syncs per step"),

@@ -1,9 +1,10 @@
 """Benchmarks run on a tiny case: two that once broke without a test noticing
 (bench/depth.py after mlm's defaults moved to the sampled head, 2026-11-25; bench/shapes.py
-where the optional vowpalwabbit peer is not installed), in-process, and bench/decoding.py,
-whose table docs/decoding.md quotes."""
+where the optional vowpalwabbit peer is not installed), in-process, bench/decoding.py,
+whose table docs/decoding.md quotes, and bench/moving_items.py's streams."""
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import depth
+import moving_items
 import shapes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,3 +55,18 @@ def test_decoding_bench_prints_its_table_and_every_certified_top10_is_the_exhaus
     exact, same = (int(x.split("/")[0]) for x in (rows[6][5], rows[6][7]))
     assert same >= exact, rows[6]
     assert "add:" in out and "merge: a tail of" in out
+
+
+def test_moving_item_streams_have_their_shape_and_replay(tmp_path):
+    grow = moving_items.growing()
+    assert len(grow) == 6000 and len({item for _, item in grow[3000:]} - {item for _, item in grow[:3000]}) > 1000
+    shift = moving_items.popshift()
+    top = [Counter(item for _, item in shift[s:s + 1500]).most_common(20) for s in (0, 1500)]
+    assert not {i for i, _ in top[0]} & {i for i, _ in top[1]}  # the popular items changed
+    keys = Counter(key for key, _ in moving_items.one_event())
+    assert sum(n == 1 for n in keys.values()) == 3000 and sum(n == 20 for n in keys.values()) == 100
+    ring = moving_items.ring(4, 50)
+    assert len(ring) == 200 and all(0 < (b - a) % 3000 <= 3 for (k, a), (j, b) in zip(ring, ring[1:]) if k == j)
+    row = moving_items.run(moving_items.write(moving_items.growing()[:600], tmp_path / "g.jsonl"), 0,
+                           ["learner.batch_size=16"])
+    assert row["peer"] in ("markov", "popularity") and 0 <= row["model"] <= 1 and row["records_per_s"] > 0
