@@ -61,6 +61,9 @@ class Batch:
     label_start: int = 0  # labels [label_start, n_labels) joined the label table in this batch
     nb_tokens: np.ndarray | None = None  # classify with learner.nb_weight > 0: (N, T) Naive Bayes token ids, -1 = padding
     candidates: list[str] = dataclasses.field(default_factory=list)
+    # next-item's training batches: (n,) each example's place among the accepted records (a
+    # key's first record is none), in order; candidates[r] is record r's item
+    example_records: np.ndarray | None = None
     # token tasks with a count part (model.counts): "grams" (M, n) the n-gram hashes it counts
     # after the step, "ctx" (n, ...) each example's context hashes (next-token: the n - 1 before
     # its answer; mlm: 6), "answer" (n,) its answer's;

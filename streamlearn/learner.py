@@ -448,8 +448,11 @@ class Learner(river_base.Classifier):
 
     def topk_batch(self, batch: Batch, k: int = 10, beam: int | None = None,
                    exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:
-        """:meth:`topk_many` of an already prepared query batch. DecodingError unless ``k``
-        is an int >= 1 and ``beam`` one or None."""
+        """:meth:`topk_many` of an already prepared query batch, or of a training batch
+        before :meth:`learn_batch` (a prequential replay's: a list per example; next-item's
+        also name the items the batch's earlier records brought, and ``exclude`` may hold
+        their ids after the index's, ``Task.fresh``). DecodingError unless ``k`` is an int
+        >= 1 and ``beam`` one or None."""
         # the default beam goes at least k deep: a beam search narrower than k lists fewer than
         # k answers where more candidates exist; a beam given is taken as given
         k, beam = check_k(k), check_beam(beam)

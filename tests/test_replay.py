@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import msgpack
+import numpy as np
 import pytest
 from river import utils as river_utils
 
@@ -128,17 +129,20 @@ def filtered_beam_lists(learner: Learner, events: list, k: int) -> list[list[str
 
 
 def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
-    """The model's next-item lists (one exhaustive pass per mini-batch, already-had items
-    masked) are the per-record beam-search lists with the had items filtered out; no list
-    holds an item its key already had, including one learned later in the same batch."""
+    """Unfused (a label delay, or frozen), the model's next-item lists (one exhaustive pass
+    per mini-batch, already-had items masked) are the per-record beam-search lists with
+    the had items filtered out; no list holds an item its key already had, including one
+    learned later in the same batch; an event not evaluated gets None."""
     learner = Learner(cfg(base=TINY_ITEMS))
-    model = ModelContestant("model", learner, learning=True, k=5, fused=True)
+    model = ModelContestant("model", learner, learning=True, k=5, fused=False)
     build = learner.task.events(seed=0)
     stream = [Record(key=f"u{(i * 7) % 5}", item=str((i * 3) % 11 + (i % 4))) for i in range(160)]
     for start in range(0, len(stream), 16):
         events = [single(build(start + i, r)) for i, r in enumerate(stream[start:start + 16])]
         asked = [e for e in events if e.evaluate]
-        got = model.predict(asked)
+        got = model.predict(events)
+        assert [top for e, top in zip(events, got) if not e.evaluate] == [None] * (len(events) - len(asked))
+        got = [top for e, top in zip(events, got) if e.evaluate]
         assert got == filtered_beam_lists(learner, asked, k=5)
         for e, top in zip(asked, got):
             assert not any(e.excluded(t) for t in top)
@@ -146,6 +150,48 @@ def test_batched_next_item_decoding_equals_the_filtered_beam_lists():
             assert len(top) == min(5, allowed)
         model.learn(events)
     assert model.steps == 10
+
+
+def test_fused_next_item_lists_read_the_batch_in_order():
+    """Prequential, each mini-batch is predicted from its training batch before its step:
+    an event's list ranks the candidates known before the batch and the items the batch
+    showed before the event, by the outputs whose transition counts saw the batch's
+    earlier records (checked against a twin learner fed the same batches), minus every
+    item the key had, the batch's included."""
+    learner, twin = Learner(cfg(base=TINY_ITEMS)), Learner(cfg(base=TINY_ITEMS))
+    model = ModelContestant("model", learner, learning=True, k=5, fused=True)
+    build = learner.task.events(seed=0)
+    stream = [Record(key=f"u{(i * 7) % 5}", item=str((i * 3) % 11 + (i % 4) + 4 * (i // 40))) for i in range(160)]
+    fresh_answered = 0
+    for start in range(0, len(stream), 16):
+        events = [single(build(start + i, r)) for i, r in enumerate(stream[start:start + 16])]
+        got = model.predict(events)
+        batch = twin.prepare([e.record for e in events], train=True)
+        logp = twin.outputs(batch).numpy()  # (n, m, size): log P with the counts in order
+        known = twin.index.tokens
+        first: dict[str, int] = {}
+        for e in events:
+            first.setdefault(e.target, e.position)
+        cands = known + [t for t in first if t not in twin.index]
+        codes = twin.task.code.ids(cands)
+        row = 0
+        for e, top in zip(events, got):
+            if not e.evaluate:
+                assert top is None
+                continue
+            scores = logp[row, 0, codes[:, 0]].astype(np.float64)
+            for j in range(1, codes.shape[1]):
+                scores = scores + logp[row, j, codes[:, j]]
+            row += 1
+            allowed = [c for c in range(len(cands)) if not e.excluded(cands[c])
+                       and (c < len(known) or first[cands[c]] < e.position)]
+            want = [cands[c] for c in sorted(allowed, key=lambda c: (-scores[c], c))[:5]]
+            assert top == want
+            fresh_answered += any(t not in known for t in top)
+        assert row == batch.examples
+        model.learn(events)
+        twin.learn_batch(batch)
+    assert model.steps == 10 and fresh_answered > 0
 
 
 def test_markov_breaks_transition_ties_by_popularity():
@@ -287,6 +333,31 @@ def test_next_item_file_replay_with_top_k_baselines(tmp_path):
     markov = report["baselines"]["markov"]
     assert markov["recall@3"] > report["baselines"]["popularity"]["recall@3"]  # the shared sequence
     assert 0 <= report["metrics"]["mrr"] <= report["metrics"]["recall@3"] <= 1
+
+
+def test_a_catalog_that_grows_inside_a_batch_is_answered_as_markov_answers_it(tmp_path):
+    """Each new item is shown by one key and followed at once by another: the second
+    key's only allowed answer is the item the record before it brought, in the same
+    mini-batch. Markov, learning record by record, names it; so does the model, whose
+    fused batch lists the items its earlier records brought (it scored 0 before)."""
+    records = []
+    for t in range(96):
+        records += [{"key": "src", "item": f"n{t}"}, {"key": "fan", "item": f"n{t}"}]
+    path = write_jsonl(tmp_path / "grow.jsonl", records)
+    report = replay(FileSource(path), ReplayOptions(k=3, baselines=("markov",)),
+                    config=cfg("learner.batch_size=16", base=TINY_ITEMS))
+    markov = report["baselines"]["markov"]["recall@3"]
+    assert markov == pytest.approx(95 / 190)  # every fan event after the first; no src event
+    assert report["metrics"]["recall@3"] == pytest.approx(markov)
+
+
+def test_a_mini_batch_of_first_events_only_is_learned_and_scores_nothing(tmp_path):
+    """A fused mini-batch whose records are all their keys' first has no example to
+    answer (was: a crash on its empty input)."""
+    records = [{"key": f"k{i % 16}", "item": f"i{(i * 5) % 23}"} for i in range(64)]
+    report = replay(FileSource(write_jsonl(tmp_path / "firsts.jsonl", records)), ReplayOptions(k=3),
+                    config=cfg("learner.batch_size=16", base=TINY_ITEMS))
+    assert report["not_evaluated"] == 16 and report["evaluated"] == 48
 
 
 def test_the_task_of_a_file_brings_its_defaults_and_replays_it(tmp_path):

@@ -102,6 +102,49 @@ def test_counts_equal_a_dict_witten_bell_whatever_the_batch(batch):
     np.testing.assert_allclose(pop[0], [(every[b] + 0.5) / (len(events) + 32) for b in range(64)], rtol=1e-5)
 
 
+def _dense_of(components) -> np.ndarray:
+    pop, base, at, value, _ = components
+    out = base[:, None, None].astype(np.float64) * pop[None]
+    np.add.at(out.reshape(-1), at, value)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_batch_in_order_scores_each_example_as_if_the_ones_before_were_counted(seed):
+    """A training batch predicted before its step: example i's Q and evidence equal the
+    tables' after counting the batch's events before it, one record at a time (transitions
+    and popularity), including contexts and items the batch brings."""
+    import copy
+
+    events = _stream(900, 30, seed)
+    t = Transitions(2, 64, 4096, successors=32)
+    _feed(t, events[:600], 7)
+    hist: dict[str, list[str]] = defaultdict(list)
+    for key, item in events[:600]:
+        hist[key].append(item)
+    chunk = events[600:640] + [("new", "brand-new"), ("u0", "brand-new"), ("new", "i1")]
+    histories, targets, places = [], [], []
+    for place, (key, item) in enumerate(chunk):
+        if hist[key]:
+            histories.append(tuple(hist[key]))
+            targets.append(item)
+            places.append(place)
+        hist[key].append(item)
+    ctx, codes, every = context_keys(histories, SEED), _code(targets), _code([i for _, i in chunk])
+    before = np.array(places)
+    got = t.components(ctx, (codes, every, before))
+    q = _dense_of(got)
+    np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-5)
+    for i in range(len(targets)):
+        ref = copy.deepcopy(t)
+        ref.learn(ctx[:i], codes[:i], every[:before[i]])
+        want = ref.components(ctx[i:i + 1])
+        np.testing.assert_allclose(q[i], _dense_of(want)[0], rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(got[-1][i], want[-1][0], rtol=1e-6)
+    plain = _dense_of(t.components(ctx))
+    assert not np.allclose(plain[-1], q[-1])  # the batch's own transitions moved the last one
+
+
 def test_space_saving_keeps_the_heavy_successors_exact():
     """One context, 40 successors, 4 of them heavy, S = 8: the heavy ones keep their
     exact counts (Space-Saving: an item counted more than N / S is never evicted)."""
@@ -193,6 +236,29 @@ def test_the_task_default_is_the_transition_part():
     learner = _learner()
     assert set(learner.task.count_tables()) == {"ni.ctx", "ni.succ", "ni.pop", "ni.stats"}
     assert Config().override("learner.task=next-item", "model.counts=none").model.counts == "none"
+
+
+def test_a_training_batch_is_predicted_with_its_earlier_transitions_counted():
+    """The learner's outputs for a training batch (a prequential replay's predictions)
+    read the count part in order: a transition shown earlier in the batch lifts its item
+    for a later example with the same last item; the step's loss and a query read the
+    tables as they are."""
+    learner = _learner()
+    learner.learn_many(_records(400, 0))
+    batch = learner.prepare([{"key": "a", "item": "i1"}, {"key": "b", "item": "i1"},
+                             {"key": "a", "item": "zz"}, {"key": "b", "item": "zz"}], train=True)
+    assert batch.examples == 2 and batch.example_records.tolist() == [2, 3]
+    task, code = learner.task, learner.task.code
+    got = learner.outputs(batch).numpy()  # (2, m, size) log P
+    ctx = batch.counts["ctx"]
+    stored = _dense_of(task.counter.components(ctx))
+    in_order = _dense_of(task.counter.components(ctx, (batch.targets["hashes"], batch.counts["every"],
+                                                       batch.example_records)))
+    zz = code.ids(["zz"])[0]
+    assert (in_order[1, range(code.m), zz] > 10 * stored[1, range(code.m), zz]).all()  # a's i1 -> zz counted
+    query = learner.prepare([{"tokens": ["i1"], "key": "b"}], train=False)
+    asked = learner.outputs(query).numpy()[0]
+    assert (got[1, range(code.m), zz] > asked[range(code.m), zz] + 1).all()
 
 
 def test_the_part_round_trips_through_incremental_checkpoints_and_snapshots(tmp_path):

@@ -110,7 +110,8 @@ class Transitions:
 
     # ------------------------------------------------------------------ scores
 
-    def components(self, ctx: np.ndarray) -> tuple[np.ndarray, ...]:
+    def components(self, ctx: np.ndarray,
+                   in_order: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
         """Q_j(b | c) of examples with context keys ``ctx`` (n, ORDERS) (the module
         docstring's Witten-Bell backoff) as a shared dense term plus sparse entries:
 
@@ -120,15 +121,26 @@ class Transitions:
           successor's bucket, ``value`` (E,) float32 its mass (two successors sharing a
           bucket are two entries: they add up);
         - ``evidence`` (n, 2 ORDERS) float32: log(1 + n_o(c)), log(1 + T_o(c)), 0 if unseen.
+
+        ``in_order`` = (``codes`` (n, m), ``every`` (M, m), ``before`` (n,)) for a training
+        batch predicted before it is learned: the examples' answers, every event's item
+        and the number of events before each example. Example i's Q then counts what the
+        batch holds before it, as a baseline learning record by record does: the
+        transitions of the examples before it (:meth:`_batch_prefix`) and the items of
+        the events before it.
         """
         n, m, size = len(ctx), self.m, self.size
         flat = ctx.reshape(-1)
         slot = np.where(flat != 0, self.ctx.find(flat), -1)  # (n * ORDERS,)
         vals = np.where((slot >= 0)[:, None], self.ctx.get(flat), 0.0)  # (n * ORDERS, 2)
-        evidence = np.log1p(vals).astype(np.float32).reshape(n, 2 * ORDERS)
         counts = np.where((slot >= 0)[:, None], self._counts[np.maximum(slot, 0)], 0.0)  # (n ORDERS, S)
         held = counts.sum(1)  # n_o(c): Space-Saving keeps the sum of the counts equal to the events
         types = np.where(held > 0, np.maximum(vals[:, 1], 1.0), 0.0)  # T_o(c)
+        if in_order is not None:
+            events, new_types, (ex, earlier, order) = self._batch_prefix(ctx, slot, in_order[0])
+            held, types = held + events, types + new_types
+            vals = vals + np.stack([events, new_types], 1)
+        evidence = np.log1p(vals).astype(np.float32).reshape(n, 2 * ORDERS)
         keep = (held / np.maximum(held + types, 1.0)).reshape(n, ORDERS)  # the mass an order keeps
         backed = np.where(held > 0, types / np.maximum(held + types, 1.0), 1.0).reshape(n, ORDERS)
         # highest order first: order o's entries get the mass the orders above backed off
@@ -137,11 +149,46 @@ class Transitions:
         e, place = np.nonzero(counts > 0)  # (E',) the (example, order) and the place of every successor held
         value = (counts[e, place] * scale[e]).astype(np.float32)
         codes = self._codes[slot[e], place].astype(np.int64)  # (E', m)
-        at = (((e // ORDERS)[:, None] * m + np.arange(m)) * size + codes).reshape(-1)  # (E' m,)
+        rows = e // ORDERS  # (E',) each entry's example
         N = float(self._stats[0])
         pop = ((self._pop + 0.5) / (N + 0.5 * size)).astype(np.float32)
-        base = backed.prod(1).astype(np.float32)  # (n,)
-        return pop, base, at, np.repeat(value, m), evidence
+        base = backed.prod(1)  # (n,)
+        if in_order is not None:
+            # the batch's transitions before each example: one entry per earlier example
+            prefix = ex * ORDERS + order
+            value = np.concatenate([value, scale[prefix].astype(np.float32)])
+            codes = np.concatenate([codes, in_order[0][earlier].astype(np.int64)])
+            rows = np.concatenate([rows, ex])
+            # popularity with the events before each example counted: the shared term at
+            # N / (N + before) of its weight, the earlier events' items as entries
+            every, before = in_order[1], np.asarray(in_order[2], dtype=np.float64)
+            weight = base / (N + 0.5 * size + before)  # (n,) one event's mass in example i's Q
+            base = base * (N + 0.5 * size) / (N + 0.5 * size + before)
+            i, k = np.nonzero(np.arange(len(every))[None, :] < before[:, None])  # (example, earlier event)
+            value = np.concatenate([value, weight[i].astype(np.float32)])
+            codes = np.concatenate([codes, every[k].astype(np.int64)])
+            rows = np.concatenate([rows, i])
+        at = ((rows[:, None] * m + np.arange(m)) * size + codes).reshape(-1)  # (E m,)
+        return pop, base.astype(np.float32), at, np.repeat(value, m), evidence
+
+    def _batch_prefix(self, ctx: np.ndarray, slot: np.ndarray, codes: np.ndarray):
+        """What the examples before each one add to its contexts' counts (n examples,
+        ``ctx`` (n, ORDERS), their slots ``slot`` (n * ORDERS,), answers ``codes`` (n, m)):
+        events (n * ORDERS,) and new successor types (n * ORDERS,) per (example, order),
+        and (example, earlier example, order) of every earlier example with the same
+        context. A successor is new unless the context holds it (counted) or an earlier
+        example of the batch already added it."""
+        n = len(ctx)
+        earlier = np.arange(n)[:, None] > np.arange(n)[None, :]  # (i, j): j before i
+        same = (ctx[:, None, :] == ctx[None, :, :]) & (ctx[None, :, :] != 0) & earlier[:, :, None]  # (i, j, o)
+        where = np.maximum(slot, 0).reshape(n, ORDERS)
+        held = ((self._codes[where] == codes[:, None, None, :]).all(-1)
+                & (self._counts[where] > 0)).any(-1) & (slot.reshape(n, ORDERS) >= 0)  # (n, o)
+        repeat = (same & (codes[:, None, :] == codes[None, :, :]).all(-1)[:, :, None]).any(1)  # (n, o)
+        new = ~held & ~repeat
+        events = same.sum(1).reshape(-1).astype(np.float64)
+        new_types = (same & new[None, :, :]).sum(1).reshape(-1).astype(np.float64)
+        return events, new_types, np.nonzero(same)
 
     # ------------------------------------------------------------------ counting
 

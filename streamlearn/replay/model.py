@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..batching import Batch
 from ..decoding import CandidateIndex
 from ..exceptions import StreamlearnError
 from ..learner import Learner, StepReport
@@ -40,7 +41,10 @@ class ModelContestant:
     would take; ``learn`` hands back its report. A labels task scores and learns in one
     ``predict_learn_batch`` call (at depth 0 one forward for both); next-token answers
     each position from the training batch's outputs (``topk_batch``), whose count scores
-    see the batch's earlier records, as the counting baselines' do.
+    see the batch's earlier records, as the counting baselines' do; next-item each
+    record whose key had an item, from the same outputs, its transition counts seeing
+    the batch's earlier records and its list holding the items they brought
+    (``Task.fresh``), minus the key's earlier items.
     """
 
     def __init__(self, name: str, learner: Learner, learning: bool, k: int, fused: bool):
@@ -59,11 +63,13 @@ class ModelContestant:
     # ------------------------------------------------------------------ predict
 
     def predict(self, events: Sequence[Event]) -> list:
-        if not events:
-            return []
-        if self.labels:
-            return self._fused_proba(events) if self.fused else self._proba(events)
-        return self._fused_topk(events) if self.fused else self._topk(events)
+        """A prediction per arrived event, in order (None for one not evaluated: a
+        next-item key's first)."""
+        if self.fused:
+            return self._fused_proba(events) if self.labels else self._fused_topk(events)
+        asked = [e for e in events if e.evaluate]
+        preds = iter((self._proba(asked) if self.labels else self._topk(asked)) if asked else [])
+        return [next(preds) if e.evaluate else None for e in events]
 
     def _proba(self, events: Sequence[Event]) -> list[dict]:
         return self.learner.predict_proba_many([e.record for e in events])
@@ -80,19 +86,44 @@ class ModelContestant:
         rows = iter(probs.tolist())
         return [{} if i in rejected else dict(zip(labels, next(rows))) for i in range(len(events))]
 
-    def _fused_topk(self, events: Sequence[Event]) -> list[list[str]]:
-        """Each event's k best answers from the training batch of its records, before its
-        step (one example per event, in order: ``Task.events_are_examples``), then the step."""
+    def _fused_topk(self, events: Sequence[Event]) -> list[list[str] | None]:
+        """Each evaluated event's k best answers from the training batch of its records,
+        before its step (one example per evaluated event, in order:
+        ``Task.events_are_examples``), then the step."""
         firsts = _first_of_each_record(events)
         batch = self.learner.prepare([e.record for e in firsts], train=True)
-        tops = iter(self.learner.topk_batch(batch, self.k))  # one per example
+        rejected = {firsts[i].position for i, _ in batch.rejected}
+        kept = [e for e in events if e.position not in rejected]
+        exclude = self._batch_exclusions(batch, kept) if any(e.key is not None for e in kept) else None
+        tops = iter(self.learner.topk_batch(batch, self.k, exclude=exclude))  # one per example
         self._learned = (tuple(e.position for e in firsts), self.learner.learn_batch(batch))
         self.steps += 1
-        rejected = {firsts[i].position for i, _ in batch.rejected}
-        out = [[] if e.position in rejected else next(tops, None) for e in events]
-        if next(tops, None) is not None or any(top is None for top in out):
+        out: list[list[str] | None] = []
+        for e in events:
+            top = [] if e.position in rejected else next(tops, None) if e.evaluate else None
+            if e.evaluate and top is None:
+                break
+            out.append(top if top is None or isinstance(top, list) else top.tokens)
+        if len(out) < len(events) or next(tops, None) is not None:
             raise StreamlearnError("replay: a record's events and its training examples differ (internal order error)")
-        return [top if isinstance(top, list) else top.tokens for top in out]
+        return out
+
+    def _batch_exclusions(self, batch: Batch, events: Sequence[Event]) -> list[np.ndarray]:
+        """Per evaluated event of a fused keyed batch, the candidate ids its key already
+        had: those the index holds, and the batch's new items (``Task.fresh``, ids after
+        the index's) the key had earlier in the batch."""
+        fresh = self.learner.task.fresh(batch)
+        n = len(self.learner.index)
+        ids = {} if fresh is None else {t: n + j for j, t in enumerate(fresh.tokens)}
+        had: dict[str, list[int]] = {}
+        out = []
+        for e in events:
+            mine = had.setdefault(e.key, [])
+            if e.evaluate:
+                out.append(np.concatenate([self._had_ids(e), np.array(mine, dtype=np.int64)]) if mine else self._had_ids(e))
+            if e.target in ids:
+                mine.append(ids[e.target])
+        return out
 
     def _topk(self, events: Sequence[Event]) -> list[list[str]]:
         """The k best candidates of every event, minus the items its key already had."""
@@ -146,8 +177,9 @@ class _KeyItems:
 
     A key's events are predicted in stream order, so each event's items are the previous
     event's plus new ones: only those are looked up. An item not in the index yet (in
-    prequential mode, learned later in the same mini-batch) cannot be predicted, so it
-    needs no excluding until it joins; it is retried when the index has grown.
+    prequential mode, learned later in the same mini-batch) is no candidate of a query;
+    a fused batch, which lists it (``Task.fresh``), excludes it itself
+    (:meth:`ModelContestant._batch_exclusions`). It is retried when the index has grown.
     """
 
     __slots__ = ("_buf", "_n", "_resolved", "_pending", "_index_size")

@@ -175,7 +175,7 @@ class _Loop:
     def run(self, items: Iterable[Item]) -> None:
         for chunk in self._chunks(itertools.islice(items, self.r.options.limit)):
             arrived = self._arrive(chunk)
-            self._predict([e for e in arrived if e.evaluate])
+            self._predict(arrived)
             self._baselines_record_by_record(arrived)
             self.pending.extend(arrived)
             self._reveal_due(self.position - self.r.options.delay)
@@ -218,13 +218,16 @@ class _Loop:
             self.r.examples.append({"position": self.position, "where": origin, "reason": reason})
 
     # ---- 2. the models' predictions at arrival, per mini-batch
-    def _predict(self, events: list[Event]) -> None:
+    def _predict(self, arrived: list[Event]) -> None:
+        """Every arrived event goes to the models (a fused batch learns them all); the
+        evaluated ones get their predictions."""
         for c in self.r.models:
             started = time.perf_counter()
-            preds = c.impl.predict(events)
+            preds = c.impl.predict(arrived)
             c.seconds += time.perf_counter() - started
-            for e, p in zip(events, preds):
-                e.preds[c.name] = p
+            for e, p in zip(arrived, preds):
+                if e.evaluate:
+                    e.preds[c.name] = p
 
     # ---- 3. the baselines, one record at a time
     def _baselines_record_by_record(self, arrived: list[Event]) -> None:

@@ -28,7 +28,7 @@ from ..batching import Batch, Preparer, seed_of
 from ..config import Config
 from ..counts.part import CountPart, count_order, count_seed
 from ..counts.table import distinct
-from ..decoding import CandidateIndex, PatternIndex, TopK
+from ..decoding import CandidateIndex, Fresh, PatternIndex, TopK
 from ..device import Device
 from ..embeddings.base import add_sparse_grad
 from ..exceptions import StreamlearnError
@@ -134,8 +134,9 @@ class Task:
     # tiny batches fill the row optimizers' accumulators with large gradients, and MovieLens
     # fell from 1.408x to 1.383x of Markov (seed 0).
     ramps_up: ClassVar[bool] = False
-    # A replay's events of a record are its training examples, in order (next-token: one
-    # per position), so a prequential replay predicts them from the training batch before
+    # A replay's evaluated events of a record are its training examples, in order
+    # (next-token: one per position; next-item: one per record whose key had an item
+    # before), so a prequential replay predicts them from the training batch before
     # learning it (replay.model.ModelContestant) rather than from separate queries.
     events_are_examples: ClassVar[bool] = False
     target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
@@ -231,6 +232,11 @@ class Task:
     def whole_tables(self, model: HashedTransformer) -> frozenset[str]:
         """Row tables a query reads in full (a tied softmax output reads every row)."""
         return frozenset()
+
+    def fresh(self, batch: Batch) -> Fresh | None:
+        """Candidates a training batch brings that the candidate index does not hold yet,
+        which its own predictions may name (next-item); None: none."""
+        return None
 
     def hits(self, model: HashedTransformer, batch: Batch, dev: Device) -> int | None:
         """Correct answers on a training batch predicted before it is learned (the
