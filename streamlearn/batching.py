@@ -385,6 +385,8 @@ def check_query(obj: Any, i: int, empty_tokens: bool = False) -> None:
     text, tokens, key = fields.get("text"), fields.get("tokens"), fields.get("key")
     if isinstance(key, str):
         valid_utf8(f"query {i}: key", key)
+    if fields.get("exclude") is not None:
+        exclusions(fields["exclude"], i)
     if tokens is not None:
         if isinstance(tokens, (list, tuple)):
             if not tokens and not empty_tokens and key is None:
@@ -399,6 +401,23 @@ def check_query(obj: Any, i: int, empty_tokens: bool = False) -> None:
             raise RecordError(f"bad-value: query {i}: text is empty or only whitespace: send at least one word"
                               + (' (top-k of a first token or a new key: "tokens": [])' if empty_tokens else ""))
         valid_utf8(f"query {i}: text", text)
+
+
+def exclusions(exclude: Any, i: int) -> list[str]:
+    """A top-k query's ``exclude``: the tokens (str) or ids (int) its list must leave out,
+    canonical; RecordError unless it is a list of them."""
+    if not isinstance(exclude, (list, tuple)):
+        raise RecordError(f"wrong-type: query {i}: exclude must be a list of tokens or item ids (str or int), "
+                          f"got {type(exclude).__name__}")
+    out = []
+    for j, token in enumerate(exclude):
+        token = plain_int(token)
+        if isinstance(token, bool) or not isinstance(token, (str, int)):
+            raise RecordError(f"wrong-type: query {i}: exclude[{j}] must be a str or an int, got {type(token).__name__}")
+        if isinstance(token, str):
+            valid_utf8(f"query {i}: exclude[{j}]", token)
+        out.append(canonical_id(token))
+    return out
 
 
 def _as_record(obj: Any) -> Record:

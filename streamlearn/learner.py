@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from river import base as river_base
 
-from .batching import QUERY_MASK, Batch, Schedule, seed_of
+from .batching import QUERY_MASK, Batch, Schedule, exclusions, fields_of, record_list, seed_of
 from .compiled_loading import WhenLoaded
 from .config import Config
 from .decoding import TopK, check_beam, check_k
@@ -438,13 +438,27 @@ class Learner(river_base.Classifier):
         mlm: at the first ``[MASK]`` of the record's tokens or text (one is appended when
         there is none: "complete this set"); next-item: after the key's history (or after
         the record's ``tokens``, if given). Candidates are the tokens the stream has shown;
-        ``exclude``: per record, candidate ids to leave out (``index.ids(tokens)``).
+        a record's ``exclude`` (tokens or item ids) and ``exclude`` here (per record,
+        candidate ids, ``index.ids(tokens)``) are left out of its list.
         ``TopK.exact`` is Superbloom's certificate (always True for T-Free and classify).
         ``beam`` (the hashed head's search width): ``learner.beam``, or k if larger; a
         beam given below k can list fewer than k answers.
         """
         check_k(k), check_beam(beam)  # before the records are prepared
-        return self.topk_batch(self.prep.query(records, empty_tokens=True), k, beam, exclude)
+        records = record_list(records)
+        batch = self.prep.query(records, empty_tokens=True)
+        return self.topk_batch(batch, k, beam, self.query_exclusions(records, exclude))
+
+    def query_exclusions(self, records: list, exclude: Sequence[np.ndarray] | None = None) -> list[np.ndarray] | None:
+        """Per query record, the candidate ids its list leaves out: its ``exclude`` field's
+        tokens (:func:`~streamlearn.batching.exclusions`; checked by ``prep.query``) and
+        ``exclude``'s ids; None where there are none."""
+        asked = [fields_of(r).get("exclude") for r in records]
+        if all(e is None for e in asked):
+            return exclude
+        ids = [self.index.ids(exclusions(e, i)) if e is not None else np.empty(0, dtype=np.int64)
+               for i, e in enumerate(asked)]
+        return ids if exclude is None else [np.concatenate([a, np.asarray(b, dtype=np.int64)]) for a, b in zip(ids, exclude)]
 
     def topk_batch(self, batch: Batch, k: int = 10, beam: int | None = None,
                    exclude: Sequence[np.ndarray] | None = None) -> list[TopK]:

@@ -5,8 +5,8 @@ Endpoints (JSON; the OpenAPI document is at ``/openapi.json``):
 
 - ``POST /v1/predict``: ``text`` or ``tokens`` -> ``label`` and ``probs`` (classify);
 - ``POST /v1/topk``: ``text``/``tokens`` (mlm: the ``[MASK]`` to fill; next-token: the prefix)
-  or ``key``/``tokens`` (next-item) -> ``tokens``, ``scores`` (log-probabilities) and the
-  ``exact`` certificate;
+  or ``key``/``tokens`` (next-item), ``exclude`` the answers to leave out -> ``tokens``,
+  ``scores`` (log-probabilities) and the ``exact`` certificate;
 - ``POST /v1/embed``: ``text`` or ``tokens`` -> each token's input vector;
 - ``POST /v1/explain``: per-token contributions to an answer (:mod:`streamlearn.service_explain`);
 - ``GET /v1/snapshot`` (the manifest), ``GET /healthz``, ``GET /metrics`` (Prometheus);
@@ -69,6 +69,7 @@ __all__ = ["Settings", "create_app"]
 CHARS_PER_TOKEN = 64  # a text may be up to max_tokens * this many characters
 MAX_TOKEN_CHARS = MAX_NAME_CHARS  # one token (or key) string: as a record's label, key or item
 MAX_K = 1000
+MAX_EXCLUDE = 10_000  # tokens or items one top-k query may leave out
 MAX_BEAM = 10_000
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 COALESCE_RECORDS = 64  # records per coalesced snapshot call (a larger batch request runs alone)
@@ -127,6 +128,7 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
                       ' (/v1/topk asks for a first token or a new key\'s first item with "tokens": [])')
     Tokens = Annotated[list[Token], Field(min_length=1, max_length=cfg.max_tokens)]
     Context = Annotated[list[Token], Field(min_length=0, max_length=cfg.max_tokens)]  # top-k's: may be empty
+    Exclude = Annotated[list[Token], Field(max_length=MAX_EXCLUDE)]  # top-k: answers to leave out
     forbid = ConfigDict(extra="forbid")
 
     class Query(BaseModel):
@@ -144,12 +146,14 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
     class TopKQuery(BaseModel):
         """mlm: ``text`` or ``tokens`` with a ``[MASK]`` (appended if absent); next-token:
         the prefix, ``text`` or ``tokens`` (``[]``: a record's first token); next-item:
-        ``key`` (its stored history) or ``tokens`` (a history given explicitly)."""
+        ``key`` (its stored history) or ``tokens`` (a history given explicitly). ``exclude``:
+        tokens or items the list leaves out (e.g. what the key already had)."""
 
         model_config = forbid
         text: Text | None = None
         tokens: Context | None = None
         key: Token | None = None
+        exclude: Exclude | None = None
 
         @model_validator(mode="after")
         def _one_input(self):
@@ -173,13 +177,15 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
             return self
 
     class TopKRequest(BaseModel):
-        """One query (``text``, ``tokens`` or ``key``) or a batch (``records``); ``k``
-        answers each, beam width ``beam`` (default: the model's ``learner.beam``)."""
+        """One query (``text``, ``tokens`` or ``key``, with its ``exclude``) or a batch
+        (``records``, each with its own); ``k`` answers each, beam width ``beam`` (default:
+        the model's ``learner.beam``)."""
 
         model_config = forbid
         text: Text | None = None
         tokens: Context | None = None
         key: Token | None = None
+        exclude: Exclude | None = None
         records: TopKBatch | None = None
         k: int = Field(10, ge=1, le=MAX_K, strict=True)
         beam: int | None = Field(None, ge=1, le=MAX_BEAM, strict=True)
@@ -187,6 +193,8 @@ def _request_models(cfg: ServiceConfig) -> dict[str, type[BaseModel]]:
         @model_validator(mode="after")
         def _one_input(self):
             _exactly_one(self, ("text", "tokens", "key", "records"))
+            if self.records is not None and self.exclude is not None:
+                raise ValueError("exclude goes inside each of records (one list per query)")
             return self
 
     return {"QueryRequest": QueryRequest, "TopKRequest": TopKRequest}
@@ -381,7 +389,7 @@ def _add_query_routes(app: FastAPI, snapshot: Snapshot, cfg: ServiceConfig, coal
     async def topk(request: TopKRequest) -> JSONResponse:
         """The k best tokens (task mlm: at the [MASK]; next-token: after the prefix;
         next-item: after the history)."""
-        records, batch = _records(request, ("text", "tokens", "key"))
+        records, batch = _records(request, ("text", "tokens", "key", "exclude"))
         _check_size(records, cfg.max_request_tokens)
         k, beam = request.k, request.beam
         answer = await coalescer.run(("topk", k, beam), lambda rs: snapshot.topk(rs, k=k, beam=beam), records)

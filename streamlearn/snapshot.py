@@ -207,15 +207,17 @@ class Snapshot:
         (tokens, scores as log-probabilities, ``exact`` certificate). mlm fills the first
         ``[MASK]`` of ``text`` or ``tokens`` (appended when absent); next-token continues
         the prefix ``text`` or ``tokens`` (empty: a record's first token); next-item
-        continues ``tokens`` or the stored history of ``key``."""
+        continues ``tokens`` or the stored history of ``key``. A record's ``exclude`` (a
+        list of tokens or item ids, e.g. what a user already had) leaves them out of its
+        list, which still holds k answers where the candidates allow."""
         if self._learner.task.answers == "labels":
             raise TaskMismatchError(
                 "the model's task is classify: top-k decodes tokens for tasks mlm, next-token and next-item; "
                 "use predict / predict_proba (POST /v1/predict) for labels"
             )
         k, beam = check_k(k), check_beam(beam)  # before a query waits for the lock
-        return self._answer(records, lambda rs, batch: self._learner.topk_batch(batch, k=k, beam=beam),
-                            prepare=self._topk_batch)
+        return self._answer(records, lambda rs, batch: self._learner.topk_batch(
+            batch, k=k, beam=beam, exclude=self._learner.query_exclusions(rs)), prepare=self._topk_batch)
 
     def embed(self, records: Iterable) -> Answer:
         """:class:`TokenVectors` per record (``text`` or ``tokens``): each token's input
@@ -296,7 +298,10 @@ class Snapshot:
 
     def _history_query(self, record: Mapping) -> dict:
         key = canonical_id(record["key"])
-        return {"tokens": self._reader.history(key), "key": key}
+        query = {"tokens": self._reader.history(key), "key": key}
+        if record.get("exclude") is not None:
+            query["exclude"] = record["exclude"]
+        return query
 
     def _embed_feats(self, records: list) -> tuple[dict[str, np.ndarray], tuple]:
         lists = [self._record_tokens(r, i) for i, r in enumerate(records)]

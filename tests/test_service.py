@@ -111,6 +111,38 @@ def test_topk_continues_a_prefix_and_an_empty_one_asks_for_a_first_token(clients
     assert empty.status_code == 200 and len(empty.json()["tokens"]) == 2
 
 
+@pytest.mark.parametrize("task", ["next-item", "next-token", "mlm"])
+def test_topk_leaves_out_what_a_query_excludes_and_still_lists_k(clients, task):
+    """``exclude`` (e.g. the items a user already had) takes answers out of a list, which
+    is then the next best ones, k long: by key and by tokens, alone and in a batch, over
+    HTTP as in Python; a bad list is a 422 that names it."""
+    client = clients[task]
+    query = {"key": "u1"} if task == "next-item" else {"tokens": ["w1", "[MASK]"]} if task == "mlm" else {"text": "w1 w2"}
+    full = client.post("/v1/topk", json={**query, "k": 6}).json()["tokens"]
+    got = client.post("/v1/topk", json={**query, "k": 4, "exclude": full[:2] + ["never-seen"]}).json()
+    assert got["tokens"] == full[2:6]
+    batch = client.post("/v1/topk", json={"records": [{**query, "exclude": full[:1]}, query], "k": 2}).json()
+    assert [r["tokens"] for r in batch["results"]] == [full[1:3], full[:2]]
+    snap = client.app.state.snapshot
+    assert snap.topk([{**query, "exclude": full[:2]}], k=4).values[0].tokens == full[2:6]
+    for bad in ("w1", [True], [["w1"]], [{"a": 1}]):
+        r = client.post("/v1/topk", json={**query, "exclude": bad})
+        assert r.status_code == 422 and "exclude" in r.text, r.text
+    r = client.post("/v1/topk", json={"records": [query], "exclude": ["w1"]})
+    assert r.status_code == 422 and "inside each of records" in r.text
+
+
+def test_learner_topk_many_reads_a_records_exclude_list():
+    learner = Learner(Config().override(*SMALL, "learner.task=next-item"))
+    learner.learn_many(stream("next-item", 64, random.Random(1)))
+    full = learner.topk_many([{"key": "u1"}], k=5)[0].tokens
+    assert learner.topk_many([{"key": "u1", "exclude": full[:3]}], k=2)[0].tokens == full[3:5]
+    ids = [learner.index.ids(full[:1])]
+    assert learner.topk_many([{"key": "u1", "exclude": [full[1]]}], k=2, exclude=ids)[0].tokens == full[2:4]
+    with pytest.raises(RecordError, match="exclude must be a list"):
+        learner.topk_many([{"key": "u1", "exclude": "w1"}], k=2)
+
+
 def test_embed_gives_a_vector_per_token(clients):
     body = clients["classify"].post("/v1/embed", json={"tokens": ["w1", 2, "new"]}).json()
     assert body["tokens"] == ["w1", "2", "new"] and body["dim"] == 16
