@@ -324,6 +324,24 @@ def test_compare_two_snapshots_on_the_same_records(tmp_path):
     assert cmp["diff"]["accuracy"] < 0  # b learned 6 records, a 160
 
 
+def test_prequential_compare_of_next_item_snapshots_that_know_other_keys(tmp_path):
+    """Two next-item snapshots whose keys differ, compared prequentially: the events follow
+    the first one's histories, so both are asked by queries (was: B predicted from its own
+    training batch, whose examples follow B's histories, and the replay crashed with
+    "exclude has 64 entries for 4 positions", or scored B's lists against other events)."""
+    a = [{"key": f"x{i % 9}", "item": f"i{(i * 5) % 13}"} for i in range(120)]
+    b = [{"key": f"y{i % 4}", "item": f"i{(i * 3) % 13}"} for i in range(40)]
+    mixed = [{"key": f"{'x' if i % 3 else 'y'}{i % 5}", "item": f"i{(i * 7) % 13}"} for i in range(96)]
+    for name, records in (("a", a), ("b", b)):
+        replay(FileSource(write_jsonl(tmp_path / f"{name}.jsonl", records)), ReplayOptions(k=3),
+               config=cfg(base=TINY_ITEMS), save=tmp_path / name)
+    both = replay(FileSource(write_jsonl(tmp_path / "m.jsonl", mixed)), ReplayOptions(k=3),
+                  compare=(tmp_path / "a", tmp_path / "b"))
+    alone = replay(FileSource(tmp_path / "m.jsonl"), ReplayOptions(k=3, delay=0), compare=(tmp_path / "a", tmp_path / "a"))
+    assert both["models"]["a"]["recall@3"] == alone["models"]["a"]["recall@3"] == alone["models"]["b"]["recall@3"]
+    assert 0 <= both["models"]["b"]["recall@3"] <= 1 and both["evaluated"] == alone["evaluated"]
+
+
 def test_next_item_file_replay_with_top_k_baselines(tmp_path):
     path = movielens(tmp_path / "u.data")
     report = replay(FileSource(path), ReplayOptions(k=3, window=30, baselines=("popularity", "markov")),
@@ -358,6 +376,24 @@ def test_a_mini_batch_of_first_events_only_is_learned_and_scores_nothing(tmp_pat
     report = replay(FileSource(write_jsonl(tmp_path / "firsts.jsonl", records)), ReplayOptions(k=3),
                     config=cfg("learner.batch_size=16", base=TINY_ITEMS))
     assert report["not_evaluated"] == 16 and report["evaluated"] == 48
+
+
+def test_next_item_ids_that_are_empty_or_hold_the_models_marks_are_bad_records(tmp_path):
+    """An empty key or item, or one holding \\x00-\\x02 (the marks of the model's own recency
+    and key tokens, and the context keys' separator), is refused with its reason, by the
+    learner and by the replay alike (was: accepted, and "\\x02u1" read as the key token
+    of u1); the events after it are scored as usual, in either replay path."""
+    odd = [{"key": "a", "item": ""}, {"key": "", "item": "x"}, {"key": "\x02u1", "item": "y"},
+           {"key": "a", "item": "\x011:i1"}, {"key": "a", "item": "i\x00j"}]
+    records = odd + [{"key": f"u{i % 3}", "item": f"i{i % 5}"} for i in range(30)] + [{"key": "a", "item": "x"}]
+    learner = Learner(cfg(base=TINY_ITEMS))
+    rejected = learner.learn_many(odd).rejected
+    assert [i for i, _ in rejected] == [0, 1, 2, 3, 4] and all("bad-value" in str(e) for _, e in rejected)
+    path = write_jsonl(tmp_path / "odd.jsonl", records)
+    for delay in (0, 1):
+        report = replay(FileSource(path), ReplayOptions(k=3, delay=delay), config=cfg(base=TINY_ITEMS))
+        assert report["bad_records"]["reasons"] == {"bad-value": 5} and report["rejected_records"]["total"] == 0
+        assert report["not_evaluated"] == 4 and report["evaluated"] == 27  # u0-u2's and a's first
 
 
 def test_the_task_of_a_file_brings_its_defaults_and_replays_it(tmp_path):

@@ -261,6 +261,22 @@ def test_a_training_batch_is_predicted_with_its_earlier_transitions_counted():
     assert (got[1, range(code.m), zz] > asked[range(code.m), zz] + 1).all()
 
 
+def test_a_training_batch_past_the_in_order_size_reads_the_tables(monkeypatch):
+    """Reading a batch in order costs an entry per pair of its records: a batch of more
+    than IN_ORDER_RECORDS reads the tables and the index as they are."""
+    from streamlearn.tasks import next_item
+
+    learner = _learner()
+    learner.learn_many(_records(400, 0))
+    monkeypatch.setattr(next_item, "IN_ORDER_RECORDS", 3)
+    batch = learner.prepare([{"key": "a", "item": "i1"}, {"key": "b", "item": "i1"},
+                             {"key": "a", "item": "zz"}, {"key": "b", "item": "zz"}], train=True)
+    got = learner.outputs(batch).numpy()
+    asked = learner.outputs(learner.prepare([{"tokens": ["i1"], "key": "b"}], train=False)).numpy()[0]
+    np.testing.assert_allclose(got[1], asked, rtol=1e-5, atol=1e-5)
+    assert learner.task.fresh(batch) is None
+
+
 def test_the_part_round_trips_through_incremental_checkpoints_and_snapshots(tmp_path):
     """Dirty rows only, a restore, a snapshot, and training on: the restored learner and
     the snapshot answer as the live one, and the restored one keeps learning alike."""

@@ -126,7 +126,9 @@ def run_replay(items: Iterable[Item], learners: dict[str, Learner], options: Rep
     first = next(iter(learners.values()))
     task, k = first.task, options.k
     learning = options.mode == "prequential"
-    fused = options.delay == 0
+    # fused: each model predicts from its training batch; not for two models whose stored
+    # states the events would have to follow both (Task.events_read_state)
+    fused = options.delay == 0 and (len(learners) == 1 or not task.events_read_state)
     contestants = [Contestant(name, ModelContestant(name, lr, learning, k, fused), _metrics(task.answers, options))
                    for name, lr in learners.items()]
     baselines, skipped = build_baselines(options.baselines, task.name, k, options.seed)

@@ -139,6 +139,10 @@ class Task:
     # before), so a prequential replay predicts them from the training batch before
     # learning it (replay.model.ModelContestant) rather than from separate queries.
     events_are_examples: ClassVar[bool] = False
+    # A replay's events read the first learner's stored state (next-item: each key's history
+    # decides whether an event is scored and what it excludes), so a second learner's
+    # training batch (replay --compare) would not match them: it is asked by queries.
+    events_read_state: ClassVar[bool] = False
     target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
     Preparer: ClassVar[type[Preparer]]
 

@@ -54,6 +54,11 @@ __all__ = ["MixtureHead", "NextItem", "NextItemPreparer", "RECENT", "TransitionH
 
 RECENT = "\x01"  # starts a recency token (NextItemPreparer.model_input); a control character, not an id
 KEY = "\x02"  # starts the key's own token (learner.key_token)
+RESERVED = frozenset("\x00" + RECENT + KEY)  # not in a key or an item: the context keys join items with \x00
+# A training batch of at most this many records is predicted in order (NextItem.logits,
+# NextItem.fresh): its in-order counts hold an entry per pair of a record and one before it
+# (a batch of 6,000 took 3.6 GB); a larger one reads the tables and the index as they are.
+IN_ORDER_RECORDS = 1024
 # learner.place_weights: one learned weight per place of the input, exp(0) = 1 at the start.
 # Places 0 .. HISTORY_PLACES - 1 are the history's items from the most recent back (older
 # ones share the last), then one per recency token (those past the table share its last),
@@ -75,6 +80,10 @@ class NextItemPreparer(TokenPreparer):
     def validate(self, rec: Record) -> None:
         if rec.key is None or rec.item is None:
             raise RecordError("missing-field: key and item (task next-item)")
+        for name, value in (("key", rec.key), ("item", rec.item)):
+            if isinstance(value, str) and (not value or RESERVED.intersection(value)):
+                raise RecordError(f"bad-value: {name} {value!r} is empty or holds a character \\x00-\\x02, which "
+                                  "the model reserves to mark its own tokens (task next-item)")
         return None
 
     def fill_train(self, batch: Batch, accepted: list, rng: np.random.Generator) -> None:
@@ -193,6 +202,7 @@ class NextItem(TokenTask):
     name = "next-item"
     target_field = "item"
     events_are_examples = True  # a record whose key had an item is an example and an evaluated event
+    events_read_state = True  # ... by the learner's stored histories
     Preparer = NextItemPreparer
 
     @staticmethod
@@ -235,18 +245,24 @@ class NextItem(TokenTask):
     def logits(self, model: HashedTransformer, batch: Batch, dev: Device) -> torch.Tensor:
         """A training batch predicted before its step (a prequential replay's) gives each
         example the counts of the batch's events before it too, as a baseline learning
-        record by record has them; a query batch reads the tables."""
+        record by record has them (:meth:`in_order`); a query batch reads the tables."""
         if self.counter is None:
             return super().logits(model, batch, dev)
         states = self.readout(model, batch, dev.tensors(batch.feats), dev)
-        return model.head(states, self._tied(model), self.experts(batch, dev, in_order=batch.train))
+        return model.head(states, self._tied(model), self.experts(batch, dev, in_order=self.in_order(batch)))
+
+    @staticmethod
+    def in_order(batch: Batch) -> bool:
+        """Whether ``batch``'s predictions read it in order: a training batch of at most
+        :data:`IN_ORDER_RECORDS` records."""
+        return batch.train and len(batch.candidates) <= IN_ORDER_RECORDS
 
     def fresh(self, batch: Batch) -> Fresh | None:
         """A training batch's items the candidate index does not hold yet, in stream order,
         each a candidate for the examples after the record that first showed it: predicted
         before its step, a batch can name an item it brought, as a baseline learning record
         by record can (None: none, or a query batch)."""
-        if not batch.train or batch.example_records is None or not isinstance(self.code, HashedCode):
+        if not self.in_order(batch) or batch.example_records is None or not isinstance(self.code, HashedCode):
             return None
         items = list(dict.fromkeys(batch.candidates))
         new = [t for t, i in zip(items, self.index.ids(items).tolist()) if i < 0]
@@ -304,8 +320,7 @@ class NextItem(TokenTask):
         keys: dict[str, _Key] = {}
 
         def build(position: int, rec: Record) -> list[Event]:
-            if rec.key is None or rec.item is None:
-                raise RecordError("missing-field: key and item (task next-item)")
+            self.prep.validate(rec)  # what the learner would refuse is a bad record here
             item = canonical_id(rec.item)
             ctx = keys.get(rec.key)
             if ctx is None:
