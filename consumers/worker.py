@@ -103,7 +103,7 @@ class Worker:
         self._open_state()
         self.checkpointer = self._new_checkpointer()
         self.check = self.learner.task.prequential_check()
-        self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check, max_tokens=cfg.hashing.max_tokens)
+        self.metrics = WorkerMetrics(cfg.worker.log_seconds, check=self.check, max_tokens=self.learner.cfg.hashing.max_tokens)
         manifest = self.store.manifest()
         self.metrics.resume(manifest.metrics, manifest.committed_at)
         self.handoff = Handoff(cfg.worker.queue_batches)

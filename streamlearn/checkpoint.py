@@ -71,7 +71,7 @@ __all__ = [
     "HISTORY_NS", "LABELS_BLOB", "LIVE_NS", "LazyCheckpoint", "META_APPLIED", "META_BLOB", "META_CANDIDATES",
     "META_FORMAT", "META_PREPARED", "META_STEPS", "NAMESPACES", "Parts", "ROW_OPTIM_BLOB", "SIZING_BLOB", "TOPIC_ID_NS", "audit_kv",
     "check_format", "config_diff", "fence_blob", "has_checkpoint", "history_key", "live_kv", "read_audit", "topic_id_kv",
-    "read_full", "read_lazy", "read_live", "read_topic_id", "stored_config", "stored_generation", "stored_labels", "stored_sizing",
+    "as_it_runs", "read_full", "read_lazy", "read_live", "read_topic_id", "stored_config", "stored_generation", "stored_labels", "stored_sizing",
     "write",
 ]
 
@@ -84,7 +84,11 @@ CONFIG_BLOB = "learner.config"
 # naming the key), never as today's default applied silently to rows trained without it.
 ABSENT_KEYS = {("hashing", "shapes"): False, ("hashing", "scripts"): False, ("learner", "recency"): 0,
                 ("learner", "key_token"): False, ("learner", "place_weights"): False, ("model", "count_join"): "mixture",
-                ("model", "count_fit"): "joint", ("model", "recent_pairs"): 0}
+                ("model", "count_fit"): "joint", ("model", "recent_pairs"): 0, ("learner", "nb_skip_unseen"): False}
+# Keys added after the behaviour they name had changed (2026-11-29 for a change of
+# 2026-11-27 08:49): a stored config without the key that holds the later key here (added
+# 2026-11-27 16:33) was written after the change, so it keeps the new behaviour (the default).
+LATER_KEYS = {("learner", "nb_skip_unseen"): ("learner", "compiled")}
 META_BLOB = "learner.meta"
 LABELS_BLOB = "learner.labels"
 DENSE_BLOB = "model.dense"
@@ -647,10 +651,20 @@ def _config_of(data: bytes, store) -> Config:
         raise _corrupt(store, CONFIG_BLOB, exc) from exc
     if not isinstance(obj, dict):
         raise _corrupt(store, CONFIG_BLOB, "not a JSON object")
+    return Config.from_dict(as_it_runs(obj))
+
+
+def as_it_runs(config: dict) -> dict:
+    """A stored config (a dict) with the keys it is older than (:data:`ABSENT_KEYS`, dated
+    by :data:`LATER_KEYS`) at the values the model runs with; a copy, sections that are
+    not dicts left as they are (the config's own check names them)."""
+    out = {section: dict(values) if isinstance(values, dict) else values for section, values in config.items()}
     for (section, name), value in ABSENT_KEYS.items():
-        if isinstance(obj.get(section), dict) and name not in obj[section]:
-            obj[section][name] = value
-    return Config.from_dict(obj)
+        if isinstance(out.get(section), dict) and name not in out[section]:
+            later = LATER_KEYS.get((section, name))
+            if later is None or later[1] not in (out.get(later[0]) or {}):
+                out[section][name] = value
+    return out
 
 
 def _read_meta(store) -> _Meta:

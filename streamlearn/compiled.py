@@ -350,7 +350,8 @@ def count_naive_bayes(flat, tokens, labels, weight, base, span, shift, max_label
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def naive_bayes_scores(flat, tokens, labels, weight, n_labels, base, span, shift, max_labels, alpha, in_order):
+def naive_bayes_scores(flat, tokens, labels, weight, n_labels, base, span, shift, max_labels, alpha, in_order,
+                       skip_unseen):
     """:meth:`NaiveBayesHead.scores <streamlearn.heads.NaiveBayesHead.scores>` (N, n_labels)
     of ``tokens`` (N, T) from the counts as they are; with ``in_order``,
     :meth:`~streamlearn.heads.NaiveBayesHead.scores_in_order`: record i's as if records
@@ -397,7 +398,7 @@ def naive_bayes_scores(flat, tokens, labels, weight, n_labels, base, span, shift
             for c in range(C):
                 rest = n_t - n_tc[c]
                 summed[c] += np.log(n_tc[c] + a32) - np.log(rest + a32)
-            seen += n_t > 0
+            seen += n_t > 0 or not skip_unseen
         docs_sum = 0.0
         totals_sum = 0.0
         for c in range(C):
@@ -450,7 +451,7 @@ def load_kernels() -> None:
                       np.zeros(1, i64), 1, 64)
     for in_order in (False, True):
         naive_bayes_scores(np.zeros(4, f32), np.zeros((1, 1), i64), np.zeros(1, i64), np.ones(1, f32), 1, 3, 1,
-                           np.zeros(1, i64), 1, 0.3, in_order)
+                           np.zeros(1, i64), 1, 0.3, in_order, True)
     from .compiled_counts import load_count_kernels
     load_count_kernels()
     from .compiled_text import byte_classes, hashed_batch, text_hashes
@@ -488,7 +489,7 @@ class CompiledNaiveBayes:
         nb = self.nb
         return naive_bayes_scores(nb.flat, tokens, np.asarray(labels, np.int64), weight, int(n_labels),
                                   int(nb.base), int(nb.span), nb.shift, int(nb.max_labels), float(nb.alpha),
-                                  in_order)
+                                  in_order, bool(nb.skip_unseen))
 
 
 class CompiledClassifyStep:

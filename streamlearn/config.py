@@ -244,6 +244,9 @@ class LearnerConfig:
     # classify: weight of the hashed Naive Bayes score added to the label logits of predictions (0 = off)
     nb_weight: float = key(0.1, at_least(0))
     nb_alpha: float = key(0.3, above(0))  # classify: Naive Bayes additive smoothing of the (token, label) counts
+    # classify: the Naive Bayes part leaves out of a score the tokens it never counted
+    # (false: their smoothed ratios count, as a state stored before 2026-11-27 does)
+    nb_skip_unseen: bool = key(True, flag())
     # classify: hashed (token, label) count cells of the Naive Bayes part (4 bytes each)
     nb_cells: int = key(1_048_576, multiple_of(NB_ROW, NB_ROW, HASH_RANGE))
     seed: int = key(0, between(0, SEED_RANGE, high_open=True))
@@ -575,7 +578,7 @@ MODEL_KEYS: frozenset[str] = frozenset({
     "model.recent", "model.recent_pairs", "model.input_ngrams", "model.successors", "model.count_join", "model.count_fit",
     "optim.sparse",
     "learner.task", "learner.recency", "learner.key_token", "learner.place_weights", "learner.shuffle_random",
-    "learner.nb_weight", "learner.nb_cells",
+    "learner.nb_weight", "learner.nb_cells", "learner.nb_skip_unseen",
     "store.shards",
 })
 RUN_KEYS: frozenset[str] = frozenset({

@@ -30,7 +30,7 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from .checkpoint import read_live, stored_labels
+from .checkpoint import as_it_runs, read_live, stored_labels
 from .config import Config
 from .service_auth import SESSION_COOKIE, BearerToken
 from .service_guard import LOGIN_PATH, JsonRoute, json_error
@@ -108,7 +108,7 @@ class Dashboard:
 def model_card(manifest, table_stats: dict[str, dict], labels: list) -> dict[str, Any]:
     """Task, configuration (:data:`CARD_KEYS`, then the other keys that differ from the
     task's defaults), tables (rows x width, bytes, rows stored: the fill), labels seen."""
-    config = manifest.config or {}
+    config = as_it_runs(manifest.config or {})  # keys older than the state: as the model runs them
     task = (config.get("learner") or {}).get("task")
     flat = {f"{s}.{k}": v for s, values in config.items() if isinstance(values, dict) for k, v in values.items()}
     defaults = _defaults(task)

@@ -508,8 +508,11 @@ class NaiveBayesHead:
     ROW = NB_ROW  # learner.nb_cells is checked in whole rows of this many cells
     STRIDE = 1_000_003  # a prime: label c's cells are token u's cells shifted by c * STRIDE
 
-    def __init__(self, cells: int, max_labels: int, alpha: float):
+    def __init__(self, cells: int, max_labels: int, alpha: float, skip_unseen: bool = True):
         self.max_labels, self.alpha = max_labels, alpha
+        # learner.nb_skip_unseen: the length term counts only the tokens counted before (the
+        # class docstring); False: every token, as a state stored before 2026-11-27
+        self.skip_unseen = skip_unseen
         self.base = 2 * max_labels + 1
         self.span = self.span_of(cells, max_labels)
         self.counts = torch.zeros(cells // self.ROW, self.ROW)  # (rows, 64): the stored table
@@ -549,7 +552,7 @@ class NaiveBayesHead:
         n_t = n_tc.sum(-1, keepdims=True)  # (M, 1) the token's count under every label
         rest = n_t - n_tc  # the token's count under the other labels
         seen = np.zeros(valid.shape, dtype=np.float32)  # (N, T): 1 where the token was counted before
-        seen[valid] = n_t[:, 0] > 0
+        seen[valid] = (n_t[:, 0] > 0) | (not self.skip_unseen)
         # The logs only at valid tokens (a third of the padded cells on news text), summed
         # over the padded cube as before: the same float sums, so the same trajectories.
         ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
@@ -606,7 +609,7 @@ class NaiveBayesHead:
         at = (rec[:, None] * n_labels + np.arange(n_labels)).reshape(-1)
         summed = np.bincount(at, ratio.reshape(-1), N * n_labels).reshape(N, n_labels)
         length = valid.sum(1)  # (N,) what a record adds to its label's token total
-        seen = np.bincount(rec[n_t[:, 0] > 0], minlength=N)  # (N,) its tokens counted before it
+        seen = np.bincount(rec[(n_t[:, 0] > 0) | (not self.skip_unseen)], minlength=N)  # (N,) its tokens counted before it
         before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
         onehot = np.zeros((N, n_labels))
         onehot[np.arange(N), labels] = 1.0
@@ -645,7 +648,7 @@ class NaiveBayesHead:
         aV = a * max(float(self.flat[2 * L]), 1.0)
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
-        seen = valid & (n_t[..., 0] > 0)  # (N, T): counted before (the class docstring)
+        seen = valid & ((n_t[..., 0] > 0) | (not self.skip_unseen))  # (N, T): counted before (the class docstring)
         terms = ratio * valid[..., None] + norm.astype(np.float32) * seen[..., None]
         return terms.astype(np.float32), prior.astype(np.float32)
 

@@ -126,18 +126,19 @@ def consume_from(bootstrap: str, topic: str, n: int, timeout_s: float = 10.0) ->
 
 @pytest.fixture
 def store_as_before():
-    """``write(learner, path, key)``: commit ``learner``'s whole state to a new store at
-    ``path`` with its stored config lacking the dotted model ``key``, as the version before
-    that key wrote it; returns that config (a dict)."""
+    """``write(learner, path, *keys)``: commit ``learner``'s whole state to a new store at
+    ``path`` with its stored config lacking the dotted ``keys``, as the version before
+    those keys wrote it; returns that config (a dict)."""
     import json
 
     from streamlearn import checkpoint
     from streamlearn.state import Checkpoint, open_store
 
-    def write(learner, path, key: str) -> dict:
-        section, name = key.split(".")
+    def write(learner, path, *keys: str) -> dict:
         old = learner.cfg.to_dict()
-        del old[section][name]
+        for key in keys:
+            section, name = key.split(".")
+            del old[section][name]
         specs, rows, blobs, kv = checkpoint.write(learner, full=True)
         blobs[checkpoint.CONFIG_BLOB] = json.dumps(old).encode()  # as that version wrote it
         with open_store(path, learner.cfg.store) as store:

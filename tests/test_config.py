@@ -189,6 +189,7 @@ KEYS: dict[str, Case] = {
     "learner.shuffle_random": Case(0.5, -0.1, ("model.positions=true",)),
     "learner.nb_weight": Case(0.0, -1.0),
     "learner.nb_alpha": Case(1.0, 0.0),
+    "learner.nb_skip_unseen": Case(False, "no"),
     "learner.nb_cells": Case(65536, 1000),
     "learner.seed": Case(2**64 - 1, 2**64),
     "learner.sizing_window": Case(500, 0),

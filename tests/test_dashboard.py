@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from streamlearn.config import Config
-from streamlearn.dashboard import card_keys
+from streamlearn.dashboard import card_keys, model_card
 from streamlearn.learner import Learner
 from streamlearn.service import Settings, create_app
 from streamlearn.service_auth import SESSION_COOKIE, BearerToken
@@ -78,6 +78,21 @@ def test_a_token_tasks_card_shows_what_its_defaults_set_and_not_classifys_keys()
     keys = card_keys("next-token")
     assert {"model.output", "model.counts", "model.negatives", "model.positions"} <= set(keys)
     assert "learner.nb_weight" not in keys and len(keys) == len(set(keys))
+
+
+def test_an_old_states_card_shows_the_keys_it_is_older_than_as_it_runs_them():
+    """A state stored before a model key existed runs with the value that behaves as before
+    (checkpoint.ABSENT_KEYS); its card showed nothing for the key (was: count_fit and
+    recent_pairs missing from a next-token card, so it read as today's model)."""
+    from types import SimpleNamespace
+
+    stored = Config().override("learner.task=next-token").to_dict()
+    for section, name in (("model", "count_fit"), ("model", "recent_pairs"), ("learner", "nb_skip_unseen")):
+        del stored[section][name]
+    card = model_card(SimpleNamespace(config=stored, tables={}), {}, [])
+    assert card["config"]["model.recent_pairs"] == 0
+    assert card["changed"]["model.count_fit"] == "joint"
+    assert "model.count_fit" not in stored["model"]  # the stored dict is left as it is
 
 
 def test_nothing_new_is_a_small_answer(client):

@@ -1089,10 +1089,11 @@ def test_replicas_meeting_labels_in_other_orders_agree_after_a_permutation():
 NB = ("learner.nb_weight=0.5", "learner.nb_cells=65536", "learner.nb_alpha=0.5")
 
 
-def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) -> np.ndarray:
+def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float, skip_unseen: bool = True) -> np.ndarray:
     """The Naive Bayes score by hand (dict counts): log prior plus, per query token counted
     before (under any label), the one-vs-rest log-count ratio log q_c(t) - log q_-c(t)
-    (heads.NaiveBayesHead); a token never counted adds nothing."""
+    (heads.NaiveBayesHead); a token never counted adds nothing (with ``skip_unseen``, the
+    default; else its smoothed ratio counts, as before 2026-11-27)."""
     from collections import Counter
     from streamlearn.hashing import tokenize
     docs, tokens, pairs = Counter(), Counter(), Counter()
@@ -1107,7 +1108,7 @@ def exact_nb(records: list[dict], labels: list, query: list[str], alpha: float) 
     for c in labels:
         s = np.log(docs[c] + 1) - np.log(sum(docs.values()) + n)
         for t in query:
-            if not any(pairs[(t, o)] for o in labels):
+            if skip_unseen and not any(pairs[(t, o)] for o in labels):
                 continue
             rest = sum(pairs[(t, o)] for o in labels if o != c)
             s += np.log((pairs[(t, c)] + alpha) / (tokens[c] + aV))
@@ -1159,6 +1160,44 @@ def test_naive_bayes_part_scores_the_records_before_the_batch(ids):
     nb = torch.from_numpy(lrn.task.nb.scores(q.nb_tokens, q.n_labels))
     np.testing.assert_allclose(lrn.outputs(q).cpu().numpy(), (model_logits + 0.5 * nb).numpy(), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_state_stored_before_the_unseen_rule_scores_unseen_words_as_it_did(tmp_path, store_as_before, compiled):
+    """learner.nb_skip_unseen=false scores as the part did before 2026-11-27 (an unseen
+    word's smoothed ratio counts), in a training batch's predictions and in a query, the
+    compiled kernel and numpy alike; a stored config without the key reads false, unless it
+    has learner.compiled (added that afternoon, after the change), which keeps true."""
+    from streamlearn.compiled_loading import loaded
+    from streamlearn.replay.snapshots import load_learner
+
+    lrn = learner(*NB, "learner.nb_skip_unseen=false", f"learner.compiled={str(compiled).lower()}")
+    if compiled:
+        loaded()  # the compiled kernels, not numpy's stand-in while they load
+    seen = []
+    for records in batches(topic_stream(32), 16):
+        batch = lrn.prepare(records)
+        got = lrn.task.nb_scores(batch)
+        for i, r in enumerate(records):
+            if seen:
+                want = exact_nb(seen, lrn.labels[:batch.n_labels], r["text"].split(), 0.5, skip_unseen=False)
+                np.testing.assert_allclose(got[i], want, rtol=1e-5)
+            seen.append(r)
+        lrn.learn_batch(batch)
+    words = ["goal", "zebra", "quokka", "soup"]
+    q = lrn.prepare([{"text": " ".join(words)}], train=False)
+    np.testing.assert_allclose(lrn.task.nb.scores(q.nb_tokens, q.n_labels)[0],
+                               exact_nb(seen, lrn.labels[:q.n_labels], words, 0.5, skip_unseen=False), rtol=1e-5)
+    assert not np.allclose(exact_nb(seen, lrn.labels[:q.n_labels], words, 0.5, skip_unseen=False),
+                           exact_nb(seen, lrn.labels[:q.n_labels], words, 0.5))  # the unseen words move it
+    if not compiled:
+        return
+    new = learner(*NB)
+    new.learn_many(topic_stream(32))
+    store_as_before(new, tmp_path / "old", "learner.nb_skip_unseen", "learner.compiled")
+    store_as_before(new, tmp_path / "after", "learner.nb_skip_unseen")
+    assert load_learner(tmp_path / "old").cfg.learner.nb_skip_unseen is False
+    assert load_learner(tmp_path / "after").cfg.learner.nb_skip_unseen is True
 
 
 def test_naive_bayes_part_counts_words_of_a_text_and_every_token_of_a_list():

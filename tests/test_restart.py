@@ -27,7 +27,7 @@ CHANGED = {
     "embedding.plain_vocab": "32", "model.layers": "1", "model.d_model": "8", "model.heads": "2",
     "model.ffn": "64", "model.positions": "true", "model.max_labels": "16", "model.out_B": "128",
     "model.out_m": "3", "model.tie_output": "false", "model.output": "tfree", "optim.sparse": "lazy-adam",
-    "learner.task": "mlm", "learner.recency": "0", "learner.key_token": "false", "learner.place_weights": "false", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384",
+    "learner.task": "mlm", "learner.recency": "0", "learner.key_token": "false", "learner.place_weights": "false", "learner.shuffle_random": "0.5", "learner.nb_weight": "0", "learner.nb_cells": "16384", "learner.nb_skip_unseen": "false",
     "store.shards": "4", "model.counts": "kn3", "model.count_slots": "4096",
     "model.recent": "7", "model.successors": "8", "model.count_join": "mixture",
     "model.count_fit": "joint", "model.recent_pairs": "9", "model.input_ngrams": "2",

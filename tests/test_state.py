@@ -507,6 +507,21 @@ def test_inspect_prints_the_manifest_as_text_and_json(tmp_path, capsys):
     assert "step     42" in text and "events:1" in text and "emb.E" in text
 
 
+def test_inspect_shows_an_old_states_config_as_the_model_runs_it(tmp_path, capsys, store_as_before):
+    """A key the state is older than is shown at the value it runs with (was: left out, so
+    an old next-item state read as today's model)."""
+    from streamlearn.config import Config
+    from streamlearn.learner import Learner
+
+    learner = Learner(Config().override("learner.task=next-item", "embedding.K=1000", "embedding.B=100",
+                                        "model.out_B=256", "store.shards=2"))
+    learner.learn_many([{"key": f"u{i % 3}", "item": f"i{i % 7}"} for i in range(40)])
+    store_as_before(learner, tmp_path / "old", "model.count_join", "learner.key_token")
+    assert cli_main(["inspect", "--state", str(tmp_path / "old"), "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["model"]["count_join"] == "mixture" and config["learner"]["key_token"] is False
+
+
 def test_inspect_on_a_directory_that_is_not_a_store_says_so(tmp_path, capsys):
     assert cli_main(["inspect", "--state", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err

@@ -668,3 +668,13 @@ def test_records_cut_to_max_tokens_are_logged_once_and_counted(broker, make_topi
     cuts = [r.getMessage() for r in caplog.records if "hashing.max_tokens=64" in r.getMessage()]
     assert len(cuts) == 1, cuts
     assert worker.metrics.registry.get_sample_value("streamlearn_worker_records_truncated_total") == 10
+    # restarted with today's default (4,096) the state keeps its 64, and the warning says so
+    # (was: "hashing.max_tokens=4096", the run's value, while the model cut at 64)
+    produce(broker, topic, [{"text": long_text, "label": "a"}] * 5)
+    caplog.clear()
+    again = Worker(config(broker, group), RunOptions(topic, str(tmp_path / "s"), until_idle_s=1.0,
+                                                     given=frozenset({"worker.bootstrap", "worker.group"})))
+    with caplog.at_level(logging.WARNING, logger="streamlearn.consumers"):
+        assert again.run().learned == 5
+    cuts = [r.getMessage() for r in caplog.records if "cut to their first" in r.getMessage()]
+    assert len(cuts) == 1 and "hashing.max_tokens=64" in cuts[0], cuts

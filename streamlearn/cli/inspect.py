@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if explaining:
         return explain_tokens(args)
 
-    from ..checkpoint import stored_sizing
+    from ..checkpoint import as_it_runs, stored_sizing
 
     with open_store(args.state, readonly=True, backend="lmdb") as store:
         with store.snapshot():
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             sizing = stored_sizing(store)
             words = _word_tables(store) if args.verify else []
     report["sizing"] = None if sizing is None else sizing.to_dict()
+    if isinstance(report.get("config"), dict):  # keys older than the state: as the model runs them
+        report["config"] = as_it_runs(report["config"])
     if args.verify:  # in a child: LMDB aborts on some damaged pages rather than report them
         report["verify"] = verify_in_child(report["store"]["path"], words=words).to_dict()
     print(json.dumps(report, sort_keys=True) if args.json else format_report(report))

@@ -221,7 +221,8 @@ class Classify(Task):
     def __init__(self, cfg: Config, featurizer: Featurizer):
         super().__init__(cfg, featurizer)
         lc = cfg.learner
-        self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha) if lc.nb_weight > 0 else None
+        self.nb = NaiveBayesHead(lc.nb_cells, cfg.model.max_labels, lc.nb_alpha,
+                                 lc.nb_skip_unseen) if lc.nb_weight > 0 else None
         # the depth-0 forward compiled, where the learner runs its step compiled
         # (streamlearn.compiled.CompiledClassifyStep.logits: the learner sets it)
         self.compiled_logits: Callable[[Batch], torch.Tensor] | None = None
