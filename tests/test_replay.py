@@ -290,6 +290,12 @@ def test_save_then_frozen_replay_and_inspect(tmp_path, capsys):
         commits = store.manifest().commits
     frozen = replay(FileSource(path), ReplayOptions(mode="frozen"), state=saved)
     assert frozen["metrics"]["accuracy"] > 0.9 and frozen["models"]["model"]["records_per_s"] > 0
+    # --task naming the snapshot's own task is fine (was refused as "from scratch"); another is not
+    assert main(["replay", "--file", str(path), "--state", str(saved), "--task", "classify", "--mode", "frozen",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["replay", "--file", str(path), "--state", str(saved), "--task", "mlm", "--no-progress"]) == 2
+    assert "holds a classify model" in capsys.readouterr().err
     assert frozen["truncated_records"] is None  # nothing learned: not counted, not 0
     pre = replay(FileSource(path), ReplayOptions(), state=saved)  # prequential from the snapshot
     assert pre["evaluated"] == 160

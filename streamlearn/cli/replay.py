@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--config", metavar="FILE", help="TOML config for a model from scratch")
     model.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="dotted config override, repeatable (e.g. --set model.layers=0)")
-    model.add_argument("--task", choices=TASKS, help="learner.task of a model from scratch")
+    model.add_argument("--task", choices=TASKS, help="learner.task of a model from scratch (with --state: the "
+                       "snapshot's own task, or omit it)")
 
     ev = parser.add_argument_group("evaluation")
     ev.add_argument("--baselines", default="", help="comma-separated: river-nb,river-logreg,vw,popularity,markov,ngram; or 'all' (those that fit the task)")
@@ -153,10 +154,10 @@ def _check_args(args: argparse.Namespace) -> None:
                                "(--start-time/--end-time), not both")
     _check_output("report", args.report)
     _check_output("plot", args.plot)
-    if (args.state or args.compare) and (args.task or (args.config and not _kafka_only(args.config))):
-        raise StreamlearnError("--config/--task build a model from scratch; a snapshot keeps its own config "
+    if (args.state or args.compare) and args.config and not _kafka_only(args.config):
+        raise StreamlearnError("--config builds a model from scratch; a snapshot keeps its own config "
                                "(use --set for overrides that keep its tables; a --config with only a [kafka] "
-                               "table is fine)")
+                               "table is fine)")  # --task: the snapshot's own is fine, another is refused
 
 
 def _config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
