@@ -134,11 +134,12 @@ def run_config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
     which refused --set model.recent_pairs=1000 for a next-token state)."""
     from ..checkpoint import stored_task
 
-    stored = None if args.reset else stored_task(args.state)
-    task = stored if stored is not None else _topic_task(args)
+    task = None if args.reset else stored_task(args.state)
+    if task is None:
+        task = _topic_task(args)
     cfg, given = load_config_given(args.config, overrides(args), default_task=task)
-    if stored is not None and "learner.task" not in given:
-        log.info("no task given: %s holds a %s model, so this run is %s", args.state, stored, stored)
+    if task is not None and "learner.task" not in given:
+        log.info("no task given: %s holds a %s model, so this run is %s", args.state, task, task)
     return cfg, given
 
 
