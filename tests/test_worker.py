@@ -475,27 +475,6 @@ def test_the_command_consumes_and_exits_0(broker, make_topic, group, tmp_path, c
     assert dict(letter.headers)["reason"].startswith(b"label-capacity")
 
 
-def test_a_new_worker_given_no_task_takes_next_item_from_the_topics_records(broker, make_topic, group, tmp_path):
-    """Was: classify, and every record of a next-item topic went to the dead-letter topic
-    (\"missing-field\"), its offsets committed past them. A text topic without labels
-    stops at start-up asking which token task; a labelled one stays classify."""
-    from streamlearn.cli import main
-
-    sets = [f"--set={o}" for o in ("embedding.K=1000", "embedding.B=100", "model.out_B=256", "store.shards=2",
-                                    "store.map_size_gb=0.05")]
-    items = make_topic(1)
-    produce(broker, items, [{"key": f"u{i % 5}", "item": f"i{(i * 3) % 11}"} for i in range(60)])
-    assert main(["worker", "--topic", items, "--state", str(tmp_path / "ni"), "--bootstrap", broker, "--group", group,
-                 "--until-idle", "1", *sets]) == 0
-    m, _ = manifest(tmp_path / "ni")
-    assert m.config["learner"]["task"] == "next-item" and m.metrics["dead_letters"] == 0
-    text = make_topic(1)
-    produce(broker, text, [{"text": "the cat sat on the mat"}] * 5)
-    assert main(["worker", "--topic", text, "--state", str(tmp_path / "tx"), "--bootstrap", broker, "--group",
-                 group + "-t", "--until-idle", "1", *sets]) == 2
-    assert not (tmp_path / "tx").exists() or not any((tmp_path / "tx").iterdir())
-
-
 # ---------------------------------------------------------------------------- settings and state
 
 def small_state(path, *overrides: str) -> None:

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from ..consumers import Worker
 
 from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config_given
-from ..exceptions import StreamlearnError
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -31,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
     parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
     parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
-    parser.add_argument("--task", choices=TASKS, help="learner.task (default: a stored model's; for a new one, "
-                        "next-item when the topic's first records hold a key and an item, else classify)")
+    parser.add_argument("--task", choices=TASKS, help="learner.task (default: classify)")
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, repeatable (e.g. --set model.layers=0)")
@@ -135,53 +133,10 @@ def run_config(args: argparse.Namespace) -> tuple[Config, frozenset[str]]:
     from ..checkpoint import stored_task
 
     task = None if args.reset else stored_task(args.state)
-    if task is None:
-        task = _topic_task(args)
     cfg, given = load_config_given(args.config, overrides(args), default_task=task)
     if task is not None and "learner.task" not in given:
         log.info("no task given: %s holds a %s model, so this run is %s", args.state, task, task)
     return cfg, given
-
-
-def _fits_some_task(args: argparse.Namespace) -> None:
-    """The settings' error (an unknown key, a value out of range) where no task's defaults
-    take them; nothing where one does (the topic's task is read next)."""
-    error = None
-    for task in TASKS:
-        try:
-            load_config_given(args.config, overrides(args), default_task=task)
-            return
-        except StreamlearnError as exc:
-            error = error or exc
-    raise error
-
-
-def _topic_task(args: argparse.Namespace) -> str | None:
-    """A new model given no task takes the task the topic's first records say (key and
-    item: next-item; text without labels: asks which token task), as replay does; None:
-    labels, or no records yet (classify). Was: classify, and a next-item topic's every
-    record went to the dead-letter topic."""
-    from ..replay.sources import KafkaRange, KafkaSource, first_records
-    from ..datasets import task_of_fields
-
-    keys = [o.partition("=")[0].strip() for o in overrides(args)]
-    connection = [o for o, k in zip(overrides(args), keys) if k.startswith(("kafka.", "worker."))]
-    config, given = load_config_given(args.config, connection)  # the task's rules wait for the task
-    if "learner.task" in given or "learner.task" in keys:
-        return None
-    _fits_some_task(args)  # a setting no task takes is said at once, before the topic is read
-    source = KafkaSource(config.worker.bootstrap, KafkaRange(args.topic), max_bytes=config.worker.max_record_bytes,
-                         security=config.kafka)
-    try:
-        records = first_records(source)
-    except StreamlearnError as exc:  # no such topic yet: the worker waits for it, as a classify model
-        log.info("no task given, and the topic's first records could not be read (%s): classify", exc)
-        return None
-    task = task_of_fields([set(r.to_dict()) for r in records], f"topic {args.topic!r}")
-    if task is not None:
-        log.info("no task given: the first records of %r hold a key and an item, so this new model is %s "
-                 "(--task to choose another)", args.topic, task)
-    return task
 
 
 def _check_kafka(cfg: Config) -> None:
