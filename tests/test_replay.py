@@ -91,6 +91,17 @@ def test_recall_and_mrr_by_hand_and_under_rolling_revert():
     assert rolling.get() == pytest.approx((0.5 + 0) / 2)  # the first pair was reverted
 
 
+def test_a_rolling_window_of_misses_reads_exactly_zero():
+    """Was 5.15e-18 in a report: river's running mean drifted under its reverts."""
+    for cls in (RecallAtK, MRR):
+        rolling = river_utils.Rolling(cls, window_size=7, k=3)
+        for i in range(300):
+            rolling.update("a", ["a", "b", "c"][i % 3:] if i < 200 else ["x"])
+        assert rolling.get() == 0.0
+        rolling.update("b", ["a", "b"])
+        assert rolling.get() == (1 / 7 if cls is RecallAtK else 0.5 / 7)
+
+
 def test_metric_set_log_loss_charges_a_missing_label():
     ms = MetricSet("labels", k=10, window=5)
     ms.update("spam", {})  # no label known yet: p(spam) = 0, clipped to 1e-15
