@@ -27,7 +27,7 @@ from .exceptions import RecordError
 from .featurize import Featurizer
 from .hashing import canonical_id, derive_seed, tokenize
 from .objectives import Histories, LabelTable, shuffle_random
-from .records import Record, from_dict, plain_int, valid_utf8
+from .records import Record, from_dict, plain_int, token_list, valid_utf8
 
 __all__ = ["Batch", "Preparer", "QUERY_MASK", "QUERY_MASK_ANY_CASE", "Schedule", "seed_of"]
 
@@ -406,18 +406,7 @@ def check_query(obj: Any, i: int, empty_tokens: bool = False) -> None:
 def exclusions(exclude: Any, i: int) -> list[str]:
     """A top-k query's ``exclude``: the tokens (str) or ids (int) its list must leave out,
     canonical; RecordError unless it is a list of them."""
-    if not isinstance(exclude, (list, tuple)):
-        raise RecordError(f"wrong-type: query {i}: exclude must be a list of tokens or item ids (str or int), "
-                          f"got {type(exclude).__name__}")
-    out = []
-    for j, token in enumerate(exclude):
-        token = plain_int(token)
-        if isinstance(token, bool) or not isinstance(token, (str, int)):
-            raise RecordError(f"wrong-type: query {i}: exclude[{j}] must be a str or an int, got {type(token).__name__}")
-        if isinstance(token, str):
-            valid_utf8(f"query {i}: exclude[{j}]", token)
-        out.append(canonical_id(token))
-    return out
+    return [canonical_id(t) for t in token_list(f"query {i}: exclude", exclude, empty=True)]
 
 
 def _as_record(obj: Any) -> Record:

@@ -453,16 +453,17 @@ def exhaustive_topk_many(logp, index: CandidateIndex, k: int,
         raise DecodingError(f"exclude has {len(exclude)} entries for {len(lp)} positions: pass one id array per position")
     view = index.view()
     hashes, tokens = view.hashes, view.tokens
-    if fresh is not None and len(fresh.tokens):
+    if fresh is not None:
         hashes, tokens = np.concatenate([hashes, fresh.hashes]), tokens[:view.n] + list(fresh.tokens)
     scores = _score_many(lp, hashes)  # (N, n) float64
     if not (scores < np.inf).all():  # NaN compares False
         raise DecodingError("logp contains NaN or +inf: check the model output (log-probabilities are <= 0)")
-    if fresh is not None and len(fresh.tokens):
-        early = np.arange(len(lp))[:, None] < np.asarray(fresh.since)[None, :]  # (N, F) before its first row
-        more = [np.nonzero(r)[0] + view.n for r in early]
-        exclude = more if exclude is None else [np.concatenate([e, f]) for e, f in zip(exclude, more)]
     banned = _ban(scores, exclude) if exclude is not None else None
+    if fresh is not None:  # a fresh candidate is barred from the rows before its first
+        rows, cols = np.nonzero(np.arange(len(lp))[:, None] < np.asarray(fresh.since)[None, :])
+        cols = cols + view.n
+        scores[rows, cols] = -np.inf
+        banned = (rows, cols) if banned is None else (np.concatenate([banned[0], rows]), np.concatenate([banned[1], cols]))
     return [TopK([tokens[i] for i in ids.tolist()], s, True, len(tokens)) for ids, s in _best_many(scores, int(k), banned)]
 
 

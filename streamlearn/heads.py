@@ -552,7 +552,7 @@ class NaiveBayesHead:
         n_t = n_tc.sum(-1, keepdims=True)  # (M, 1) the token's count under every label
         rest = n_t - n_tc  # the token's count under the other labels
         seen = np.zeros(valid.shape, dtype=np.float32)  # (N, T): 1 where the token was counted before
-        seen[valid] = (n_t[:, 0] > 0) | (not self.skip_unseen)
+        seen[valid] = self._scored(n_t[:, 0])
         # The logs only at valid tokens (a third of the padded cells on news text), summed
         # over the padded cube as before: the same float sums, so the same trajectories.
         ratio = np.zeros(valid.shape + (n_labels,), dtype=np.float32)  # (N, T, n_labels)
@@ -609,7 +609,7 @@ class NaiveBayesHead:
         at = (rec[:, None] * n_labels + np.arange(n_labels)).reshape(-1)
         summed = np.bincount(at, ratio.reshape(-1), N * n_labels).reshape(N, n_labels)
         length = valid.sum(1)  # (N,) what a record adds to its label's token total
-        seen = np.bincount(rec[(n_t[:, 0] > 0) | (not self.skip_unseen)], minlength=N)  # (N,) its tokens counted before it
+        seen = np.bincount(rec[self._scored(n_t[:, 0])], minlength=N)  # (N,) its tokens counted before it
         before = lambda x: np.cumsum(x, 0) - x  # noqa: E731  what the records before each add
         onehot = np.zeros((N, n_labels))
         onehot[np.arange(N), labels] = 1.0
@@ -620,6 +620,11 @@ class NaiveBayesHead:
         norm = np.log((totals.sum(1, keepdims=True) - totals + aV) / (totals + aV))
         prior = np.log((docs + 1.0) / (docs.sum(1, keepdims=True) + n_labels))
         return (summed + seen[:, None] * norm + prior).astype(np.float32)
+
+    def _scored(self, n_t: np.ndarray) -> np.ndarray:
+        """Where a token with ``n_t`` counts under every label enters the length term: where
+        it was counted before (the class docstring), or everywhere (``skip_unseen`` off)."""
+        return n_t > 0 if self.skip_unseen else np.ones(n_t.shape, dtype=bool)
 
     def _fresh(self, keys: np.ndarray, by: np.ndarray, w: np.ndarray, N: int) -> np.ndarray:
         """(N,) the (token, label) cells each record would put in use (:meth:`learn`'s
@@ -648,7 +653,7 @@ class NaiveBayesHead:
         aV = a * max(float(self.flat[2 * L]), 1.0)
         norm = np.log((totals.sum() - totals + aV) / (totals + aV))  # (n_labels,)
         prior = np.log((docs + 1.0) / (docs.sum() + n_labels))
-        seen = valid & ((n_t[..., 0] > 0) | (not self.skip_unseen))  # (N, T): counted before (the class docstring)
+        seen = valid & self._scored(n_t[..., 0])  # (N, T): counted before (the class docstring)
         terms = ratio * valid[..., None] + norm.astype(np.float32) * seen[..., None]
         return terms.astype(np.float32), prior.astype(np.float32)
 

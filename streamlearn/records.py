@@ -246,17 +246,22 @@ def _text(value: Any) -> str | None:
 
 
 def _tokens(value: Any) -> tuple[Token, ...] | None:
-    if value is None:
-        return None
+    return None if value is None else token_list("tokens", value)
+
+
+def token_list(name: str, value: Any, empty: bool = False) -> tuple[Token, ...]:
+    """``value`` checked as a list of tokens (str, or int within 64 bits; numpy's as Python
+    ints) named ``name`` in errors: a record's ``tokens``, a query's ``exclude`` (which may
+    be ``empty``)."""
     if not isinstance(value, (list, tuple)):
-        raise RecordError(f"wrong-type: tokens must be a list of str or int, got {type(value).__name__}")
-    if not value:
-        raise RecordError("bad-value: tokens is empty")
+        raise RecordError(f"wrong-type: {name} must be a list of str or int, got {type(value).__name__}")
+    if not value and not empty:
+        raise RecordError(f"bad-value: {name} is empty")
     for i, token in enumerate(value):
         if isinstance(token, str) or _is_int(token):
-            _token_field(f"tokens[{i}]", token)  # an int beyond 64 bits: msgpack cannot write it
+            _token_field(f"{name}[{i}]", token)  # an int beyond 64 bits: msgpack cannot write it
         else:
-            raise RecordError(f"wrong-type: tokens[{i}] must be str or int, got {type(token).__name__}")
+            raise RecordError(f"wrong-type: {name}[{i}] must be str or int, got {type(token).__name__}")
     return tuple(map(plain_int, value))
 
 

@@ -137,7 +137,8 @@ class Transitions:
         held = counts.sum(1)  # n_o(c): Space-Saving keeps the sum of the counts equal to the events
         types = np.where(held > 0, np.maximum(vals[:, 1], 1.0), 0.0)  # T_o(c)
         if in_order is not None:
-            events, new_types, (ex, earlier, order) = self._batch_prefix(ctx, slot, in_order[0])
+            answers, every, before = in_order
+            events, new_types, (ex, earlier, order) = self._batch_prefix(ctx, slot, answers)
             held, types = held + events, types + new_types
             vals = vals + np.stack([events, new_types], 1)
         evidence = np.log1p(vals).astype(np.float32).reshape(n, 2 * ORDERS)
@@ -157,11 +158,11 @@ class Transitions:
             # the batch's transitions before each example: one entry per earlier example
             prefix = ex * ORDERS + order
             value = np.concatenate([value, scale[prefix].astype(np.float32)])
-            codes = np.concatenate([codes, in_order[0][earlier].astype(np.int64)])
+            codes = np.concatenate([codes, answers[earlier].astype(np.int64)])
             rows = np.concatenate([rows, ex])
             # popularity with the events before each example counted: the shared term at
             # N / (N + before) of its weight, the earlier events' items as entries
-            every, before = in_order[1], np.asarray(in_order[2], dtype=np.float64)
+            before = np.asarray(before, dtype=np.float64)
             weight = base / (N + 0.5 * size + before)  # (n,) one event's mass in example i's Q
             base = base * (N + 0.5 * size) / (N + 0.5 * size + before)
             i, k = np.nonzero(np.arange(len(every))[None, :] < before[:, None])  # (example, earlier event)

@@ -264,13 +264,12 @@ class NextItem(TokenTask):
         by record can (None: none, or a query batch)."""
         if not self.in_order(batch) or batch.example_records is None or not isinstance(self.code, HashedCode):
             return None
-        items = list(dict.fromkeys(batch.candidates))
-        new = [t for t, i in zip(items, self.index.ids(items).tolist()) if i < 0]
-        if not new:
-            return None
-        first: dict[str, int] = {}
+        first: dict[str, int] = {}  # each item's first record in the batch, in order
         for place, item in enumerate(batch.candidates):
             first.setdefault(item, place)
+        new = [t for t, i in zip(first, self.index.ids(list(first)).tolist()) if i < 0]
+        if not new:
+            return None
         since = np.searchsorted(batch.example_records, [first[t] for t in new], side="right")
         return Fresh(new, self.code.ids(new), since)
 
