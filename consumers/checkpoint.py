@@ -23,7 +23,7 @@ import time
 from typing import Callable, Collection, Iterable
 
 from ..checkpoint import audit_kv, has_checkpoint, read_full, stored_config, topic_id_kv, write
-from ..config import Config, keep_stored
+from ..config import Config, keep_stored, retasked
 from ..exceptions import CheckpointMismatchError, ConfigError
 from ..learner import Learner
 from ..records import Record
@@ -54,7 +54,7 @@ def topic_offsets(mapping: dict[str, int], topic: str) -> dict[int, int]:
 
 
 def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record]] | None = None,
-                 given: Collection[str] | None = None) -> Learner:
+                 given: Collection[str] | None = None, topic_task: Callable[[], str | None] | None = None) -> Learner:
     """The learner of the store's last checkpoint, or a new one for an empty store.
 
     The config passed in wins (it may change e.g. learning rates), but it must build the
@@ -66,12 +66,20 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     returns (the warm-up window, :func:`.warmup.read_window`), and records how in
     ``learner.sizing``, which its checkpoints store.
 
+    A new model whose task the user did not give (``learner.task`` not in ``given``) takes
+    the task ``topic_task()`` names (:func:`.warmup.topic_task`; None: ``cfg``'s), with the
+    given keys (:func:`~streamlearn.config.retasked`). Was: classify, and every record of a
+    next-item topic went to the dead-letter topic.
+
     ``given``: the config keys the user set (:func:`~streamlearn.config.load_config_given`). On a
     restart every other model key takes its stored value (logged), so a worker restarted
     without its first flags, or after an upgrade moved a default, resumes its model; None
     takes ``cfg`` whole, as given.
     """
     if not has_checkpoint(store):
+        if topic_task is not None and given is not None and "learner.task" not in given:
+            task = topic_task()
+            cfg = cfg if task in (None, cfg.learner.task) else retasked(cfg, task, given)
         if not derived_keys(cfg):
             return Learner(cfg)
         if window is None:

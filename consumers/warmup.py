@@ -12,6 +12,9 @@ A topic that holds fewer records than the window is sized from those it holds wh
 worker starts; an empty one is waited for (its first record), since there is nothing to
 size from, unless the worker stops when idle (``--until-idle``): after that long the
 window is empty (the size is then the rule's least) and the worker stops as usual.
+
+A new model given no task (none stored, none set) first takes the task the topic's first
+records say (:func:`topic_task`, the rule ``replay`` applies to a topic or a file).
 """
 from __future__ import annotations
 
@@ -58,3 +61,29 @@ def read_window(cfg: Config, topic: str, idle_s: float | None = None) -> list[Re
         window = list(itertools.islice(records, cfg.learner.sizing_window))
     log.info("warm-up window: the first %d records of %r", len(window), topic)
     return window
+
+
+def topic_task(cfg: Config, topic: str) -> str | None:
+    """The task of a new model given none, as the topic's first records say
+    (:func:`~streamlearn.datasets.task_of_fields`): ``"next-item"`` when each holds a key
+    and an item; None (classify) when one holds a label, or the topic holds no record or
+    cannot be read now (the fetch thread then waits for it, or says why not). Text without
+    labels raises :class:`~streamlearn.datasets.TokenStreamQuestion`: a classify model
+    would send every record to the dead-letter topic."""
+    from ..datasets import task_of_fields
+    from ..exceptions import StreamlearnError
+    from ..replay.sources import KafkaRange, KafkaSource, first_records
+
+    w = cfg.worker
+    try:
+        source = KafkaSource(w.bootstrap, KafkaRange(topic), max_bytes=w.max_record_bytes,
+                             timeout_s=w.connect_timeout_s, security=cfg.kafka)
+        records = first_records(source)
+    except StreamlearnError as exc:
+        log.info("no task given, and the first records of %r could not be read (%s): classify", topic, exc)
+        return None
+    task = task_of_fields([set(r.to_dict()) for r in records], f"topic {topic!r}")
+    if task is not None:
+        log.info("no task given: the first records of %r hold a key and an item, so this new model is %s "
+                 "(--task to choose another)", topic, task)
+    return task

@@ -30,7 +30,7 @@ from .fetcher import Fetcher, FetchPlan
 from .handoff import CheckpointRequest, Finished, Handoff, Prepared
 from .live import Gauges, LiveHistory
 from .metrics import WorkerMetrics, prequential_step
-from .warmup import read_window
+from .warmup import read_window, topic_task
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +130,15 @@ class Worker:
         try:
             window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
             with learning_meanwhile():  # its first records before numba's start-up (streamlearn.compiled_loading)
-                self.learner = open_learner(self.store, cfg, window, self.options.given)
+                self.learner = open_learner(self.store, cfg, window, self.options.given, self._topic_task)
         except BaseException:
             self.store.close()
             raise
         self.cfg = self.learner.cfg  # a derived size is set there (the manifest stores this config)
+
+    def _topic_task(self) -> str | None:
+        """A new model's task when the user gave none: the topic's first records say it."""
+        return topic_task(self.cfg, self.options.topic)
 
     def _new_checkpointer(self) -> Checkpointer:
         """What commits the learner with the consumed offsets into ``self.store``."""

@@ -634,6 +634,25 @@ def keep_stored(stored: "Config", new: "Config", given: Collection[str]) -> tupl
     return new.override(*(f"{dotted}={value}" for dotted, value in assignments)), changes
 
 
+def retasked(cfg: "Config", task: str, given: Collection[str]) -> "Config":
+    """``cfg`` as a ``task`` model: the task's defaults, and every key in ``given`` (the
+    keys a user set, :func:`load_config_given`) at its value in ``cfg``, as if the user had
+    passed ``--task`` with them. A given key the task refuses raises ConfigError.
+
+    >>> cfg = Config().override("learner.batch_size=8", "embedding.B=500")
+    >>> new = retasked(cfg, "next-item", given={"embedding.B"})
+    >>> new.learner.task, new.embedding.B, new.learner.batch_size
+    ('next-item', 500, 64)
+    >>> retasked(cfg, "next-item", given={"learner.batch_size"}).learner.batch_size
+    8
+    """
+    # A given key at the old task's default counts as unset for override, so each is
+    # assigned again; secrets (never task defaults) carry over through override itself.
+    assignments = [f"{dotted}={value}" for dotted, value in values_of(cfg, sorted(set(given) - SECRET_KEYS))
+                   if dotted != "learner.task"]
+    return cfg.override(f"learner.task={task}", *assignments)
+
+
 def stored_values(stored: "Config", changes: list[str]) -> list[tuple[str, str]]:
     """``(dotted key, value as a --set writes it)`` of the stored config for each of
     :func:`model_changes`' lines, for an error message to offer."""

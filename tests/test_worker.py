@@ -475,6 +475,43 @@ def test_the_command_consumes_and_exits_0(broker, make_topic, group, tmp_path, c
     assert dict(letter.headers)["reason"].startswith(b"label-capacity")
 
 
+def test_a_new_worker_given_no_task_takes_the_task_its_topic_says(broker, make_topic, group, tmp_path, caplog):
+    """Was: classify, and every record of a next-item topic went to the dead-letter topic
+    ("missing-field"), its offsets committed past them. The settings given still hold; a
+    text topic without labels stops at start-up asking which token task; a stored model
+    keeps its own task, whatever the topic holds."""
+    sets = [f"--set={o}" for o in ("embedding.K=1000", "embedding.B=100", "model.layers=0", "model.d_model=16",
+                                    "embedding.d=16", "store.shards=2", "store.map_size_gb=0.05")]
+
+    def worker(topic: str, state: str, *more: str) -> int:
+        return cli_main(["worker", "--topic", topic, "--state", str(tmp_path / state), "--bootstrap", broker,
+                         "--group", f"{group}-{state}", "--until-idle", "1", *sets, *more])
+
+    items = make_topic(1)
+    produce(broker, items, [{"key": f"u{i % 5}", "item": f"i{(i * 3) % 11}"} for i in range(60)])
+    with caplog.at_level(logging.INFO, logger="streamlearn.consumers"):
+        assert worker(items, "ni") == 0
+    assert any("so this new model is next-item" in r.getMessage() for r in caplog.records)
+    m, _ = manifest(tmp_path / "ni")
+    assert m.config["learner"]["task"] == "next-item" and m.config["embedding"]["B"] == 100
+    assert m.metrics["dead_letters"] == 0 and m.metrics["records_learned"] == 60
+
+    text = make_topic(1)
+    produce(broker, text, [{"text": "the cat sat on the mat"}] * 5)
+    assert worker(text, "tx") == 2  # asked, at start-up, before a record is consumed
+    assert worker(text, "tx", "--task", "next-token") == 0  # the empty state it left is a new model still
+    assert manifest(tmp_path / "tx")[0].metrics["records_learned"] == 5
+
+    labelled = make_topic(1)
+    produce(broker, labelled, [{"text": "free prize", "label": "spam"}, {"text": "hi mum", "label": "ham"}])
+    assert worker(labelled, "cl") == 0
+    assert manifest(tmp_path / "cl")[0].config["learner"]["task"] == "classify"
+    produce(broker, labelled, [{"key": "u1", "item": "i1"}])  # a stored model's task is not the topic's to change
+    assert worker(labelled, "cl") == 0
+    m, _ = manifest(tmp_path / "cl")
+    assert m.config["learner"]["task"] == "classify" and m.metrics["dead_letters"] == 1
+
+
 # ---------------------------------------------------------------------------- settings and state
 
 def small_state(path, *overrides: str) -> None:

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
     parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
     parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
-    parser.add_argument("--task", choices=TASKS, help="learner.task (default: classify)")
+    parser.add_argument("--task", choices=TASKS, help="learner.task (default: a stored model's; for a new one, "
+                        "next-item when the topic's first records hold a key and an item, else classify)")
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, repeatable (e.g. --set model.layers=0)")
