@@ -109,6 +109,8 @@ BENCHMARKS = (
     Benchmark("profile_step", ("--warm", "20", "--steps", "20", "--top", "8"), ("--task", "next-token"), 15, 60,
               r"^learn_many|^torch operators|^per step|SYNTHETIC", data=True,
               what="where a learn_many step's time goes by torch operator; launches, copies and syncs per step"),
+    Benchmark("advance", ("--commits", "2", "--warm", "500"), (), 15, 60, r"^\| (next|classify)",
+              what="the first query after a checkpoint: the store's change log against whole tables"),
     Benchmark("startup", ("--records", "500", "--repeats", "1"), ("--repeats", "5"), 60, 240, r"^median|^\| (manual|group)",
               what="process start to the first record learned: a lone worker vs a group join"),
 )

@@ -59,6 +59,14 @@ class Store(abc.ABC):
         loop in ``with store.snapshot():`` for one view across batches."""
 
     @abc.abstractmethod
+    def changed_rows(self, since: int, until: int) -> dict[str, np.ndarray] | None:
+        """The ids of the rows that commits number ``since + 1`` to ``until`` wrote, per
+        table (sorted, unique; a table none of them wrote is absent), or None where the
+        store no longer knows (a commit more than :data:`~.changes.CHANGE_LOG` back, one
+        written before the log existed). Read ``until`` from :meth:`manifest` in the same
+        ``snapshot()``: a reader holding commit ``since`` then reads only these rows."""
+
+    @abc.abstractmethod
     def read_blob(self, name: str) -> bytes | None:
         """A blob's bytes, or None if never written (or deleted)."""
 

@@ -70,6 +70,7 @@ from .lmdb_meta import (
     read_meta,
     write_new,
 )
+from .changes import CHANGE_LOG, change_key, decode_changes, encode_changes, union
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import (
     Checkpoint, Manifest, TableSpec, decode_ids, encode_ids, kv_key, manifest_record, row_db_name,
@@ -254,6 +255,10 @@ class LmdbStore(Store):
             self._put_blobs_kv(txn, prep)
             record = json.dumps(manifest_record(manifest), sort_keys=True)  # 6. manifest
             put_record(txn, meta, self._codec, b"manifest", record.encode())
+            changes = encode_changes({table: update.ids for table, update in prep.rows.items()})
+            put_record(txn, meta, self._codec, change_key(manifest.commits), changes)  # the change log
+            if manifest.commits > CHANGE_LOG:
+                txn.delete(change_key(manifest.commits - CHANGE_LOG), db=meta)
 
         self._write(work, need=prep.nbytes, what="commit to")  # 7. commit; 8. grow + retry
         # 9. (caller) commit the same offsets to Kafka: advisory.
@@ -376,6 +381,21 @@ class LmdbStore(Store):
         if memo is None or memo[0] != records:
             memo = self._manifest_memo = (records, parse_manifest(records, self._codec, self.path))
         return memo[1]
+
+    def changed_rows(self, since: int, until: int) -> dict[str, np.ndarray] | None:
+        if not 0 <= since <= until or until - since > CHANGE_LOG:
+            return None
+        keys = [change_key(commit) for commit in range(since + 1, until + 1)]
+        with self._read_txn() as txn:
+            stored = [txn.get(key, None, self._shared.db(META)) for key in keys]
+        records = []
+        for key, value in zip(keys, stored):
+            decoded = None if value is None else self._codec.decode_value(META, key, bytes(value))
+            record = None if decoded is None else decode_changes(decoded)
+            if record is None:  # gone, or damaged: the reader reads everything, as without a log
+                return None
+            records.append(record)
+        return union(records)
 
     def read_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows by key; every value's checksum is checked (a bad one raises

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
+from .changes import CHANGE_LOG, union
 from .exceptions import NotAStoreError, StateError
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import SCHEMA_VERSION, Checkpoint, Manifest, TableSpec, kv_key, shard_of
@@ -87,6 +88,7 @@ class _State:
         self.blobs: dict[str, bytes] = {}
         self.kv: dict[bytes, bytes] = {}
         self.manifest = Manifest()
+        self.changes: dict[int, dict[str, np.ndarray]] = {}  # the change log (.changes), by commit
 
 
 _shared: "weakref.WeakValueDictionary[str, _State]" = weakref.WeakValueDictionary()
@@ -151,6 +153,8 @@ class MemoryStore(Store):
             manifest = next_manifest(s.manifest, prep, time.time())
             self._apply(s, prep)
             s.manifest = manifest
+            s.changes[manifest.commits] = {table: update.ids.copy() for table, update in prep.rows.items()}
+            s.changes.pop(manifest.commits - CHANGE_LOG, None)
 
     @staticmethod
     def _apply(s: _State, prep: Prepared) -> None:
@@ -182,6 +186,13 @@ class MemoryStore(Store):
     def manifest(self) -> Manifest:
         with self._s.lock:
             return self._s.manifest
+
+    def changed_rows(self, since: int, until: int) -> dict[str, np.ndarray] | None:
+        if not 0 <= since <= until or until - since > CHANGE_LOG:
+            return None
+        with self._s.lock:
+            records = [self._s.changes.get(commit) for commit in range(since + 1, until + 1)]
+        return None if any(r is None for r in records) else union(records)
 
     def read_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with self._s.lock:

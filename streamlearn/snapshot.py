@@ -363,16 +363,31 @@ class Snapshot:
 
     def _advance(self, manifest: Manifest) -> None:
         """Step 2 of the module docstring, inside the caller's read transaction: read what
-        changed (:meth:`LazyCheckpoint.advance`), then mark every lazily read row stale."""
+        changed (:meth:`LazyCheckpoint.advance`), then the rows the commits since wrote,
+        as the store's change log names them: the whole tables' are read, the lazily read
+        ones become stale. Where the log does not reach back (a new model, a rewritten
+        store, more than ``CHANGE_LOG`` commits since), every whole table is read again
+        and every lazily read row becomes stale."""
         rewound = manifest.commits < self._version.commits  # a rewritten store
         if self._reader.advance(rebuild=rewound):
             self._adopt()  # a new model: another config in the directory, or a rewritten store
+        lazy = {n: v for n, v in self._lazy_versions.items() if n in manifest.tables}
+        changed = None
+        if self._version.commits >= 0 and lazy.keys() == self._row_version.keys():
+            changed = self._store.changed_rows(self._version.commits, manifest.commits)
         for name in self._whole:
-            if name in manifest.tables:
+            if name in manifest.tables and changed is None:
                 _load_whole(self._reader, name, self._tables[name])
-        self._row_version = {n: v for n, v in self._lazy_versions.items() if n in manifest.tables}
+            elif name in manifest.tables and name in changed:
+                _load_rows(self._reader, name, self._tables[name], changed[name])
         v = self._version
-        self._version = _Version(manifest.commits, manifest.step, manifest.committed_at, v.number + 1)
+        number = v.number + 1 if changed is None else v.number
+        if changed is None:
+            self._row_version = lazy
+        else:
+            for name, seen in self._row_version.items():
+                seen[changed.get(name, _NO_IDS)] = -1  # read again when a query touches it
+        self._version = _Version(manifest.commits, manifest.step, manifest.committed_at, number)
 
     def _adopt(self) -> None:
         """Track the rows of the reader's (new) learner: none read yet."""
@@ -409,6 +424,18 @@ def _write_rows(table: torch.Tensor, ids: np.ndarray, values: np.ndarray) -> Non
     if len(ids):
         index = torch.from_numpy(ids).to(table.device)
         table.index_copy_(0, index, torch.from_numpy(values).to(table.device, table.dtype))
+
+
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+@torch.no_grad()
+def _load_rows(reader: LazyCheckpoint, name: str, table: torch.Tensor, ids: np.ndarray, chunk: int = 65536) -> None:
+    """Stored rows ``ids`` of ``name`` into ``table`` (every id was written: the change log's)."""
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        values, found = reader.read_rows(name, part)  # (n, width), (n,)
+        _write_rows(table, part[found], values[found])
 
 
 @torch.no_grad()

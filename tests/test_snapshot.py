@@ -150,8 +150,45 @@ def test_rows_are_read_once_per_checkpoint_and_only_those_touched(tmp_path):
     assert counting.rows == once  # same checkpoint: nothing read again
     learner.learn_many(stream("classify", 32, random.Random(3)))
     commit(store, learner, 2)
+    touched = learner.rows_read(learner.prepare(query, train=False))
+    changed = store.changed_rows(1, 2)
+    again = {name: int(np.isin(np.unique(touched[name]), changed[name]).sum()) for name in once}
+    assert 0 < sum(again.values()) < sum(once.values())  # the test reads some rows again, not all
     assert snap.predict(query).step == 2
-    assert counting.rows == {name: 2 * n for name, n in once.items()}  # a new checkpoint: read again
+    assert counting.rows == {name: n + again[name] for name, n in once.items()}  # what the commit wrote, again
+    store.close()
+
+
+def test_a_new_checkpoint_reads_only_the_rows_it_wrote_of_tables_read_whole(tmp_path):
+    """A sampled head's output rows and the count part's tables are read whole by the first
+    snapshot; after a commit only the rows it wrote (the store's change log), and whole
+    again when the snapshot is further behind than the log reaches."""
+    from streamlearn.state.changes import CHANGE_LOG
+
+    rng = random.Random(5)
+    learner = Learner(Config().override(*SMALL, "learner.task=next-token", "model.output=sampled",
+                                        "model.counts=kn3", "model.count_slots=1024"))
+    learner.learn_many(stream("next-token", 32, rng))
+    store = open_store(tmp_path)
+    commit(store, learner, 1)
+    counting = CountingStore(store)
+    snap = Snapshot(counting)
+    whole = sorted(learner.task.whole_tables(learner.model))
+    size = {name: store.tables()[name].rows for name in whole}
+    assert {name: counting.rows.get(name) for name in whole} == size
+    learner.learn_many(stream("next-token", 32, rng))
+    commit(store, learner, 2)
+    changed = store.changed_rows(1, 2)
+    counting.rows.clear()
+    assert_same("next-token", answers(snap, "next-token")[1], answers(read_full(store), "next-token")[1])
+    assert {name: counting.rows.get(name, 0) for name in whole} == {n: len(changed.get(n, ())) for n in whole}
+    assert sum(len(changed.get(n, ())) for n in whole) < sum(size.values()) / 2
+    for step in range(3, 4 + CHANGE_LOG):
+        learner.learn_many(stream("next-token", 8, rng))
+        commit(store, learner, step)
+    counting.rows.clear()
+    assert_same("next-token", answers(snap, "next-token")[1], answers(read_full(store), "next-token")[1])
+    assert {name: counting.rows.get(name) for name in whole} == size  # beyond the log: whole again
     store.close()
 
 

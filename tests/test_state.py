@@ -151,6 +151,30 @@ def test_a_reader_sees_each_new_manifest_and_its_tables(store):
         assert "extra" in ro.manifest().tables
 
 
+@BACKENDS
+def test_the_change_log_names_the_rows_each_recent_commit_wrote(store):
+    """A serving snapshot at commit c reads only the rows commits c+1..n wrote; where the
+    log does not reach back it is told so (None) and reads everything."""
+    from streamlearn.state.changes import CHANGE_LOG
+
+    store.commit(Checkpoint(step=1, rows={"emb.E": rows(E, [5, 1, 5]), "emb.P": rows(P, [3])}))
+    store.commit(Checkpoint(step=2, rows={"emb.E": rows(E, [9, 1])}, offsets={"t:0": 4}))
+    store.commit(Checkpoint(step=3, offsets={"t:0": 8}))  # offsets only: no row
+    with reader(store) as ro, ro.snapshot():
+        n = ro.manifest().commits
+        assert n == 3 and ro.changed_rows(3, 3) == {} and ro.changed_rows(2, 3) == {}
+        got = ro.changed_rows(0, 3)
+        assert sorted(got) == ["emb.E", "emb.P"]
+        assert got["emb.E"].tolist() == [1, 5, 9] and got["emb.P"].tolist() == [3]
+        assert ro.changed_rows(1, 2)["emb.E"].tolist() == [1, 9] and "emb.P" not in ro.changed_rows(1, 2)
+        assert ro.changed_rows(3, 2) is None and ro.changed_rows(-1, 3) is None
+    for step in range(4, 4 + CHANGE_LOG):
+        store.commit(Checkpoint(step=step, rows={"emb.E": rows(E, [step])}))
+    n = store.manifest().commits
+    assert store.changed_rows(n - CHANGE_LOG, n)["emb.E"].tolist() == list(range(4, 4 + CHANGE_LOG))
+    assert store.changed_rows(n - CHANGE_LOG - 1, n) is None  # the oldest record is gone
+
+
 def _bad_checkpoints():
     ok = rows(E, [1, 2])
     return {
