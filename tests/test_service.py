@@ -302,8 +302,11 @@ def test_start_fails_clearly_on_a_missing_or_foreign_directory(tmp_path):
     open_store(tmp_path / "empty").close()
     with pytest.raises(NoCheckpointError):
         create_app(Settings(state=str(tmp_path / "empty")))
-    run = subprocess.run([sys.executable, "-m", "streamlearn.cli", "serve", "--state", str(tmp_path / "missing")],
-                         capture_output=True, text=True, timeout=120)
+    from streamlearn.broker import free_port
+
+    # a port of its own: the default 8000 may be a service the developer runs beside the tests
+    run = subprocess.run([sys.executable, "-m", "streamlearn.cli", "serve", "--state", str(tmp_path / "missing"),
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         f"streamlearn serve: error: state directory {tmp_path / 'missing'} does not exist; "
