@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..compiled_loading import learning_meanwhile
+from ..broker import topic_problem
 from ..config import Config
 from ..exceptions import ConfigError, StreamlearnError
 from ..device import intra_op_threads
@@ -58,6 +59,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         rules = [
             (bool(self.topic), "--topic must not be empty"),
+            (not self.topic or topic_problem(self.topic) is None, f"--topic: {topic_problem(self.topic)}"),
             (bool(self.state), "--state must not be empty"),
             (self.max_records is None or self.max_records >= 1, f"--max-records must be >= 1, got {self.max_records}"),
             (self.until_idle_s is None or self.until_idle_s > 0,

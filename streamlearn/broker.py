@@ -414,6 +414,26 @@ def wait_ready(bootstrap: str, timeout_s: float = 10.0, security: KafkaConfig | 
     return _bounded("listing topics", bootstrap, 3 * timeout_s + 1, security, ask)
 
 
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why Kafka refuses ``topic`` as a topic name (None: a legal one): 1 to 249 ASCII
+    letters, digits, ``.``, ``_`` and ``-``, and not ``.`` or ``..``. Said before any client
+    is built (was: kafka-python's ValueError, a traceback from some commands; the embedded
+    broker itself accepts such names).
+
+    >>> topic_problem("sms.v2"), topic_problem("bad topic!")
+    (None, "topic name 'bad topic!' is not legal in Kafka: use 1 to 249 of a-z A-Z 0-9 . _ - (not ' ', '!')")
+    """
+    bad = sorted(set(topic) - _TOPIC_CHARS)
+    if topic and not bad and len(topic) <= 249 and topic not in (".", ".."):
+        return None
+    shown = (f" (not {', '.join(repr(c) for c in bad[:5])})" if bad else " (not '.' or '..')" if topic in (".", "..")
+             else f" (it has {len(topic)} characters)" if topic else "")
+    return f"topic name {topic!r} is not legal in Kafka: use 1 to 249 of a-z A-Z 0-9 . _ -{shown}"
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0,
                  security: KafkaConfig | None = None) -> int:
     """Create ``topic`` with ``partitions`` partitions (replication 1); an existing topic is

@@ -120,6 +120,12 @@ def test_skip_bad_lines_reports_them(broker, topic, consume, tmp_path, capsys):
     assert "produced 2 records" in captured.out
     assert "skipped 1 bad line(s)" in captured.err and "line 2: missing-field" in captured.err
     assert len(consume(topic, 2)) == 2
+    many = tmp_path / "b.jsonl"  # more than the five shown: the rest are counted and named, not dropped from the list
+    many.write_text("".join('{"label": "no text"}\n' if i % 2 else '{"text": "ok"}\n' for i in range(16)))
+    assert produce(broker, many, topic + "-many", "--skip-bad-lines") == 0
+    err = capsys.readouterr().err
+    assert "skipped 8 bad line(s)" in err and err.count(": missing-field") == 5
+    assert "and 3 more lines: 12, 14, 16" in err
 
 
 def test_unreachable_bootstrap_is_named(tmp_path, capsys):
@@ -190,3 +196,22 @@ def test_produce_and_replay_take_the_bootstrap_of_the_config_and_environment(bro
     assert main(["produce", str(path), "--topic", topic, "--timeout", "5"]) == 0
     assert main(["replay", "--topic", topic, "--no-progress"]) == 0
     assert "2 records" in capsys.readouterr().out
+
+
+def test_a_topic_name_kafka_refuses_is_said_before_any_client_is_built(tmp_path, capsys):
+    """Was: the embedded broker took 'bad topic!' from produce, and a worker given no task
+    or replay --topic then ended in kafka-python's ValueError traceback."""
+    import pytest
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "ok"}\n')
+    commands = {"produce": ["produce", str(path)], "worker": ["worker", "--state", str(tmp_path / "s")],
+                "replay": ["replay"]}
+    for name, args in commands.items():
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--topic", "bad topic!", "--bootstrap", "127.0.0.1:1"])
+        assert exit_.value.code == 2, name
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == (f"streamlearn {name}: error: argument --topic: topic name 'bad topic!' is not legal in "
+                        "Kafka: use 1 to 249 of a-z A-Z 0-9 . _ - (not ' ', '!')"), name
+    assert not (tmp_path / "s").exists()

@@ -16,6 +16,17 @@ from .._version import __version__
 from ..exceptions import StreamlearnError
 
 
+def topic_arg(text: str) -> str:
+    """``--topic``'s type: a name Kafka takes (:func:`~streamlearn.broker.topic_problem`),
+    refused with argparse's one-line usage error before any client is built."""
+    from ..broker import topic_problem
+
+    problem = topic_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def command_modules() -> list[str]:
     """Subcommand module names, sorted (``--help`` lists them in this order)."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))

@@ -5,6 +5,7 @@ import argparse
 import itertools
 import sys
 
+from . import topic_arg
 from ..config import WorkerConfig, load_config
 from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("file", metavar="FILE", help="dataset file")
-    parser.add_argument("--topic", required=True, help="topic to write to")
+    parser.add_argument("--topic", required=True, type=topic_arg, help="topic to write to")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers host:port (default: worker.bootstrap of the "
                         f"config or environment, else {WorkerConfig.bootstrap})")
     parser.add_argument("--partitions", type=int, default=1,
@@ -90,3 +91,7 @@ def _report_bad_lines(reader: DatasetReader) -> None:
     print(f"skipped {len(reader.bad_lines)} bad line(s) of {reader.path}:", file=sys.stderr)
     for lineno, reason in reader.bad_lines[:_SHOW_BAD_LINES]:
         print(f"  line {lineno}: {reason}", file=sys.stderr)
+    more = reader.bad_lines[_SHOW_BAD_LINES:]
+    if more:  # was: cut without a word, so the count and the list disagreed
+        lines = ", ".join(str(lineno) for lineno, _ in more[:20]) + (", ..." if len(more) > 20 else "")
+        print(f"  and {counted(len(more), 'more line')}: {lines}", file=sys.stderr)
