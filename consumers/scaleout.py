@@ -58,7 +58,7 @@ import time
 import torch.distributed as dist
 
 from ..compiled_loading import learning_meanwhile
-from ..config import Config, model_changes
+from ..config import Config, model_changes, retasked
 from ..exceptions import ConfigError, StreamlearnError
 from ..state import open_store
 from ..tasks import REGISTRY, task_class
@@ -282,6 +282,14 @@ class GroupWorker(Worker):
             raise
         self.cfg = self.learner.cfg  # with the stored model keys it kept (the commits store this config)
         self.clock = SyncClock(self.group.store, self.settings.timeout_s)
+
+    def _topic_task(self) -> str | None:
+        """:meth:`Worker._topic_task`, refused as ``--task`` would be where a group cannot
+        run it (was: the check before, on classify, let a next-item topic through)."""
+        task = super()._topic_task()
+        if task is not None:
+            _check_group(retasked(self.cfg, task, self.options.given or ()))
+        return task
 
     def _new_checkpointer(self) -> Checkpointer:
         """The writer's commits carry and check the group generation (fencing)."""

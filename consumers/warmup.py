@@ -66,24 +66,38 @@ def read_window(cfg: Config, topic: str, idle_s: float | None = None) -> list[Re
 def topic_task(cfg: Config, topic: str) -> str | None:
     """The task of a new model given none, as the topic's first records say
     (:func:`~streamlearn.datasets.task_of_fields`): ``"next-item"`` when each holds a key
-    and an item; None (classify) when one holds a label, or the topic holds no record or
-    cannot be read now (the fetch thread then waits for it, or says why not). Text without
-    labels raises :class:`~streamlearn.datasets.TokenStreamQuestion`: a classify model
-    would send every record to the dead-letter topic."""
+    and an item; None (classify) when one holds a label, or the topic holds no record yet.
+    Text without labels raises :class:`~streamlearn.datasets.TokenStreamQuestion`: a
+    classify model would send every record to the dead-letter topic.
+
+    The topic is looked up as the worker's start-up looks it up (:class:`.connect.StartUp`,
+    the same steps retried within ``worker.connect_timeout_s``), so a broker that cannot be
+    reached, or a topic that does not exist, ends the start-up here with the error the
+    fetch thread would give, in the same time (was: a second wait of that length)."""
+    import threading
+
+    from ..broker import describe_topic
     from ..datasets import task_of_fields
-    from ..exceptions import StreamlearnError
     from ..replay.sources import KafkaRange, KafkaSource, first_records
+    from .connect import StartUp
 
     w = cfg.worker
+    startup = StartUp(w, threading.Event())
     try:
-        source = KafkaSource(w.bootstrap, KafkaRange(topic), max_bytes=w.max_record_bytes,
-                             timeout_s=w.connect_timeout_s, security=cfg.kafka)
-        records = first_records(source)
-    except StreamlearnError as exc:
-        log.info("no task given, and the first records of %r could not be read (%s): classify", topic, exc)
-        return None
+        startup.step(f"looking up topic {topic!r}", lambda: describe_topic(w.bootstrap, topic, startup.wait_s(10.0),
+                                                                            cfg.kafka))
+        records = startup.step(f"reading the first records of {topic!r}", lambda: first_records(
+            KafkaSource(w.bootstrap, KafkaRange(topic), max_bytes=w.max_record_bytes, timeout_s=startup.wait_s(10.0),
+                        security=cfg.kafka)))
+    except BaseException as exc:
+        if not isinstance(exc, Exception) and startup.failure:  # a stop signal: what the start-up had reached
+            exc.add_note(startup.failure)
+        raise
     task = task_of_fields([set(r.to_dict()) for r in records], f"topic {topic!r}")
     if task is not None:
         log.info("no task given: the first records of %r hold a key and an item, so this new model is %s "
                  "(--task to choose another)", topic, task)
+    elif not records:
+        log.info("no task given, and topic %r holds no record yet: this new model is classify (--task to choose "
+                 "another)", topic)
     return task

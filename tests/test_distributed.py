@@ -343,6 +343,23 @@ def test_group_worker_rejects_settings_before_it_joins_a_group_or_opens_the_stat
     assert not (tmp_path / "state").exists()
 
 
+def test_a_group_given_no_task_refuses_the_task_a_next_item_topic_says(broker, make_topic, tmp_path):
+    """Was: the task check ran on classify (no task given), the topic's records then made
+    the model next-item, and the ranks crashed (AttributeError: keep_log) or asked for a
+    size. The refusal is the one --task next-item gets."""
+    from streamlearn.broker import produce_rows
+    from streamlearn.consumers.scaleout import GroupWorker
+    from streamlearn.consumers.worker import RunOptions
+
+    topic = make_topic(1)
+    produce_rows(broker, topic, [(None, {"key": f"u{i % 3}", "item": f"i{i % 7}"}, None) for i in range(20)])
+    settings = DistSettings(0, 1, f"tcp://127.0.0.1:{free_port()}", timeout_s=10.0)
+    options = RunOptions(topic, str(tmp_path / "state"), given=frozenset())
+    with pytest.raises(ConfigError, match="supports learner.task=classify, mlm, next-token, got 'next-item'"):
+        GroupWorker(Config().override(*SMALL, f"worker.bootstrap={broker}", "worker.connect_timeout_s=10"), options,
+                    settings)
+
+
 def test_stale_writer_is_fenced_and_the_state_is_unchanged(tmp_path):
     lrn = Learner(Config().override(*SMALL))
     lrn.learn_batch(lrn.prepare([{"text": "goal match", "label": "sport"}]))

@@ -169,6 +169,19 @@ def test_an_unreachable_broker_ends_the_start_up_with_a_clear_error(tmp_path, gr
     assert time.monotonic() - started < 8
 
 
+@pytest.mark.broker  # it looks for a broker that is not there
+def test_a_new_worker_given_no_task_waits_for_an_unreachable_broker_once(tmp_path, group):
+    """A new state given no task reads the topic's first records to tell its task; against
+    a broker that cannot be reached that read is the start-up's, with its error and its one
+    time limit. Was: the read waited --connect-timeout, then the fetch thread waited again."""
+    cfg = config(f"127.0.0.1:{free_port()}", group, "worker.connect_timeout_s=3")
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match=r"cannot reach a Kafka broker within 3 s: no server of 127\.0\.0\.1:\d+ "
+                                          r"accepts connections.*--connect-timeout"):
+        run(cfg, "t", tmp_path / "s", until_idle_s=10, given=frozenset())
+    assert time.monotonic() - started < 5.5  # once: two waits take more than 6 s
+
+
 def test_tls_against_a_plaintext_broker_ends_the_start_up_within_its_timeout(broker, topic, group, tmp_path):
     """A worker told to speak TLS to a plaintext listener used to hang in kafka-python's
     handshake, deaf to --connect-timeout and to a first SIGTERM; it gives up in time and
@@ -216,12 +229,15 @@ def _terminated_once_logged(proc: subprocess.Popen, line_part: str) -> tuple[str
     return out, "".join(err) + rest
 
 
-def test_sigterm_during_start_up_says_what_was_reached(broker, topic, group, tmp_path):
+@pytest.mark.parametrize("task", [(), ("--task", "classify")], ids=["no-task", "task"])
+def test_sigterm_during_start_up_says_what_was_reached(broker, topic, group, tmp_path, task):
+    """Given a task, the fetch thread's start-up is stopped; given none, a new state's look-up
+    of the topic for its task (consumers.warmup.topic_task): both say what they reached."""
     proc = _worker_process(tmp_path, "--topic", topic, "--bootstrap", broker, "--group", group,
-                           "--connect-timeout", "60")
+                           "--connect-timeout", "60", *task)
     out, err = _terminated_once_logged(proc, "retrying in")  # start-up retries: the topic is missing
     assert proc.returncode == 0, err
-    assert "stopped during start-up" in out and f"the broker at {broker} accepts connections" in out
+    assert "during start-up" in out and f"the broker at {broker} accepts connections" in out
     assert f"topic {topic!r} does not exist" in out and "before the broker was reachable" not in out
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..consumers import Worker
 
+from . import topic_arg
 from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config_given
 
 log = logging.getLogger("streamlearn.worker")
@@ -26,12 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the consumed offsets. Restarted, it resumes from the checkpoint: no record is lost or "
         "applied twice. SIGTERM or Ctrl-C: final checkpoint, exit 0. See docs/operations.md.",
     )
-    parser.add_argument("--topic", required=True, help="topic to consume")
+    parser.add_argument("--topic", required=True, type=topic_arg, help="topic to consume")
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
     parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
     parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
-    parser.add_argument("--task", choices=TASKS, help="learner.task (default: a stored model's; for a new one, "
-                        "next-item when the topic's first records hold a key and an item, else classify)")
+    parser.add_argument("--task", choices=TASKS, help="learner.task (default: a stored model's; for a new one, what the "
+                        "topic's first records say: next-item for a key and an item, classify for labels or no "
+                        "records yet; text without labels stops asking for next-token or mlm)")
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, repeatable (e.g. --set model.layers=0)")
@@ -92,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             worker = _new_worker(args)
         except _StoppedEarly as stopped:
+            reached = "".join(f"; {note}" for note in getattr(stopped, "__notes__", ()))  # the topic's look-up
             print(f"streamlearn worker: stopped by {stopped} during start-up (opening the state, or waiting for "
-                  "the topic's first records): nothing consumed, no checkpoint written", flush=True)
+                  f"the topic's first records{reached}): nothing consumed, no checkpoint written", flush=True)
             return 0
         signals.worker = worker
         summary = worker.run()
