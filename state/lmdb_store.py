@@ -60,6 +60,7 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
+from .changes import CHANGE_LOG, change_key, decode_changes, encode_changes, union
 from .codec import RawCodec
 from .exceptions import MapFullError, NotAStoreError, StateError, damaged
 from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
@@ -70,7 +71,6 @@ from .lmdb_meta import (
     read_meta,
     write_new,
 )
-from .changes import CHANGE_LOG, change_key, decode_changes, encode_changes, union
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import (
     Checkpoint, Manifest, TableSpec, decode_ids, encode_ids, kv_key, manifest_record, row_db_name,

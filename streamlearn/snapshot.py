@@ -13,9 +13,11 @@ per checkpoint and embedding rows are read lazily, per query, from the store:
    the manifest in it (about 25 us).
 2. If the store committed since the last query, the snapshot *advances* inside that
    transaction (:func:`streamlearn.checkpoint.read_lazy` reads the checkpoint): dense
-   weights, label table, the candidates added since (decoding), and the few tables a
-   head reads in full (a tied output head reads every row of ``E``); every lazily read
-   row becomes stale.
+   weights, label table, the candidates added since (decoding), and of the few tables a
+   head reads in full (a tied output head reads every row of ``E``) the rows the commits
+   since wrote, as the store's change log names them (``Store.changed_rows``); those rows
+   also become stale where they were read lazily. Where the log does not reach back, the
+   tables are read whole and every lazily read row becomes stale.
 3. The query is featurized; for each row table it reads, the rows it touches that are
    stale (not yet read at this checkpoint) are read from the store (``read_rows``,
    one lookup per row) into the in-memory table. A row is read at most once per
@@ -372,9 +374,11 @@ class Snapshot:
         if self._reader.advance(rebuild=rewound):
             self._adopt()  # a new model: another config in the directory, or a rewritten store
         lazy = {n: v for n, v in self._lazy_versions.items() if n in manifest.tables}
+        known = frozenset(manifest.tables)
         changed = None
-        if self._version.commits >= 0 and lazy.keys() == self._row_version.keys():
+        if self._version.commits >= 0 and known == self._known:  # a table declared since: read everything
             changed = self._store.changed_rows(self._version.commits, manifest.commits)
+        self._known = known
         for name in self._whole:
             if name in manifest.tables and changed is None:
                 _load_whole(self._reader, name, self._tables[name])
@@ -397,6 +401,7 @@ class Snapshot:
         self._lazy_versions = {
             n: np.full(t.shape[0], -1, dtype=np.int64) for n, t in self._tables.items() if n not in self._whole
         }
+        self._known: frozenset[str] = frozenset()  # the store's tables at the last advance
         self._version = dataclasses.replace(self._version, commits=-1)
 
     # ------------------------------------------------------------------ lifecycle
