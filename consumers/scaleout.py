@@ -273,6 +273,7 @@ class GroupWorker(Worker):
         cfg = self.cfg
         self.group = Group(self.settings, cuda=cfg.learner.device != "cpu")
         try:
+            self._ask_before_reset()
             self.store, self.writer = self._open_store()
             with learning_meanwhile():  # as a lone worker's (Worker._open_state)
                 self.learner = open_learner(self.store, cfg, given=self.options.given, topic_task=self._topic_task)

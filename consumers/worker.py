@@ -35,6 +35,8 @@ from .warmup import read_window, topic_task
 
 log = logging.getLogger(__name__)
 
+_UNASKED = object()
+
 _JOIN_S = 15.0  # the fetch thread finishes its final checkpoint well before this
 
 
@@ -102,6 +104,7 @@ class Worker:
 
     def __init__(self, cfg: Config, options: RunOptions):
         self.cfg, self.options = cfg, options  # both validated themselves when built
+        self._told_task: str | None | object = _UNASKED  # what the topic's first records say (_topic_task)
         self._open_state()
         self.checkpointer = self._new_checkpointer()
         self.check = self.learner.task.prequential_check()
@@ -128,6 +131,7 @@ class Worker:
         """Open the state directory for writing (``self.store``) and restore the learner
         from its last checkpoint (``self.learner``); on failure nothing stays open."""
         cfg = self.cfg
+        self._ask_before_reset()
         self.store = open_store(self.options.state, cfg.store, reset=self.options.reset)
         try:
             window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
@@ -139,8 +143,19 @@ class Worker:
         self.cfg = self.learner.cfg  # a derived size is set there (the manifest stores this config)
 
     def _topic_task(self) -> str | None:
-        """A new model's task when the user gave none: the topic's first records say it."""
-        return topic_task(self.cfg, self.options.topic)
+        """A new model's task when the user gave none: the topic's first records say it
+        (read once)."""
+        if self._told_task is _UNASKED:
+            self._told_task = topic_task(self.cfg, self.options.topic)
+        return self._told_task
+
+    def _ask_before_reset(self) -> None:
+        """With ``--reset`` and no task given, the topic's task is asked before the old
+        state is moved aside: a topic that raises a question (which token task?) leaves it
+        in place (was: moved aside, then the question)."""
+        given = self.options.given
+        if self.options.reset and given is not None and "learner.task" not in given:
+            self._topic_task()
 
     def _new_checkpointer(self) -> Checkpointer:
         """What commits the learner with the consumed offsets into ``self.store``."""

@@ -501,6 +501,9 @@ def test_a_new_worker_given_no_task_takes_the_task_its_topic_says(broker, make_t
     assert worker(text, "tx") == 2  # asked, at start-up, before a record is consumed
     assert worker(text, "tx", "--task", "next-token") == 0  # the empty state it left is a new model still
     assert manifest(tmp_path / "tx")[0].metrics["records_learned"] == 5
+    assert worker(text, "tx", "--reset") == 2  # asked before the reset: the model stays where it was
+    assert manifest(tmp_path / "tx")[0].metrics["records_learned"] == 5
+    assert not [p.name for p in (tmp_path / "tx").iterdir() if p.name.startswith("discarded")]
 
     labelled = make_topic(1)
     produce(broker, labelled, [{"text": "free prize", "label": "spam"}, {"text": "hi mum", "label": "ham"}])
