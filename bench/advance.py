@@ -86,7 +86,8 @@ def run(task: str, warm: int, between: int, commits: int) -> dict:
 
 def main() -> None:
     parser = parser_for(__doc__)
-    parser.add_argument("--tasks", type=names(TASKS), default=list(TASKS))
+    parser.add_argument("--tasks", type=names(TASKS), default=list(TASKS),
+                        help=f"comma-separated tasks to time (default: {','.join(TASKS)})")
     parser.add_argument("--commits", type=positive_int, default=8, help="commits per round (two rounds)")
     parser.add_argument("--warm", type=positive_int, default=3000, help="records learned before the first commit")
     parser.add_argument("--between", type=positive_int, default=160, help="records learned between commits")

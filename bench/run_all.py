@@ -1,7 +1,7 @@
 """Run the benchmarks one after another and print a summary: `make bench`.
 
     python bench/run_all.py                 # every benchmark in its quick form (about 12 minutes)
-    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about 290 minutes)
+    python bench/run_all.py --full          # the commands behind docs/benchmarks.md (about 292 minutes)
     python bench/run_all.py --only hashing worker --data ../shared/data
     python bench/run_all.py --list          # what would run, with the commands and the usual times
 
