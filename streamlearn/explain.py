@@ -24,7 +24,10 @@ How a token's contribution is measured, per part (``Explanation.methods``):
   between the score and the contributions' sum), and a repeated token shows half its
   effect in each copy. One batched forward pass covers the query and all its variants.
 
-``[MASK]`` (the slot an mlm query asks about) is never left out: its contribution is None.
+``[MASK]`` (the slot an mlm query asks about) is never left out: its contribution is None
+(to next-token it is a token like any other). A next-item query's key stays in every
+variant: its key token and recency marks are not among ``tokens``, and their effect is
+in ``rest``.
 The tokens are the network's input: a text's words, then its n-grams (``hashing.ngrams``)
 and digit shapes, each with its own contribution (the Naive Bayes part counts the words
 only, so it gives the others none).
@@ -42,6 +45,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -121,14 +125,19 @@ class _Explainer:
         # The queries themselves as given: a text's n-grams and digit shapes reach the
         # network but not the Naive Bayes part, as in a prediction; the leave-one-out
         # variants are token lists (each input token, n-grams included, left out alone).
+        # A variant keeps what of the query is not its tokens: a next-item query's key
+        # (its key token; was: dropped, so each item's contribution held the key's whole
+        # effect). Only an mlm query's [MASK] is a slot; to next-token it is a token.
         queries = list(records)
         variants: list[list[tuple[int, int]]] = [[] for _ in lists]
+        slot = QUERY_MASK if self.task.name == "mlm" else None
         if self.leave_one_out():
             for i, tokens in enumerate(lists):
+                kept = {"key": records[i]["key"]} if isinstance(records[i], Mapping) and "key" in records[i] else {}
                 for pos, token in enumerate(tokens):
-                    if token != QUERY_MASK:
+                    if token != slot:
                         variants[i].append((pos, len(queries)))
-                        queries.append({"tokens": tokens[:pos] + tokens[pos + 1:]})
+                        queries.append({"tokens": tokens[:pos] + tokens[pos + 1:], **kept})
         # a one-token query's variant leaves no token: the model's answer to nothing
         return Plan(lists, outputs, prep.query(queries, empty_tokens=True), variants)
 

@@ -135,6 +135,34 @@ def test_token_tasks_explain_the_score_top_k_gives_by_leaving_tokens_out(task, o
         assert e.contributions[i] == pytest.approx(e.score - dropped, abs=1e-4)
 
 
+def test_a_next_item_query_with_a_key_keeps_the_key_in_every_variant():
+    """Was: the variants dropped the key, so each item's contribution also held the whole
+    effect of the key's token (the same constant in every one, 0.07 in a walk-through)."""
+    lrn = token_learner("next-item")
+    query = {"tokens": ["i1", "i2", "i3"], "key": "u1"}
+    e = lrn.explain_many([query], k=3)[0]
+    assert e.tokens == query["tokens"] and e.output == lrn.topk_many([query], k=1)[0].tokens[0]
+
+    def score(record) -> float:
+        batch = lrn.prepare([record], train=False)
+        with torch.inference_mode():
+            scores = lrn.task.decodable(lrn.model, batch, lrn.dev)
+        return float(lrn.task.code.score_of(scores, e.output, lrn.task.index)[0])
+
+    assert e.score == pytest.approx(score(query), abs=1e-4)
+    for i in range(3):
+        rest = {"tokens": query["tokens"][:i] + query["tokens"][i + 1:], "key": "u1"}
+        assert e.contributions[i] == pytest.approx(e.score - score(rest), abs=1e-4)
+    keyless = lrn.explain_many([{"tokens": query["tokens"]}], [e.output])[0]
+    assert keyless.score != pytest.approx(e.score, abs=1e-4)  # the key's token counts, in rest
+
+
+def test_a_mask_among_a_next_token_querys_tokens_is_a_token_and_is_explained():
+    lrn = token_learner("next-token")
+    e = lrn.explain_many([{"tokens": ["free", "[MASK]", "noon"]}])[0]
+    assert e.tokens == ["free", "[MASK]", "noon"] and None not in e.contributions
+
+
 def test_a_token_not_among_the_candidates_can_be_explained_unless_the_head_scores_candidates_only():
     lrn = token_learner("mlm", "model.output=hashed", "model.counts=none")  # the tied hashed head scores any token
     e = lrn.explain_many([{"tokens": ["free", "[MASK]"]}], ["zebra"])[0]
