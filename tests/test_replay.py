@@ -554,6 +554,11 @@ def test_cli_writes_report_and_png_plot(tmp_path, capsys):
     assert REPORT_KEYS <= set(report) and "accuracy" in report["baselines"]["river-nb"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
     assert f"report written to {out}" in text and f"plot written to {png}" in text
+    bare, svg = tmp_path / "chart", tmp_path / "r.svg"  # no suffix: a PNG at that very path (was: chart.png)
+    for plot in (bare, svg):
+        assert run_cli("--file", path, *sets, "--no-progress", "--plot", str(plot)) == 0
+        assert f"plot written to {plot}" in capsys.readouterr().out
+    assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
 
 
 def test_cli_says_where_it_saved_the_learner(tmp_path, capsys):
@@ -628,6 +633,7 @@ def test_compare_plot_and_summary_name_the_two_directories(tmp_path, capsys):
     # checked before the replay runs (was: after it, and the run's results were lost)
     (["--file", "{path}", "--report", "{tmp}/no-dir/r.json"], "no directory"),
     (["--file", "{path}", "--plot", "{tmp}"], "is a directory"),
+    (["--file", "{path}", "--plot", "{tmp}/r.txt"], ".txt is not a plot format"),  # was: a traceback after the run
     (["--file", "{path}", "--seed", "3", "--set", "learner.seed=1"], "--seed 3 and learner.seed=1 disagree"),
     (["--file", "{tmp}/book.txt"], "a token stream; pass --task next-token or --task mlm"),
     (["--file", "{tmp}/unlabelled.jsonl"], "text without labels, a token stream"),

@@ -67,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--seed", type=int, default=None,
                     help="learner.seed and the mlm masking seed (default: learner.seed from --set/--config, else 0)")
     ev.add_argument("--report", metavar="FILE", help="write the JSON report here")
-    ev.add_argument("--plot", metavar="FILE", help="write a PNG of the rolling metrics here")
+    ev.add_argument("--plot", metavar="FILE", help="write the rolling metrics here as a chart (PNG; .pdf or "
+                    ".svg by the file's suffix)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -154,6 +155,10 @@ def _check_args(args: argparse.Namespace) -> None:
                                "(--start-time/--end-time), not both")
     _check_output("report", args.report)
     _check_output("plot", args.plot)
+    if args.plot is not None:
+        from ..replay.plot import plot_format
+
+        plot_format(args.plot)  # a suffix of no chart format: said now, not after the replay
     if (args.state or args.compare) and args.config and not _kafka_only(args.config):
         raise StreamlearnError("--config builds a model from scratch; a snapshot keeps its own config "
                                "(use --set for overrides that keep its tables; a --config with only a [kafka] "

@@ -1,4 +1,4 @@
-"""The rolling metrics of a replay over stream position, as a PNG (``--plot FILE``).
+"""The rolling metrics of a replay over stream position, as a PNG, PDF or SVG (``--plot FILE``).
 
 One panel per metric, one line per contestant (the model(s) solid, baselines dashed),
 drawn from a report's ``series`` so a saved report can be plotted again. With
@@ -12,16 +12,36 @@ from typing import Any
 
 from ..exceptions import StreamlearnError
 
-__all__ = ["figure", "plot_report"]
+__all__ = ["PLOT_FORMATS", "figure", "plot_format", "plot_report"]
+
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_format(path: str | os.PathLike) -> str:
+    """The format ``path``'s suffix names (none: PNG, written to ``path`` as named); a
+    suffix of no plot format raises StreamlearnError, said before a replay runs (was:
+    matplotlib's ValueError traceback after it, and a path without a suffix reported as
+    written while matplotlib had added ``.png``).
+
+    >>> plot_format("r.png"), plot_format("r.SVG"), plot_format("plot")
+    ('png', 'svg', 'png')
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
+    if suffix and suffix not in PLOT_FORMATS:
+        raise StreamlearnError(f"--plot {path}: .{suffix} is not a plot format; name a "
+                               f"{', '.join('.' + f for f in PLOT_FORMATS)} file (no suffix: PNG)")
+    return suffix or "png"
 
 
 def plot_report(report: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:
-    """Draw ``report["series"]`` into the PNG at ``path`` (matplotlib, Agg backend)."""
+    """Draw ``report["series"]`` into ``path`` (matplotlib, Agg backend), in the format
+    its suffix names (:func:`plot_format`)."""
+    fmt = plot_format(path)
     fig = figure(report, title)  # first: it selects the Agg backend before pyplot loads
     import matplotlib.pyplot as plt
 
     try:
-        fig.savefig(path, dpi=90)
+        fig.savefig(path, dpi=90, format=fmt)
     except OSError as exc:
         raise StreamlearnError(f"cannot write the plot to {path}: {exc.strerror}; check --plot") from exc
     finally:
