@@ -820,7 +820,7 @@ def load_config_given(path: str | Path | None = None, overrides: Iterable[str] =
     (['learner.task', 'optim.sparse_lr'], 0.1)
     """
     overrides = list(overrides)
-    data = {} if path is None else _read_toml(path)
+    data = {} if path is None else _file_sections(path)
     env = _env_items(os.environ) if use_env else []
     origins = {f"{section}.{name}": f"config file {path}" for section, table in data.items()
                if isinstance(table, Mapping) for name in table}
@@ -837,6 +837,29 @@ def load_config_given(path: str | Path | None = None, overrides: Iterable[str] =
             raise
         raise ConfigError(f"{exc} (from {origins[exc.key]})", exc.key) from exc
     return config, frozenset({*origins, *typed})
+
+
+def _file_sections(path: str | Path) -> dict[str, Any]:
+    """A config file's sections, their names and keys checked: an unknown section or key,
+    or a section that is not a table, is refused naming the file (was: only a value's error
+    named it; these said nothing of where they came from)."""
+    data = _read_toml(path)
+    sections = section_classes()
+    for name, table in data.items():
+        if name not in sections and not isinstance(table, Mapping):
+            homes = [f"[{sec}]" for sec, cls in sections.items() if name in {f.name for f in fields(cls)}]
+            raise ConfigError(f"{name} in config file {path} is outside any section: put it under "
+                              + (" or ".join(homes) if homes else f"its section (one of {sorted(sections)})"))
+        if name not in sections:
+            raise ConfigError(f"unknown config section [{name}] in config file {path}; valid: {sorted(sections)}")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"config section [{name}] in config file {path} must be a table, got "
+                              f"{type(table).__name__}")
+        unknown = sorted(set(table) - {f.name for f in fields(sections[name])})
+        if unknown:
+            raise ConfigError(f"unknown key(s) {unknown} in [{name}] of config file {path}; valid: "
+                              f"{sorted(f.name for f in fields(sections[name]))}")
+    return data
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:

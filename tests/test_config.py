@@ -402,6 +402,21 @@ def test_a_refused_value_says_which_file_or_variable_set_it(tmp_path, monkeypatc
     assert str(typed.value) == "optim.dense_lr must be > 0, got -2.0"
 
 
+@pytest.mark.parametrize("text, says", [
+    ("[optim]\ndense_lrr = 1\n", "unknown key(s) ['dense_lrr'] in [optim] of config file {path}; valid: ["),
+    ("[optimx]\na = 1\n", "unknown config section [optimx] in config file {path}; valid: ["),
+    ("dense_lr = 1\n", "dense_lr in config file {path} is outside any section: put it under [optim]"),
+    ("model = 3\n", "config section [model] in config file {path} must be a table, got int"),
+])
+def test_a_misnamed_section_or_key_says_which_file_holds_it(tmp_path, text, says):
+    """Was: a value's error named its file, an unknown key or section did not."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, use_env=False)
+    assert str(refused.value).startswith(says.format(path=path))
+
+
 # ---------------------------------------------------------------------------- the commands
 
 COMMANDS = {
