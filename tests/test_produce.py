@@ -215,3 +215,23 @@ def test_a_topic_name_kafka_refuses_is_said_before_any_client_is_built(tmp_path,
         assert last == (f"streamlearn {name}: error: argument --topic: topic name 'bad topic!' is not legal in "
                         "Kafka: use 1 to 249 of a-z A-Z 0-9 . _ - (not ' ', '!')"), name
     assert not (tmp_path / "s").exists()
+
+
+def test_a_bootstrap_that_is_not_host_port_is_said_at_once_by_every_command(tmp_path, capsys):
+    """Was: produce and replay waited 10 s on 'nohostport', then said they could not reach it."""
+    import time
+
+    import pytest
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "ok"}\n')
+    commands = {"produce": ["produce", str(path)], "worker": ["worker", "--state", str(tmp_path / "s")],
+                "replay": ["replay"]}
+    for name, args in commands.items():
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--topic", "t", "--bootstrap", "nohostport"])
+        assert exit_.value.code == 2 and time.monotonic() - started < 5, name
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"streamlearn {name}: error: argument --bootstrap: worker.bootstrap must be host:port[,host:port...] "
+            "with ports in [1, 65535], got 'nohostport'"), name

@@ -27,6 +27,19 @@ def topic_arg(text: str) -> str:
     return text
 
 
+def bootstrap_arg(text: str) -> str:
+    """``--bootstrap``'s type: ``worker.bootstrap``'s rule (host:port, comma-separated),
+    said at once by every command (was: produce and replay waited 10 s on 'nohostport',
+    then said they could not reach it)."""
+    from ..config import WorkerConfig
+
+    try:
+        WorkerConfig(bootstrap=text)
+    except StreamlearnError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
 def command_modules() -> list[str]:
     """Subcommand module names, sorted (``--help`` lists them in this order)."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))

@@ -5,7 +5,7 @@ import argparse
 import itertools
 import sys
 
-from . import topic_arg
+from . import bootstrap_arg, topic_arg
 from ..config import WorkerConfig, load_config
 from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="dataset file")
     parser.add_argument("--topic", required=True, type=topic_arg, help="topic to write to")
-    parser.add_argument("--bootstrap", help="Kafka bootstrap servers host:port (default: worker.bootstrap of the "
+    parser.add_argument("--bootstrap", type=bootstrap_arg, help="Kafka bootstrap servers host:port (default: worker.bootstrap of the "
                         f"config or environment, else {WorkerConfig.bootstrap})")
     parser.add_argument("--partitions", type=int, default=1,
                         help="partitions of the topic when it is created (default: %(default)s)")

@@ -16,7 +16,7 @@ from ..config import TASKS, Config, KafkaConfig, WorkerConfig, load_config, load
 from ..datasets import ReadOptions, task_of_fields
 from ..exceptions import StreamlearnError
 from ..wording import counted
-from . import silence_stdout, topic_arg
+from . import bootstrap_arg, silence_stdout, topic_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--text-column", help="CSV/TSV text column (name or 0-based index; 'a,b' joins)")
     src.add_argument("--label-column", help="CSV/TSV label column (name or 0-based index)")
     src.add_argument("--topic", type=topic_arg, help="Kafka topic to read (no consumer group: nothing is committed)")
-    src.add_argument("--bootstrap", help="Kafka bootstrap servers (default: worker.bootstrap of the config or "
+    src.add_argument("--bootstrap", type=bootstrap_arg, help="Kafka bootstrap servers (default: worker.bootstrap of the config or "
                      f"environment, else {WorkerConfig.bootstrap})")
     src.add_argument("--partitions", help="comma-separated partitions to read (default: all)")
     src.add_argument("--start-offset", metavar="N|P:N,..", help="first offset, for every partition or per partition")
