@@ -728,6 +728,11 @@ def test_next_token_replay_takes_one_step_per_mini_batch_of_records(tmp_path, co
              "model.count_slots=1024"]
     report = replay(FileSource(path), ReplayOptions(), config=cfg(*extra), save=tmp_path / "saved")
     assert report["saved_step"] == 3 and report["evaluated"] == 60
+    sampled = replay(FileSource(path), ReplayOptions(window=20), config=cfg(*extra))  # a point every 2 events
+    positions = sampled["series"]["positions"]  # one point per record (was: up to three at its x, 6 events each)
+    assert positions == sorted(set(positions)) and positions[-1] == 10
+    assert all(len(values) == len(positions) for values in sampled["series"]["model"].values())
+    assert sampled["series"]["model"]["recall@10"][-1] == sampled["rolling"]["recall@10"]
 
 
 def test_cli_on_a_next_token_snapshot_checks_set_and_the_environment_against_its_own_task(tmp_path, capsys,

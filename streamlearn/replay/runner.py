@@ -301,10 +301,17 @@ class _Loop:
         if self._since_sample < every and not (force and self._since_sample):
             return
         self._since_sample = 0
-        self.r.positions.append(position)
+        # A record holds several events (next-token, mlm): a second sample at its position
+        # replaces the first (was: two points at one x, e.g. [..., 299, 300, 300])
+        again = bool(self.r.positions) and self.r.positions[-1] == position
+        if not again:
+            self.r.positions.append(position)
         for c in self.r.contestants:
             for name, value in c.metrics.rolling().items():
-                c.series[name].append(value)
+                if again:
+                    c.series[name][-1] = value
+                else:
+                    c.series[name].append(value)
 
     def _show(self) -> None:
         model = self.r.models[0]
