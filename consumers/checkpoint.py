@@ -106,7 +106,7 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
         # a derived size (model.out_B=0) is read_full's to take from the store, as before
         cfg, kept = keep_stored(stored, cfg, {*given, *derived_keys(cfg)})
         if kept:
-            log.info("kept the stored model config where this run sets nothing: %s", "; ".join(kept))
+            log.info("kept the stored model config where this run sets nothing: %s", "; ".join(_as_kept(kept)))
     try:
         return read_full(store, cfg)
     except CheckpointMismatchError as exc:
@@ -117,6 +117,21 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
             f"the same --config/--set as before, or use a new --state directory ({'; '.join(exc.misfits)})",
             exc.misfits, exc.config_diff,
         ) from exc
+
+
+def _as_kept(lines: list[str]) -> list[str]:
+    """:func:`~streamlearn.config.model_changes`' ``"K: stored A, now B"`` as ``"K=A (the
+    default now: B)"``: the stored value is the one used (was: "now B" read as if B were).
+
+    >>> _as_kept(["learner.recency: stored 1, now 3"])
+    ['learner.recency=1 (the default now: 3)']
+    """
+    out = []
+    for line in lines:
+        key, _, values = line.partition(": stored ")
+        stored, _, default = values.partition(", now ")
+        out.append(f"{key}={stored} (the default now: {default})")
+    return out
 
 
 class AuditLog:
