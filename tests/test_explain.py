@@ -286,9 +286,12 @@ def test_inspect_explains_text_as_the_model_reads_it_and_notes_upper_case_tokens
     on_cpu = json.loads(subprocess.run(cli + ["--text", "FREE Prize noon", "--device", "cpu"], capture_output=True,
                                        text=True, check=True).stdout)
     assert on_cpu["contributions"] == pytest.approx(want.contributions)
-    for flags, says in ((["--text", "a", "--verify"], "run them as two commands"), (["--output", "spam"], "go with")):
+    for flags, says in ((["--text", "a", "--verify"], "run them as two commands"),
+                        (["--output", "spam"], "error: --output and -k go with --tokens or --text")):
         refused = subprocess.run(cli + flags, capture_output=True, text=True)  # was: --verify skipped, exit 0
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+    alone = subprocess.run(cli[:6] + ["--output", "spam"], capture_output=True, text=True)  # was: "--output go with"
+    assert alone.returncode == 2 and "error: --output goes with --tokens or --text" in alone.stderr, alone.stderr
     bad = subprocess.run(cli + ["--text", "a", "--device", "gpu"], capture_output=True, text=True)
     assert bad.returncode == 2 and "learner.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'" in bad.stderr
 

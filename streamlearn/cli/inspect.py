@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     loose = [flag for flag, value in (("--output", args.output), ("-k", args.k), ("--device", args.device))
              if value is not None]
     if loose and not explaining:
-        raise StreamlearnError(f"{', '.join(loose)} go with --tokens or --text (what to explain)")
+        raise StreamlearnError(f"{' and '.join(loose)} {'goes' if len(loose) == 1 else 'go'} with --tokens or "
+                               "--text (what to explain)")
     if explaining:
         return explain_tokens(args)
 
