@@ -347,6 +347,11 @@ class DatasetReader:
         self.format = options.format or detect_format(self.path)
         if self.format not in FORMATS:
             raise DatasetError(f"unknown input format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        columns = [flag for flag, spec in (("--text-column", options.text_column),
+                                           ("--label-column", options.label_column)) if spec]
+        if columns and self.format not in ("csv", "tsv"):  # was: ignored without a word
+            raise DatasetError(f"{' and '.join(columns)} {'picks' if len(columns) == 1 else 'pick'} columns of a csv "
+                               f"or tsv table; {self.path.name} is read as {self.format}, which has none")
         self.bad_lines: list[tuple[int, str]] = []
         self.layout = ""  # what the reader decided (csv/tsv: the header and the columns), after the first row
         self.notes = ReadNotes()

@@ -444,3 +444,14 @@ def test_lone_cr_line_endings_split_lines(tmp_path, name, text):
 def test_crlf_and_a_quoted_cr_are_not_lone_cr_endings(tmp_path):
     path = write(tmp_path, "a.csv", 'text,label\r\n"two\rparts",ham\r\nsee you,spam\r\n')
     assert [r.record["text"] for r in rows(path)] == ["two\rparts", "see you"]
+
+
+def test_column_options_on_a_file_without_columns_are_refused(tmp_path):
+    """Was: --text-column on a JSON lines file was ignored without a word."""
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a", "label": "x"}\n')
+    with pytest.raises(DatasetError, match=r"^--text-column picks columns of a csv or tsv table; a.jsonl is read as "
+                                           r"jsonl, which has none$"):
+        DatasetReader(path, ReadOptions(text_column="1"))
+    with pytest.raises(DatasetError, match=r"^--text-column and --label-column pick columns"):
+        DatasetReader(path, ReadOptions(text_column="1", label_column="0"))
