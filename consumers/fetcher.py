@@ -508,10 +508,18 @@ def _with_event_time(record: Record, message: Any) -> Record:
 
 
 def _hint(reason: str) -> str:
-    """What to change when a reason says the worker runs the wrong task for the stream."""
+    """What to change when a reason says the worker runs the wrong task for the stream
+    (a classify model started before its topic held a record takes no task from it).
+
+    >>> _hint("missing-field: text or tokens (task classify)")[:60]
+    '; if the records are events (a key and an item), run the wor'
+    """
     if reason.startswith("missing-field: label (task classify)"):
         return ("; if the topic is running text (a token stream), run the worker with --task next-token or "
                 "--task mlm on a new --state directory")
+    if reason.startswith("missing-field: text or tokens (task classify)"):
+        return ("; if the records are events (a key and an item), run the worker with --task next-item on a new "
+                "--state directory")
     return ""
 
 
