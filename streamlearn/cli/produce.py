@@ -5,12 +5,12 @@ import argparse
 import itertools
 import sys
 
-from . import bootstrap_arg, topic_arg
 from ..config import WorkerConfig, load_config
 from ..datasets import COLUMN_RULES, FORMATS, DatasetReader, ReadOptions
 from ..exceptions import StreamlearnError
 from ..records import FORMATS as RECORD_FORMATS
 from ..wording import counted
+from . import bootstrap_arg, topic_arg
 
 _SHOW_BAD_LINES = 5
 
@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="dataset file")
     parser.add_argument("--topic", required=True, type=topic_arg, help="topic to write to")
-    parser.add_argument("--bootstrap", type=bootstrap_arg, help="Kafka bootstrap servers host:port (default: worker.bootstrap of the "
-                        f"config or environment, else {WorkerConfig.bootstrap})")
+    parser.add_argument("--bootstrap", type=bootstrap_arg,
+                        help="Kafka bootstrap servers host:port (default: worker.bootstrap of the config or "
+                        f"environment, else {WorkerConfig.bootstrap})")
     parser.add_argument("--partitions", type=int, default=1,
                         help="partitions of the topic when it is created (default: %(default)s)")
     parser.add_argument("--format", choices=RECORD_FORMATS, default="msgpack",

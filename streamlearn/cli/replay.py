@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--text-column", help="CSV/TSV text column (name or 0-based index; 'a,b' joins)")
     src.add_argument("--label-column", help="CSV/TSV label column (name or 0-based index)")
     src.add_argument("--topic", type=topic_arg, help="Kafka topic to read (no consumer group: nothing is committed)")
-    src.add_argument("--bootstrap", type=bootstrap_arg, help="Kafka bootstrap servers (default: worker.bootstrap of the config or "
-                     f"environment, else {WorkerConfig.bootstrap})")
+    src.add_argument("--bootstrap", type=bootstrap_arg,
+                     help="Kafka bootstrap servers (default: worker.bootstrap of the config or environment, else "
+                     f"{WorkerConfig.bootstrap})")
     src.add_argument("--partitions", help="comma-separated partitions to read (default: all)")
     src.add_argument("--start-offset", metavar="N|P:N,..", help="first offset, for every partition or per partition")
     src.add_argument("--end-offset", metavar="N|P:N,..", help="end offset, exclusive (default: the end at start-up)")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:
     from ..consumers import Worker
 
-from . import bootstrap_arg, topic_arg
 from ..config import ON_LOST_OFFSETS, TASKS, Config, WorkerConfig, load_config_given
+from . import bootstrap_arg, topic_arg
 
 log = logging.getLogger("streamlearn.worker")
 
@@ -29,11 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--topic", required=True, type=topic_arg, help="topic to consume")
     parser.add_argument("--state", required=True, metavar="DIR", help="state directory (created if missing)")
-    parser.add_argument("--bootstrap", type=bootstrap_arg, help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
+    parser.add_argument("--bootstrap", type=bootstrap_arg,
+                        help=f"Kafka bootstrap servers host:port (default: {WorkerConfig.bootstrap})")
     parser.add_argument("--group", help=f"consumer group (default: {WorkerConfig.group})")
-    parser.add_argument("--task", choices=TASKS, help="learner.task (default: a stored model's; for a new one, what the "
-                        "topic's first records say: next-item for a key and an item, classify for labels or no "
-                        "records yet; text without labels stops asking for next-token or mlm)")
+    parser.add_argument("--task", choices=TASKS,
+                        help="learner.task (default: a stored model's; for a new one, what the topic's first records "
+                        "say: next-item for a key and an item, classify for labels or no records yet; text without "
+                        "labels stops asking for next-token or mlm)")
     parser.add_argument("--config", metavar="FILE", help="TOML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, repeatable (e.g. --set model.layers=0)")
