@@ -541,7 +541,7 @@ def test_a_restarted_worker_keeps_the_stored_model_keys_it_is_not_given(broker, 
     assert main([*args, "--task", "next-item", "--set=learner.recency=1", "--max-records", "150"]) == 0
     with caplog.at_level(logging.INFO, logger="streamlearn"):
         assert main(args) == 0  # no --task, recency at today's default
-    assert "learner.recency: stored 1, now 3" in caplog.text
+    assert "learner.recency=1 (the default now: 3)" in caplog.text  # the value used, then the default
     assert f"no task given: {tmp_path / 's'} holds a next-item model" in caplog.text
     m, _ = manifest(tmp_path / "s")
     assert offsets_of(m.offsets, topic) == {0: 300}  # it resumed at record 150 and learned the rest
