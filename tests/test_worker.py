@@ -648,7 +648,8 @@ def test_a_worker_restarted_at_the_end_of_its_partitions_reports_no_negative_lag
         assert worker.run().learned == 0
     assert not [r.getMessage() for r in caplog.records if "NEGATIVE" in r.getMessage()]
     lines = [r.getMessage() for r in caplog.records if "records/s, lag" in r.getMessage()]
-    assert lines and all(re.search(r"records/s, lag 0\b", line) for line in lines), lines
+    known = [line for line in lines if "records/s, lag ?" not in line]  # '?': a line before the log's ends are read
+    assert known and all(re.search(r"records/s, lag 0\b", line) for line in known), lines
     for p in range(2):
         assert worker.metrics.registry.get_sample_value("streamlearn_worker_lag_records", {"partition": str(p)}) == 0
 
