@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from .batching import QUERY_MASK, Batch, check_query, record_list
+from .batching import Batch, check_query, record_list
 from .exceptions import RecordError
 
 if TYPE_CHECKING:
@@ -127,10 +127,10 @@ class _Explainer:
         # variants are token lists (each input token, n-grams included, left out alone).
         # A variant keeps what of the query is not its tokens: a next-item query's key
         # (its key token; was: dropped, so each item's contribution held the key's whole
-        # effect). Only an mlm query's [MASK] is a slot; to next-token it is a token.
+        # effect). Only a task's query slot (mlm's [MASK]) stays; to next-token it is a token.
         queries = list(records)
         variants: list[list[tuple[int, int]]] = [[] for _ in lists]
-        slot = QUERY_MASK if self.task.name == "mlm" else None
+        slot = self.task.query_slot
         if self.leave_one_out():
             for i, tokens in enumerate(lists):
                 kept = {"key": records[i]["key"]} if isinstance(records[i], Mapping) and "key" in records[i] else {}

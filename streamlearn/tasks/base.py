@@ -143,6 +143,9 @@ class Task:
     # decides whether an event is scored and what it excludes), so a second learner's
     # training batch (replay --compare) would not match them: it is asked by queries.
     events_read_state: ClassVar[bool] = False
+    # The token a query marks the position it asks about with (mlm's [MASK]): an
+    # explanation never leaves it out. None: every query token is input.
+    query_slot: ClassVar[str | None] = None
     target_field: ClassVar[str | None]  # the record field river's ``y`` fills (learn_one)
     Preparer: ClassVar[type[Preparer]]
 

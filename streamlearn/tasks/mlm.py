@@ -100,6 +100,7 @@ class MaskedToken(TokenTask):
     """The mlm task (see the module docstring)."""
 
     name = "mlm"
+    query_slot = QUERY_MASK
     replicable = True  # the candidate index and the count part replay at each sync (streamlearn.sync)
     target_field = None
     Preparer = MaskedTokenPreparer
