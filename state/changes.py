@@ -22,6 +22,19 @@ CHANGE_LOG = 16  # commits whose changed row ids a store keeps
 _IDS = np.dtype("<u8")
 
 
+def logged(since: int, until: int) -> range | None:
+    """The commits whose records :meth:`Store.changed_rows` joins for a reader at commit
+    ``since`` and a store at ``until``; None where the log cannot reach (a store behind the
+    reader, more than :data:`CHANGE_LOG` commits between).
+
+    >>> logged(3, 5), logged(5, 5), logged(5, 3), logged(0, CHANGE_LOG + 1)
+    (range(4, 6), range(6, 6), None, None)
+    """
+    if not 0 <= since <= until or until - since > CHANGE_LOG:
+        return None
+    return range(since + 1, until + 1)
+
+
 def change_key(commit: int) -> bytes:
     """The meta record of commit number ``commit`` (8 bytes big-endian: in commit order)."""
     return b"changes/" + commit.to_bytes(8, "big")

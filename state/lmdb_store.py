@@ -60,7 +60,7 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
-from .changes import CHANGE_LOG, change_key, decode_changes, encode_changes, union
+from .changes import CHANGE_LOG, change_key, decode_changes, encode_changes, logged, union
 from .codec import RawCodec
 from .exceptions import MapFullError, NotAStoreError, StateError, damaged
 from .lmdb_dir import check_state_dir, create, empty_dest, mark, move_aside, needs_creation, take_writer_lock
@@ -383,9 +383,10 @@ class LmdbStore(Store):
         return memo[1]
 
     def changed_rows(self, since: int, until: int) -> dict[str, np.ndarray] | None:
-        if not 0 <= since <= until or until - since > CHANGE_LOG:
+        commits = logged(since, until)
+        if commits is None:
             return None
-        keys = [change_key(commit) for commit in range(since + 1, until + 1)]
+        keys = [change_key(commit) for commit in commits]
         with self._read_txn() as txn:
             stored = [txn.get(key, None, self._shared.db(META)) for key in keys]
         records = []

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import StoreConfig
 from .base import Store
-from .changes import CHANGE_LOG, union
+from .changes import CHANGE_LOG, logged, union
 from .exceptions import NotAStoreError, StateError
 from .prepare import Prepared, check_ids, check_specs, next_manifest, prepare_checkpoint
 from .schema import SCHEMA_VERSION, Checkpoint, Manifest, TableSpec, kv_key, shard_of
@@ -188,10 +188,11 @@ class MemoryStore(Store):
             return self._s.manifest
 
     def changed_rows(self, since: int, until: int) -> dict[str, np.ndarray] | None:
-        if not 0 <= since <= until or until - since > CHANGE_LOG:
+        commits = logged(since, until)
+        if commits is None:
             return None
         with self._s.lock:
-            records = [self._s.changes.get(commit) for commit in range(since + 1, until + 1)]
+            records = [self._s.changes.get(commit) for commit in commits]
         return None if any(r is None for r in records) else union(records)
 
     def read_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
