@@ -66,10 +66,10 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     returns (the warm-up window, :func:`.warmup.read_window`), and records how in
     ``learner.sizing``, which its checkpoints store.
 
-    A new model whose task the user did not give (``learner.task`` not in ``given``) takes
-    the task ``topic_task()`` names (:func:`.warmup.topic_task`; None: ``cfg``'s), with the
-    given keys (:func:`~streamlearn.config.retasked`). Was: classify, and every record of a
-    next-item topic went to the dead-letter topic.
+    ``topic_task`` (a worker given no task): a new model takes the task it names
+    (:func:`.warmup.topic_task`; None: ``cfg``'s), with the ``given`` keys
+    (:func:`~streamlearn.config.retasked`). Was: classify, and every record of a next-item
+    topic went to the dead-letter topic.
 
     ``given``: the config keys the user set (:func:`~streamlearn.config.load_config_given`). On a
     restart every other model key takes its stored value (logged), so a worker restarted
@@ -77,9 +77,9 @@ def open_learner(store: Store, cfg: Config, window: Callable[[], Iterable[Record
     takes ``cfg`` whole, as given.
     """
     if not has_checkpoint(store):
-        if topic_task is not None and given is not None and "learner.task" not in given:
-            task = topic_task()
-            cfg = cfg if task in (None, cfg.learner.task) else retasked(cfg, task, given)
+        task = None if topic_task is None else topic_task()
+        if task not in (None, cfg.learner.task):
+            cfg = retasked(cfg, task, given or ())
         if not derived_keys(cfg):
             return Learner(cfg)
         if window is None:

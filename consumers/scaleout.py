@@ -276,7 +276,7 @@ class GroupWorker(Worker):
             self._ask_before_reset()
             self.store, self.writer = self._open_store()
             with learning_meanwhile():  # as a lone worker's (Worker._open_state)
-                self.learner = open_learner(self.store, cfg, given=self.options.given, topic_task=self._topic_task)
+                self.learner = open_learner(self.store, cfg, given=self.options.given, topic_task=self._task_asker())
             self.generation = self._agree_generation()
         except BaseException:
             self.group.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -59,9 +60,10 @@ class RunOptions:
     given: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
+        illegal = topic_problem(self.topic) if self.topic else None
         rules = [
             (bool(self.topic), "--topic must not be empty"),
-            (not self.topic or topic_problem(self.topic) is None, f"--topic: {topic_problem(self.topic)}"),
+            (illegal is None, f"--topic: {illegal}"),
             (bool(self.state), "--state must not be empty"),
             (self.max_records is None or self.max_records >= 1, f"--max-records must be >= 1, got {self.max_records}"),
             (self.until_idle_s is None or self.until_idle_s > 0,
@@ -136,7 +138,7 @@ class Worker:
         try:
             window = lambda: read_window(cfg, self.options.topic, self.options.until_idle_s)  # noqa: E731
             with learning_meanwhile():  # its first records before numba's start-up (streamlearn.compiled_loading)
-                self.learner = open_learner(self.store, cfg, window, self.options.given, self._topic_task)
+                self.learner = open_learner(self.store, cfg, window, self.options.given, self._task_asker())
         except BaseException:
             self.store.close()
             raise
@@ -149,13 +151,19 @@ class Worker:
             self._told_task = topic_task(self.cfg, self.options.topic)
         return self._told_task
 
+    def _task_asker(self) -> Callable[[], str | None] | None:
+        """What tells a new model its task: the topic (:meth:`_topic_task`) where the user
+        gave none; None where a task was given, or the config is taken whole (``given`` None)."""
+        given = self.options.given
+        return self._topic_task if given is not None and "learner.task" not in given else None
+
     def _ask_before_reset(self) -> None:
         """With ``--reset`` and no task given, the topic's task is asked before the old
         state is moved aside: a topic that raises a question (which token task?) leaves it
         in place (was: moved aside, then the question)."""
-        given = self.options.given
-        if self.options.reset and given is not None and "learner.task" not in given:
-            self._topic_task()
+        ask = self._task_asker()
+        if self.options.reset and ask is not None:
+            ask()
 
     def _new_checkpointer(self) -> Checkpointer:
         """What commits the learner with the consumed offsets into ``self.store``."""
